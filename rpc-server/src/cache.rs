@@ -1,0 +1,197 @@
+//! The weight cache behind SET_TENSOR_HASH (`-c`): one file per FNV-1a 64 hash, named
+//! `%016x`, in the stock server's directory layout, so a cache directory can be shared with it.
+//!
+//! Better than the stock cache: entries are written atomically (temp file + rename), verified
+//! against their hash before use (a corrupt entry is deleted, not served), and the total size can
+//! be bounded (`--cache-max-size`), evicting the least recently used entries.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use rpc_proto::fnv1a64;
+
+/// A directory of cached tensor payloads.
+pub struct WeightCache {
+    dir: PathBuf,
+    max_size: Option<u64>,
+    /// Serializes eviction scans; reads and writes are atomic file operations.
+    evict_lock: Mutex<()>,
+}
+
+/// The stock tool's cache directory: `$LLAMA_CACHE/rpc`, else `$XDG_CACHE_HOME/llama.cpp/rpc`,
+/// else the platform cache directory (`~/.cache/llama.cpp/rpc` on Linux,
+/// `~/Library/Caches/llama.cpp/rpc` on macOS).
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("LLAMA_CACHE").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d).join("rpc"));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d).join("llama.cpp").join("rpc"));
+    }
+    let home = PathBuf::from(std::env::var_os("HOME")?);
+    if cfg!(target_os = "macos") {
+        Some(home.join("Library/Caches/llama.cpp/rpc"))
+    } else {
+        Some(home.join(".cache/llama.cpp/rpc"))
+    }
+}
+
+fn entry_name(hash: u64) -> String {
+    format!("{hash:016x}")
+}
+
+impl WeightCache {
+    /// Opens (creating it with its parents) the cache directory.
+    pub fn open(dir: &Path, max_size: Option<u64>) -> std::io::Result<WeightCache> {
+        fs::create_dir_all(dir)?;
+        Ok(WeightCache { dir: dir.to_path_buf(), max_size, evict_lock: Mutex::new(()) })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn max_size(&self) -> Option<u64> {
+        self.max_size
+    }
+
+    /// Size of the entry for `hash`, if there is one.
+    pub fn entry_len(&self, hash: u64) -> Option<u64> {
+        let m = fs::metadata(self.dir.join(entry_name(hash))).ok()?;
+        m.is_file().then_some(m.len())
+    }
+
+    /// Reads and verifies the entry for `hash`. A file whose content does not hash to its name
+    /// (truncated, corrupted) is deleted and reported as missing.
+    pub fn load(&self, hash: u64) -> Option<Vec<u8>> {
+        let path = self.dir.join(entry_name(hash));
+        let data = fs::read(&path).ok()?;
+        if fnv1a64(&data) != hash {
+            tracing::warn!(path = %path.display(), "cache entry does not match its hash; deleting it");
+            let _ = fs::remove_file(&path);
+            return None;
+        }
+        // Mark as recently used for LRU eviction.
+        if let Ok(f) = fs::File::options().write(true).open(&path) {
+            let _ = f.set_modified(SystemTime::now());
+        }
+        Some(data)
+    }
+
+    /// Stores `data` under its hash, atomically. Errors (e.g. a full disk) are logged and leave
+    /// no partial entry behind.
+    pub fn store(&self, data: &[u8]) {
+        let hash = fnv1a64(data);
+        let path = self.dir.join(entry_name(hash));
+        if path.exists() {
+            return;
+        }
+        let tmp = self.dir.join(format!(".{}.tmp.{}", entry_name(hash), std::process::id()));
+        let res = (|| {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(data)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)
+        })();
+        match res {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), bytes = data.len(), "saved to cache");
+                self.evict();
+            }
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                tracing::warn!(path = %path.display(), error = %e, "could not write cache entry");
+            }
+        }
+    }
+
+    /// Deletes least recently used entries until the cache fits `max_size`.
+    fn evict(&self) {
+        let Some(max) = self.max_size else { return };
+        let _guard = self.evict_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(rd) = fs::read_dir(&self.dir) else { return };
+        let mut entries: Vec<(SystemTime, u64, PathBuf)> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n.len() == 16 && n.bytes().all(|b| b.is_ascii_hexdigit())
+            })
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = entries.iter().map(|e| e.1).sum();
+        entries.sort_by_key(|e| e.0);
+        for (_, len, path) in entries {
+            if total <= max {
+                break;
+            }
+            if fs::remove_file(&path).is_ok() {
+                tracing::info!(path = %path.display(), "evicted from cache");
+                total -= len;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rpc-cache-test-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn store_then_load_round_trips_and_names_by_fnv() {
+        let d = tmpdir("rt");
+        let c = WeightCache::open(&d, None).unwrap();
+        let data = vec![7u8; 1000];
+        c.store(&data);
+        let h = fnv1a64(&data);
+        assert!(d.join(format!("{h:016x}")).is_file());
+        assert_eq!(c.entry_len(h), Some(1000));
+        assert_eq!(c.load(h).unwrap(), data);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn corrupt_entry_is_deleted_not_served() {
+        let d = tmpdir("corrupt");
+        let c = WeightCache::open(&d, None).unwrap();
+        let data = vec![1u8; 64];
+        c.store(&data);
+        let h = fnv1a64(&data);
+        fs::write(d.join(format!("{h:016x}")), &data[..10]).unwrap(); // truncated, as after a full disk
+        assert!(c.load(h).is_none());
+        assert!(c.entry_len(h).is_none());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn lru_eviction_keeps_the_cache_under_its_limit() {
+        let d = tmpdir("lru");
+        let c = WeightCache::open(&d, Some(2500)).unwrap();
+        let a = vec![1u8; 1000];
+        let b = vec![2u8; 1000];
+        let e = vec![3u8; 1000];
+        c.store(&a);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        c.store(&b);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(c.load(fnv1a64(&a)).is_some()); // a is now more recent than b
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        c.store(&e);
+        assert!(c.entry_len(fnv1a64(&a)).is_some());
+        assert!(c.entry_len(fnv1a64(&b)).is_none(), "least recently used entry evicted");
+        assert!(c.entry_len(fnv1a64(&e)).is_some());
+        let _ = fs::remove_dir_all(&d);
+    }
+}

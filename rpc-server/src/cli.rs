@@ -1,0 +1,128 @@
+//! Command line: the flags of the stock `ggml-rpc-server`, plus our own.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+fn default_threads() -> usize {
+    (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) / 2).max(1)
+}
+
+/// Parses sizes like `512M`, `20G`, `1T` or plain bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = s[i..].to_ascii_uppercase();
+            let m: u64 = match unit.trim_end_matches("IB").trim_end_matches('B') {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => return Err(format!("unknown size unit in '{s}' (use K, M, G or T)")),
+            };
+            (&s[..i], m)
+        }
+        None => (s, 1),
+    };
+    let n: f64 = num.trim().parse().map_err(|_| format!("invalid size '{s}'"))?;
+    if !(n >= 0.0) {
+        return Err(format!("invalid size '{s}'"));
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n > 0 => Ok(n as usize),
+        _ => Err(format!("invalid number of threads '{s}' (must be > 0)")),
+    }
+}
+
+/// A ggml RPC server (protocol 7.0.0): lets llama.cpp offload layers to this machine with
+/// `--rpc host:port`. Drop-in replacement for llama.cpp's `ggml-rpc-server`.
+#[derive(Debug, Parser)]
+#[command(name = "rpc-server", version, about, long_about = None)]
+pub struct Args {
+    /// Host or address to bind to (IPv4, IPv6 or a host name).
+    #[arg(short = 'H', long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to bind to.
+    #[arg(short, long, default_value_t = 50052, value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+
+    /// Devices to use, comma- or slash-separated (e.g. `CUDA0,CUDA1`); see --list-devices.
+    /// Default: every GPU device, else the CPU.
+    #[arg(short, long, value_delimiter = ',')]
+    pub device: Vec<String>,
+
+    /// Number of threads for the CPU device.
+    #[arg(short, long, default_value_t = default_threads(), value_parser = parse_threads)]
+    pub threads: usize,
+
+    /// Enable the local weight cache (SET_TENSOR_HASH), in the stock directory
+    /// ($LLAMA_CACHE/rpc, else $XDG_CACHE_HOME/llama.cpp/rpc, else ~/.cache/llama.cpp/rpc).
+    #[arg(short, long)]
+    pub cache: bool,
+
+    /// Cache directory (implies --cache).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// Bound the cache's total size (e.g. `20G`); least recently used entries are evicted.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub cache_max_size: Option<u64>,
+
+    /// List the available devices and exit.
+    #[arg(long)]
+    pub list_devices: bool,
+
+    /// Connections served at the same time (more wait in the backlog).
+    #[arg(long, default_value_t = 128)]
+    pub max_connections: usize,
+
+    /// Largest request accepted (bytes, or with a K/M/G/T suffix).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16G")]
+    pub max_request_size: u64,
+}
+
+impl Args {
+    /// Device names, accepting both `,` and `/` as separators like the stock tool.
+    pub fn device_names(&self) -> Vec<String> {
+        self.device
+            .iter()
+            .flat_map(|d| d.split('/'))
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1024").unwrap(), 1024);
+        assert_eq!(parse_size("2K").unwrap(), 2048);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("20GiB").unwrap(), 20 << 30);
+        assert!(parse_size("abc").is_err());
+        assert!(parse_size("5X").is_err());
+    }
+
+    #[test]
+    fn stock_flags_parse() {
+        let a = Args::try_parse_from(["rpc-server", "-H", "0.0.0.0", "-p", "50053", "-d", "CPU/CUDA0", "-t", "4", "-c"]).unwrap();
+        assert_eq!(a.host, "0.0.0.0");
+        assert_eq!(a.port, 50053);
+        assert_eq!(a.device_names(), vec!["CPU", "CUDA0"]);
+        assert_eq!(a.threads, 4);
+        assert!(a.cache);
+        assert!(Args::try_parse_from(["rpc-server", "-t", "0"]).is_err());
+        assert!(Args::try_parse_from(["rpc-server", "-p", "0"]).is_err());
+    }
+}

@@ -1,0 +1,195 @@
+//! ggml devices (CPU, Metal, CUDA, ...) and per-session backend instances.
+
+use std::ffi::{CStr, CString};
+
+use super::buffer::Buffer;
+use super::graph::{Graph, GraphError};
+use super::sys;
+
+/// What kind of device ggml reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+    IntegratedGpu,
+    Accel,
+    Other,
+}
+
+/// A ggml device. Devices are registered once per process and live until it exits.
+#[derive(Clone)]
+pub struct Device {
+    raw: sys::ggml_backend_dev_t,
+    name: String,
+    description: String,
+    kind: DeviceKind,
+}
+
+// SAFETY: ggml device handles are process-global registry entries, never freed, and their
+// query functions are thread-safe.
+unsafe impl Send for Device {}
+// SAFETY: see Send; shared references only call thread-safe query functions.
+unsafe impl Sync for Device {}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("name", &self.name).field("kind", &self.kind).finish()
+    }
+}
+
+fn c_str(p: *const std::os::raw::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: ggml returns static (or device-lifetime) NUL-terminated strings for names.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+impl Device {
+    /// Every device ggml knows about in this build, in registry order.
+    pub fn all() -> Vec<Device> {
+        // SAFETY: registry queries without preconditions; backends are built in (static build).
+        let n = unsafe { sys::ggml_backend_dev_count() };
+        (0..n)
+            .filter_map(|i| {
+                // SAFETY: i < ggml_backend_dev_count().
+                let raw = unsafe { sys::ggml_backend_dev_get(i) };
+                Device::from_raw(raw)
+            })
+            .collect()
+    }
+
+    fn from_raw(raw: sys::ggml_backend_dev_t) -> Option<Device> {
+        if raw.is_null() {
+            return None;
+        }
+        // SAFETY: raw is a valid registered device.
+        let (name, description, t) = unsafe {
+            (
+                c_str(sys::ggml_backend_dev_name(raw)),
+                c_str(sys::ggml_backend_dev_description(raw)),
+                sys::ggml_backend_dev_type(raw),
+            )
+        };
+        let kind = match t {
+            sys::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accel,
+            _ => DeviceKind::Other,
+        };
+        Some(Device { raw, name, description, kind })
+    }
+
+    /// Looks a device up by its ggml name (e.g. `CPU`, `CUDA0`, `MTL0`), case-insensitively.
+    pub fn by_name(name: &str) -> Option<Device> {
+        Device::all().into_iter().find(|d| d.name.eq_ignore_ascii_case(name))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+    pub fn kind(&self) -> DeviceKind {
+        self.kind
+    }
+
+    /// `(free, total)` memory in bytes.
+    pub fn memory(&self) -> (u64, u64) {
+        let mut free = 0usize;
+        let mut total = 0usize;
+        // SAFETY: valid device, both out-pointers point to live locals.
+        unsafe { sys::ggml_backend_dev_memory(self.raw, &mut free, &mut total) };
+        (free as u64, total as u64)
+    }
+
+    fn buft(&self) -> sys::ggml_backend_buffer_type_t {
+        // SAFETY: valid device; the default buffer type is a static object.
+        unsafe { sys::ggml_backend_dev_buffer_type(self.raw) }
+    }
+
+    /// Alignment of the device's default buffer type.
+    pub fn alignment(&self) -> u64 {
+        // SAFETY: valid buffer type.
+        unsafe { sys::ggml_backend_buft_get_alignment(self.buft()) as u64 }
+    }
+
+    /// Largest single allocation of the device's default buffer type.
+    pub fn max_size(&self) -> u64 {
+        // SAFETY: valid buffer type.
+        unsafe { sys::ggml_backend_buft_get_max_size(self.buft()) as u64 }
+    }
+
+    /// Allocates a buffer of the default buffer type; `None` when ggml cannot.
+    pub fn alloc_buffer(&self, size: u64) -> Option<Buffer> {
+        let size = usize::try_from(size).ok()?;
+        // SAFETY: valid buffer type; ggml returns NULL on failure, which Buffer::from_raw handles.
+        let raw = unsafe { sys::ggml_backend_buft_alloc_buffer(self.buft(), size) };
+        Buffer::from_raw(raw)
+    }
+
+    pub(crate) fn default_buft_raw(&self) -> sys::ggml_backend_buffer_type_t {
+        self.buft()
+    }
+
+    /// Creates a backend instance (stream, thread pool) on this device.
+    pub fn init_backend(&self, n_threads: usize) -> Option<Backend> {
+        // SAFETY: valid device; NULL params selects the defaults; NULL return handled below.
+        let raw = unsafe { sys::ggml_backend_dev_init(self.raw, std::ptr::null()) };
+        if raw.is_null() {
+            return None;
+        }
+        if self.kind == DeviceKind::Cpu {
+            let n = i32::try_from(n_threads.max(1)).unwrap_or(i32::MAX);
+            // SAFETY: raw is a freshly created CPU backend.
+            unsafe { sys::ggml_backend_cpu_set_n_threads(raw, n) };
+        }
+        Some(Backend { raw, device: self.name.clone() })
+    }
+}
+
+/// Loads dynamically built backends (no-op in a static build), once per process.
+pub fn load_backends() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("GGML_BACKEND_PATH").is_some() {
+            if let Ok(p) = CString::new(std::env::var("GGML_BACKEND_PATH").unwrap_or_default()) {
+                // SAFETY: p is a valid NUL-terminated path string that outlives the call.
+                unsafe { sys::ggml_backend_load_all_from_path(p.as_ptr()) };
+            }
+        }
+    });
+}
+
+/// A backend instance: executes graphs on one device. Owned by one session at a time.
+pub struct Backend {
+    raw: sys::ggml_backend_t,
+    device: String,
+}
+
+// SAFETY: a backend instance is used by one thread at a time (the owning session holds it by
+// value / &mut); ggml backends may be moved between threads.
+unsafe impl Send for Backend {}
+
+impl Backend {
+    /// Runs every node of `graph` on this backend.
+    pub fn compute(&mut self, graph: &mut Graph) -> Result<(), GraphError> {
+        // SAFETY: self.raw is live; the graph's tensors point into buffers the graph keeps alive
+        // (Arc<Buffer>) and into its own context; validated by the session before building.
+        let status = unsafe { sys::ggml_backend_graph_compute(self.raw, graph.raw()) };
+        if status == sys::GGML_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err(GraphError::ComputeFailed { device: self.device.clone(), status: status as i32 })
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: raw came from ggml_backend_dev_init and is freed exactly once.
+        unsafe { sys::ggml_backend_free(self.raw) };
+    }
+}

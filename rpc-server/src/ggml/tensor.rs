@@ -1,0 +1,241 @@
+//! Building ggml tensors from validated descriptions.
+
+use std::sync::Arc;
+
+use super::buffer::Buffer;
+use super::device::Device;
+use super::sys;
+
+/// Block and element sizes of a ggml type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TypeInfo {
+    /// Elements per block (1 for plain types, 32/256 for quantized ones).
+    pub blck_size: u64,
+    /// Bytes per block.
+    pub type_size: u64,
+    pub is_quantized: bool,
+}
+
+/// `None` for types outside the enum or removed from ggml (block size 0).
+pub fn type_info(t: u32) -> Option<TypeInfo> {
+    if t >= sys::GGML_TYPE_COUNT as u32 {
+        return None;
+    }
+    let ty = t as sys::ggml_type;
+    // SAFETY: ty < GGML_TYPE_COUNT; these functions index ggml's static type-traits table.
+    let (blck, size, q) =
+        unsafe { (sys::ggml_blck_size(ty), sys::ggml_type_size(ty), sys::ggml_is_quantized(ty)) };
+    if blck <= 0 || size == 0 {
+        return None;
+    }
+    Some(TypeInfo { blck_size: blck as u64, type_size: size as u64, is_quantized: q })
+}
+
+/// A tensor the session has validated: known type, `ne[0]` a multiple of the block size, and,
+/// when it has a buffer, its whole extent inside that buffer.
+#[derive(Clone)]
+pub struct TensorSpec {
+    pub type_: u32,
+    pub ne: [u32; 4],
+    pub nb: [u64; 4],
+    pub op: u32,
+    pub op_params: [i32; 16],
+    pub flags: i32,
+    /// The buffer the tensor's data lives in, with the data's offset inside it.
+    pub buffer: Option<(Arc<Buffer>, u64)>,
+    pub view_offs: u64,
+    pub name: [u8; 64],
+}
+
+/// An owned, no-alloc ggml context (tensor metadata only; data lives in buffers).
+pub(crate) struct Context {
+    raw: *mut sys::ggml_context,
+}
+
+// SAFETY: a context is plain memory owned by one session at a time.
+unsafe impl Send for Context {}
+
+impl Context {
+    /// A context with room for `n_tensors` tensors and, optionally, a graph of `graph_size` nodes.
+    pub(crate) fn new(n_tensors: usize, graph_size: Option<usize>) -> Option<Context> {
+        let graph_mem = match graph_size {
+            // SAFETY: pure size computation.
+            Some(n) => unsafe { sys::ggml_graph_overhead_custom(n, false) },
+            None => 0,
+        };
+        let mem = super::tensor_overhead()
+            .checked_mul(n_tensors.checked_add(1)?)?
+            .checked_add(graph_mem)?
+            .checked_add(1024)?;
+        let params = sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true };
+        // SAFETY: valid params; ggml allocates the pool itself; NULL handled below.
+        let raw = unsafe { sys::ggml_init(params) };
+        (!raw.is_null()).then_some(Context { raw })
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::ggml_context {
+        self.raw
+    }
+
+    /// Creates the tensor described by `spec` inside this context.
+    ///
+    /// The context must have room for one more tensor (guaranteed by the sizing in `new`, which
+    /// callers respect by creating at most `n_tensors` tensors).
+    pub(crate) fn new_tensor(&mut self, spec: &TensorSpec) -> *mut sys::ggml_tensor {
+        // SAFETY: spec.type_ is a valid type with ne[0] a multiple of its block size (validated by
+        // the session), so ggml_new_tensor_4d's asserts hold; no_alloc means no data allocation;
+        // the context has room (sizing above).
+        let t = unsafe {
+            sys::ggml_new_tensor_4d(
+                self.raw,
+                spec.type_ as sys::ggml_type,
+                spec.ne[0] as i64,
+                spec.ne[1] as i64,
+                spec.ne[2] as i64,
+                spec.ne[3] as i64,
+            )
+        };
+        // SAFETY: t is a fresh tensor in our context; we only write plain fields.
+        unsafe {
+            let r = &mut *t;
+            for i in 0..4 {
+                r.nb[i] = spec.nb[i] as usize;
+            }
+            r.op = spec.op as sys::ggml_op;
+            r.op_params = spec.op_params;
+            r.flags = spec.flags;
+            r.view_offs = spec.view_offs as usize;
+            if let Some((buf, off)) = &spec.buffer {
+                r.buffer = buf.raw();
+                r.data = (buf.base() + *off as usize) as *mut std::ffi::c_void;
+            }
+            let mut name = [0 as std::os::raw::c_char; 64];
+            for (d, s) in name.iter_mut().zip(spec.name.iter().take(63)) {
+                *d = *s as std::os::raw::c_char;
+            }
+            r.name = name;
+        }
+        t
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: raw came from ggml_init and is freed exactly once.
+        unsafe { sys::ggml_free(self.raw) };
+    }
+}
+
+/// Runs `f` with a one-dimensional I8 tensor covering `[off, off+len)` of `buffer` (already
+/// bounds-checked by the caller). Used for reads and writes on non-host buffers.
+pub(crate) fn with_byte_tensor<R>(
+    buffer: &Buffer,
+    off: usize,
+    len: usize,
+    f: impl FnOnce(*mut sys::ggml_tensor) -> R,
+) -> Option<R> {
+    let mut ctx = Context::new(1, None)?;
+    let i8_ty = sys::GGML_TYPE_I8 as u32;
+    let spec = TensorSpec {
+        type_: i8_ty,
+        ne: [u32::try_from(len).ok()?, 1, 1, 1],
+        nb: [1, len as u64, len as u64, len as u64],
+        op: 0,
+        op_params: [0; 16],
+        flags: 0,
+        buffer: None,
+        view_offs: 0,
+        name: [0; 64],
+    };
+    let t = ctx.new_tensor(&spec);
+    // SAFETY: t is live in ctx; the region [off, off+len) is inside the buffer (caller checked).
+    unsafe {
+        (*t).buffer = buffer.raw();
+        (*t).data = (buffer.base() + off) as *mut std::ffi::c_void;
+    }
+    Some(f(t))
+}
+
+/// A few tensors built for one command (INIT_TENSOR, GET_ALLOC_SIZE, COPY_TENSOR).
+pub struct ScratchTensors {
+    ctx: Context,
+    tensors: Vec<*mut sys::ggml_tensor>,
+    _buffers: Vec<Arc<Buffer>>,
+}
+
+extern "C" {
+    // Exported by ggml-base (ggml-backend-impl.h) but not part of the public headers the
+    // bindings are generated from.
+    fn ggml_backend_buffer_copy_tensor(src: *const sys::ggml_tensor, dst: *mut sys::ggml_tensor) -> bool;
+}
+
+impl ScratchTensors {
+    pub fn new(specs: &[TensorSpec]) -> Option<ScratchTensors> {
+        let mut ctx = Context::new(specs.len(), None)?;
+        let tensors = specs.iter().map(|s| ctx.new_tensor(s)).collect();
+        let buffers = specs.iter().filter_map(|s| s.buffer.as_ref().map(|(b, _)| b.clone())).collect();
+        Some(ScratchTensors { ctx, tensors, _buffers: buffers })
+    }
+
+    /// Makes tensor `src` the `slot`-th source of tensor `of`.
+    pub fn set_src(&mut self, of: usize, slot: usize, src: usize) {
+        if let (Some(&t), Some(&s)) = (self.tensors.get(of), self.tensors.get(src)) {
+            if slot < 10 {
+                // SAFETY: both tensors live in self.ctx.
+                unsafe { (*t).src[slot] = s };
+            }
+        }
+    }
+
+    /// The buffer backend's `init_tensor` hook (e.g. CUDA pads quantized rows). Fails when the
+    /// backend attaches `extra` data, which cannot be carried over RPC.
+    pub fn init_tensor(&mut self, i: usize) -> Result<(), &'static str> {
+        let t = *self.tensors.get(i).ok_or("no such tensor")?;
+        // SAFETY: t lives in self.ctx.
+        let buf = unsafe { (*t).buffer };
+        if buf.is_null() {
+            return Err("tensor has no buffer");
+        }
+        // SAFETY: buf is a live buffer (kept alive by self._buffers); t's extent is inside it.
+        let status = unsafe { sys::ggml_backend_buffer_init_tensor(buf, t) };
+        if status != sys::GGML_STATUS_SUCCESS {
+            return Err("backend init_tensor failed");
+        }
+        // SAFETY: t lives in self.ctx.
+        if unsafe { !(*t).extra.is_null() } {
+            return Err("backend attached extra data to the tensor (unsupported over RPC)");
+        }
+        Ok(())
+    }
+
+    /// Allocation size of tensor `i` in its buffer's type, or in `device`'s default type.
+    pub fn alloc_size(&self, i: usize, device: &Device) -> Option<u64> {
+        let t = *self.tensors.get(i)?;
+        // SAFETY: t lives in self.ctx; its buffer, if any, is alive (self._buffers).
+        let buft = unsafe {
+            if (*t).buffer.is_null() {
+                device.default_buft_raw()
+            } else {
+                sys::ggml_backend_buffer_get_type((*t).buffer)
+            }
+        };
+        // SAFETY: valid buffer type and tensor (validated type and shape).
+        Some(unsafe { sys::ggml_backend_buft_get_alloc_size(buft, t) } as u64)
+    }
+
+    /// Copies tensor `src` into tensor `dst` through the destination buffer's copy hook.
+    /// Both extents were checked against their buffers by the caller.
+    pub fn copy(&self, src: usize, dst: usize) -> bool {
+        let (Some(&s), Some(&d)) = (self.tensors.get(src), self.tensors.get(dst)) else { return false };
+        // SAFETY: both tensors live in self.ctx with live buffers and checked extents.
+        unsafe { ggml_backend_buffer_copy_tensor(s, d) }
+    }
+
+    #[allow(dead_code)]
+    pub(crate) fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+}
+
+// SAFETY: the raw tensor pointers point into self.ctx, which moves with the struct.
+unsafe impl Send for ScratchTensors {}

@@ -1,0 +1,13 @@
+//! `rpc-server`: a drop-in replacement for llama.cpp's `ggml-rpc-server` (protocol 7.0.0).
+//!
+//! Layout: [`connection`] frames bytes and drives a [`session::Session`] per client; the session
+//! validates requests and calls the [`ggml`] FFI layer (the only `unsafe` code); [`server`]
+//! accepts connections concurrently; [`cache`] is the SET_TENSOR_HASH weight cache.
+
+pub mod cache;
+pub mod cli;
+pub mod connection;
+pub mod ggml;
+pub mod server;
+pub mod session;
+pub mod stats;

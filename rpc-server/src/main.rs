@@ -1,0 +1,122 @@
+//! `rpc-server` binary: parse flags, pick devices, print the banner, serve.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use rpc_server::cache::{default_cache_dir, WeightCache};
+use rpc_server::cli::Args;
+use rpc_server::ggml::{Device, DeviceKind};
+use rpc_server::server::{self, ServerOptions};
+use rpc_server::session::SessionConfig;
+use rpc_server::stats::Stats;
+
+const MIB: u64 = 1024 * 1024;
+
+fn select_devices(args: &Args) -> anyhow::Result<Vec<Device>> {
+    let names = args.device_names();
+    let all = Device::all();
+    if !names.is_empty() {
+        let mut out = Vec::new();
+        for n in &names {
+            match Device::by_name(n) {
+                Some(d) => out.push(d),
+                None => {
+                    eprintln!("error: unknown device: {n}");
+                    eprintln!("available devices:");
+                    for d in &all {
+                        eprintln!("  {}: {}", d.name(), d.description());
+                    }
+                    bail!("no such device: {n}");
+                }
+            }
+        }
+        return Ok(out);
+    }
+    let gpus: Vec<Device> =
+        all.iter().filter(|d| !matches!(d.kind(), DeviceKind::Cpu | DeviceKind::Accel)).cloned().collect();
+    if !gpus.is_empty() {
+        return Ok(gpus);
+    }
+    all.into_iter().find(|d| d.kind() == DeviceKind::Cpu).map(|d| vec![d]).context("no CPU device found")
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RPC_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    rpc_server::ggml::load_backends();
+
+    if args.list_devices {
+        println!("Available devices:");
+        for d in Device::all() {
+            let (free, total) = d.memory();
+            println!("  {}: {} ({} MiB, {} MiB free)", d.name(), d.description(), total / MIB, free / MIB);
+        }
+        return Ok(());
+    }
+    let devices = select_devices(&args)?;
+    let cache = if args.cache || args.cache_dir.is_some() {
+        let dir = args.cache_dir.clone().or_else(default_cache_dir).context("cannot determine the cache directory")?;
+        Some(WeightCache::open(&dir, args.cache_max_size).with_context(|| format!("cannot create cache directory {}", dir.display()))?)
+    } else {
+        None
+    };
+
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = server::bind(&args.host, args.port)
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        let local = listener.local_addr()?;
+        if !local.ip().is_loopback() {
+            eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+            eprintln!("WARNING: listening on {local}, reachable from other machines.");
+            eprintln!("         The ggml RPC protocol has no authentication or encryption:");
+            eprintln!("         anyone who can connect can use this machine's devices and memory.");
+            eprintln!("         Only expose it on a network you trust.");
+            eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+        }
+        println!("Starting RPC server v{}.{}.{} (rpc-server {})", rpc_proto::PROTO_MAJOR, rpc_proto::PROTO_MINOR, rpc_proto::PROTO_PATCH, env!("CARGO_PKG_VERSION"));
+        println!("  endpoint       : {local}");
+        match &cache {
+            Some(c) => match c.max_size() {
+                Some(m) => println!("  local cache    : {} (max {} MiB)", c.dir().display(), m / MIB),
+                None => println!("  local cache    : {}", c.dir().display()),
+            },
+            None => println!("  local cache    : n/a"),
+        }
+        println!("Devices:");
+        for d in &devices {
+            let (free, total) = d.memory();
+            println!("  {}: {} ({} MiB, {} MiB free)", d.name(), d.description(), total / MIB, free / MIB);
+        }
+        println!("  threads        : {}", args.threads);
+        println!("  transport      : TCP");
+        println!("  connections    : up to {} at once", args.max_connections);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+
+        let config = Arc::new(SessionConfig { devices, n_threads: args.threads, cache });
+        let mut opts = ServerOptions { max_connections: args.max_connections, ..Default::default() };
+        opts.limits.max_request_size = args.max_request_size;
+        let stats = Arc::new(Stats::default());
+        server::serve(listener, config, opts, stats, shutdown_signal()).await;
+        Ok(())
+    })
+}

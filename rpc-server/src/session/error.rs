@@ -1,0 +1,34 @@
+//! Why a session refused a request. Every variant closes the connection (the protocol has no
+//! error replies); none of them affects other connections.
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("device {device} does not exist (this server has {count})")]
+    BadDevice { device: u32, count: usize },
+    #[error("unknown buffer handle {0:#x}")]
+    UnknownBuffer(u64),
+    #[error("invalid tensor '{name}': {why}")]
+    InvalidTensor { name: String, why: String },
+    #[error("{what}: region out of bounds ({detail})")]
+    OutOfBounds { what: &'static str, detail: String },
+    #[error("invalid graph: {0}")]
+    InvalidGraph(String),
+    #[error("GRAPH_RECOMPUTE on device {0} without a stored graph")]
+    NoStoredGraph(u32),
+    #[error("HELLO is only allowed as the first command")]
+    UnexpectedHello,
+    #[error("cannot create a backend on device {0}")]
+    Backend(String),
+    #[error("INIT_TENSOR: {0}")]
+    InitTensor(&'static str),
+    #[error(transparent)]
+    Graph(#[from] crate::ggml::GraphError),
+    #[error("out of memory building {0}")]
+    OutOfMemory(&'static str),
+}
+
+impl SessionError {
+    pub(crate) fn tensor(t: &rpc_proto::RpcTensor, why: impl Into<String>) -> SessionError {
+        SessionError::InvalidTensor { name: t.name_str(), why: why.into() }
+    }
+}

@@ -1,0 +1,261 @@
+//! Per-connection protocol state: buffers, backends and stored graphs, driven by decoded
+//! requests. No I/O here: the connection layer feeds requests and writes the replies.
+//!
+//! One `Session` per connection. Everything it owns is freed when it is dropped, i.e. when the
+//! connection ends, whatever the reason.
+
+mod error;
+mod graph;
+mod tensor;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rand::Rng;
+use rpc_proto::{Request, Response, RpcTensor, SetTensorHeader};
+
+pub use error::SessionError;
+pub use tensor::nbytes;
+use tensor::UnknownBuffer;
+
+use crate::cache::WeightCache;
+use crate::ggml::{Backend, Buffer, Device, Graph, ScratchTensors};
+
+/// Server-wide settings every session reads.
+pub struct SessionConfig {
+    pub devices: Vec<Device>,
+    pub n_threads: usize,
+    pub cache: Option<WeightCache>,
+}
+
+struct BufferEntry {
+    buffer: Arc<Buffer>,
+    /// The base address this connection was told (random, aligned); `data` fields are
+    /// interpreted relative to it.
+    vbase: u64,
+}
+
+/// Per-connection state.
+pub struct Session {
+    config: Arc<SessionConfig>,
+    buffers: HashMap<u64, BufferEntry>,
+    backends: Vec<Option<Backend>>,
+    graphs: Vec<Option<Graph>>,
+}
+
+/// Virtual base addresses are drawn from [2^40, 2^47): far from 0, no overflow for any size a
+/// buffer can have, and 2^47 / alignment possibilities.
+const VBASE_MIN: u64 = 1 << 40;
+const VBASE_SPAN: u64 = (1 << 47) - (1 << 40);
+
+impl Session {
+    pub fn new(config: Arc<SessionConfig>) -> Session {
+        let n = config.devices.len();
+        Session {
+            config,
+            buffers: HashMap::new(),
+            backends: (0..n).map(|_| None).collect(),
+            graphs: (0..n).map(|_| None).collect(),
+        }
+    }
+
+    fn device(&self, device: u32) -> Result<&Device, SessionError> {
+        self.config
+            .devices
+            .get(device as usize)
+            .ok_or(SessionError::BadDevice { device, count: self.config.devices.len() })
+    }
+
+    fn buffer(&self, handle: u64) -> Result<&BufferEntry, SessionError> {
+        self.buffers.get(&handle).ok_or(SessionError::UnknownBuffer(handle))
+    }
+
+    /// Number of live buffers and their total size.
+    pub fn allocated(&self) -> (usize, u64) {
+        (self.buffers.len(), self.buffers.values().map(|e| e.buffer.size()).sum())
+    }
+
+    /// Executes one request. `Ok(None)` for commands without a reply.
+    pub fn handle(&mut self, req: Request<'_>) -> Result<Option<Response>, SessionError> {
+        Ok(match req {
+            Request::Hello { .. } => return Err(SessionError::UnexpectedHello),
+            Request::DeviceCount => Some(Response::DeviceCount { count: self.config.devices.len() as u32 }),
+            Request::GetAlignment { device } => {
+                Some(Response::GetAlignment { alignment: self.device(device)?.alignment() })
+            }
+            Request::GetMaxSize { device } => Some(Response::GetMaxSize { max_size: self.device(device)?.max_size() }),
+            Request::GetDeviceMemory { device } => {
+                let (free, total) = self.device(device)?.memory();
+                Some(Response::GetDeviceMemory { free, total })
+            }
+            Request::AllocBuffer { device, size } => Some(self.alloc_buffer(device, size)?),
+            Request::BufferGetBase { remote_ptr } => {
+                Some(Response::BufferGetBase { base_ptr: self.buffer(remote_ptr)?.vbase })
+            }
+            Request::FreeBuffer { remote_ptr } => {
+                let e = self.buffers.remove(&remote_ptr).ok_or(SessionError::UnknownBuffer(remote_ptr))?;
+                // A stored graph pointing into this buffer can never be recomputed (#25703).
+                for g in self.graphs.iter_mut() {
+                    if g.as_ref().is_some_and(|g| g.uses(&e.buffer)) {
+                        *g = None;
+                    }
+                }
+                None
+            }
+            Request::BufferClear { remote_ptr, value } => {
+                self.buffer(remote_ptr)?.buffer.clear(value);
+                None
+            }
+            Request::SetTensor { tensor, cache_flag, offset, data } => {
+                let (buf, off) = self.resolve_region("SET_TENSOR", &tensor, offset, data.len() as u64)?;
+                buf.write(off, data);
+                if cache_flag != 0 {
+                    if let Some(cache) = &self.config.cache {
+                        cache.store(data);
+                    }
+                }
+                None
+            }
+            Request::SetTensorHash { tensor, offset, hash } => Some(self.set_tensor_hash(&tensor, offset, hash)?),
+            Request::GetTensor { tensor, offset, size } => {
+                let (buf, off) = self.resolve_region("GET_TENSOR", &tensor, offset, size)?;
+                let len = usize::try_from(size).map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
+                let mut out = Vec::new();
+                out.try_reserve_exact(len).map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
+                out.resize(len, 0);
+                buf.read(off, &mut out);
+                Some(Response::GetTensor(out))
+            }
+            Request::MemsetTensor { tensor, offset, size, value } => {
+                let spec = self.resolve_tensor(&tensor, UnknownBuffer::Reject)?;
+                let tsize = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
+                if offset > tsize || size > tsize - offset {
+                    return Err(SessionError::OutOfBounds {
+                        what: "MEMSET_TENSOR",
+                        detail: format!("offset={offset} size={size} tensor size={tsize}"),
+                    });
+                }
+                let (buf, off) = self.resolve_region("MEMSET_TENSOR", &tensor, offset, size)?;
+                buf.memset(off, size, value);
+                None
+            }
+            Request::CopyTensor { src, dst } => Some(self.copy_tensor(&src, &dst)?),
+            Request::InitTensor { tensor } => {
+                let spec = self.resolve_tensor(&tensor, UnknownBuffer::Reject)?;
+                if spec.buffer.is_some() {
+                    let mut s = ScratchTensors::new(&[spec]).ok_or(SessionError::OutOfMemory("INIT_TENSOR"))?;
+                    s.init_tensor(0).map_err(SessionError::InitTensor)?;
+                }
+                None
+            }
+            Request::GetAllocSize { device, tensor, srcs } => {
+                let dev = self.device(device)?.clone();
+                let main = self.resolve_tensor(&tensor, UnknownBuffer::Ignore)?;
+                let mut specs = vec![main];
+                let mut slots = Vec::new();
+                for (i, s) in srcs.iter().enumerate() {
+                    if s.id.get() != 0 {
+                        // Like the stock server, a source that does not resolve is left out.
+                        if let Ok(spec) = self.resolve_tensor(s, UnknownBuffer::Ignore) {
+                            slots.push((i, specs.len()));
+                            specs.push(spec);
+                        }
+                    }
+                }
+                let mut scratch = ScratchTensors::new(&specs).ok_or(SessionError::OutOfMemory("GET_ALLOC_SIZE"))?;
+                for (slot, idx) in slots {
+                    scratch.set_src(0, slot, idx);
+                }
+                let alloc_size = scratch.alloc_size(0, &dev).ok_or(SessionError::OutOfMemory("GET_ALLOC_SIZE"))?;
+                Some(Response::GetAllocSize { alloc_size })
+            }
+            Request::GraphCompute(g) => {
+                self.graph_compute(&g)?;
+                None
+            }
+            Request::GraphRecompute { device } => {
+                self.device(device)?;
+                let d = device as usize;
+                let mut graph = self.graphs[d].take().ok_or(SessionError::NoStoredGraph(device))?;
+                let r = self.backend(d).and_then(|b| b.compute(&mut graph).map_err(SessionError::from));
+                self.graphs[d] = Some(graph);
+                r?;
+                None
+            }
+        })
+    }
+
+    fn alloc_buffer(&mut self, device: u32, size: u64) -> Result<Response, SessionError> {
+        let dev = self.device(device)?;
+        let align = dev.alignment().clamp(1, 1 << 30).next_power_of_two().max(4096);
+        let Some(buffer) = dev.alloc_buffer(size) else {
+            tracing::warn!(device, size, "ALLOC_BUFFER failed; answering a null handle");
+            return Ok(Response::AllocBuffer { remote_ptr: 0, remote_size: 0 });
+        };
+        let remote_size = buffer.size();
+        let mut rng = rand::thread_rng();
+        let handle = loop {
+            let h: u64 = rng.gen();
+            if h != 0 && !self.buffers.contains_key(&h) {
+                break h;
+            }
+        };
+        let vbase = (VBASE_MIN + rng.gen_range(0..VBASE_SPAN)) & !(align - 1);
+        self.buffers.insert(handle, BufferEntry { buffer: Arc::new(buffer), vbase });
+        Ok(Response::AllocBuffer { remote_ptr: handle, remote_size })
+    }
+
+    fn set_tensor_hash(&mut self, tensor: &RpcTensor, offset: u64, hash: u64) -> Result<Response, SessionError> {
+        let Some(cache) = &self.config.cache else {
+            return Ok(Response::SetTensorHash { result: 0 });
+        };
+        let Some(len) = cache.entry_len(hash) else {
+            return Ok(Response::SetTensorHash { result: 0 });
+        };
+        let (buf, off) = self.resolve_region("SET_TENSOR_HASH", tensor, offset, len)?;
+        match cache.load(hash) {
+            Some(data) if data.len() as u64 == len => {
+                buf.write(off, &data);
+                Ok(Response::SetTensorHash { result: 1 })
+            }
+            _ => Ok(Response::SetTensorHash { result: 0 }),
+        }
+    }
+
+    fn copy_tensor(&mut self, src: &RpcTensor, dst: &RpcTensor) -> Result<Response, SessionError> {
+        let s = self.resolve_tensor(src, UnknownBuffer::Reject)?;
+        let d = self.resolve_tensor(dst, UnknownBuffer::Reject)?;
+        let (Some((_, _)), Some((dbuf, doff))) = (&s.buffer, &d.buffer) else {
+            return Err(SessionError::tensor(dst, "COPY_TENSOR needs both tensors in buffers"));
+        };
+        let ssize = nbytes(s.type_, &s.ne, &s.nb).unwrap_or(u64::MAX);
+        if doff.checked_add(ssize).is_none_or(|end| end > dbuf.size()) {
+            return Err(SessionError::OutOfBounds {
+                what: "COPY_TENSOR",
+                detail: format!("{ssize} bytes at offset {doff} of a {}-byte buffer", dbuf.size()),
+            });
+        }
+        let scratch = ScratchTensors::new(&[s, d]).ok_or(SessionError::OutOfMemory("COPY_TENSOR"))?;
+        Ok(Response::CopyTensor { result: scratch.copy(0, 1) as u8 })
+    }
+
+    fn backend(&mut self, device: usize) -> Result<&mut Backend, SessionError> {
+        if self.backends[device].is_none() {
+            let dev = &self.config.devices[device];
+            let b = dev.init_backend(self.config.n_threads).ok_or_else(|| SessionError::Backend(dev.name().into()))?;
+            self.backends[device] = Some(b);
+        }
+        Ok(self.backends[device].as_mut().expect("backend just created"))
+    }
+
+    /// Where a streamed SET_TENSOR payload of `len` bytes goes: the buffer and the offset inside
+    /// it. Lets the connection read a large payload straight into tensor memory.
+    pub fn set_tensor_target(&self, hdr: &SetTensorHeader, len: u64) -> Result<(Arc<Buffer>, u64), SessionError> {
+        self.resolve_region("SET_TENSOR", &hdr.tensor, hdr.offset, len)
+    }
+
+    /// The weight cache, if enabled (`-c`).
+    pub fn cache(&self) -> Option<&WeightCache> {
+        self.config.cache.as_ref()
+    }
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds the stock llama.cpp tools (RPC protocol 7.0.0) from the PyPI sdist llama-cpp-python==0.3.36,
+# cached outside the clone, keyed by version and flags. Prints the bin directory on stdout.
+#   STOCK_RDMA=ON  build with GGML_RPC_RDMA (needs libibverbs-dev); default OFF (TCP only)
+#   STOCK_PATCHES="patches/a.patch ..." extra patches applied to the source (part of the cache key)
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+VERSION=0.3.36
+RDMA="${STOCK_RDMA:-OFF}"
+PATCHES="${STOCK_PATCHES:-}"
+TARGETS="${STOCK_TARGETS:-ggml-rpc-server llama-completion llama-cli llama-bench llama-simple test-backend-ops}"
+cache="${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}"
+key="rdma-${RDMA}"
+if [ -n "$PATCHES" ]; then
+  key="$key-$(cd "$here" && cat $PATCHES | sha256sum | cut -c1-12)"
+fi
+src="$cache/llama-cpp-python-$VERSION/src-$key"
+build="$src/build"
+log() { echo "stock-llama: $*" >&2; }
+
+mkdir -p "$cache/llama-cpp-python-$VERSION"
+sdist="$cache/llama-cpp-python-$VERSION/llama_cpp_python-$VERSION.tar.gz"
+if [ ! -s "$sdist" ]; then
+  log "downloading sdist llama-cpp-python==$VERSION"
+  tmp="$(mktemp -d)"
+  python3 -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$tmp" >&2
+  mv "$tmp/llama_cpp_python-$VERSION.tar.gz" "$sdist.part" && mv "$sdist.part" "$sdist"
+  rm -rf "$tmp"
+fi
+if [ ! -f "$src/.unpacked" ]; then
+  log "unpacking into $src"
+  rm -rf "$src" "$src.tmp"; mkdir -p "$src.tmp"
+  tar xzf "$sdist" -C "$src.tmp" "llama_cpp_python-$VERSION/vendor/llama.cpp"
+  mv "$src.tmp/llama_cpp_python-$VERSION/vendor/llama.cpp" "$src"; rm -rf "$src.tmp"
+  rm -f "$src/.git"
+  for p in $PATCHES; do log "applying $p"; patch -d "$src" -p1 < "$here/$p" >&2; done
+  touch "$src/.unpacked"
+fi
+if [ ! -f "$build/build.ninja" ]; then
+  log "configuring (GGML_RPC_RDMA=$RDMA)"
+  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_RPC=ON -DGGML_RPC_RDMA="$RDMA" \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=ON -DGGML_CCACHE=OFF >&2
+fi
+missing=""
+for t in $TARGETS; do [ -x "$build/bin/$t" ] || missing="$missing $t"; done
+if [ -n "$missing" ]; then
+  log "building$missing (about 12 minutes on 2 cores the first time)"
+  ninja -C "$build" -j"$(nproc)" $missing >&2
+fi
+echo "$build/bin"
