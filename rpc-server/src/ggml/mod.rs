@@ -11,7 +11,7 @@ mod graph;
 mod tensor;
 
 pub use buffer::Buffer;
-pub use device::{Backend, Device, DeviceKind};
+pub use device::{load_backends, Backend, Device, DeviceKind};
 pub use graph::{Graph, GraphError, GraphLinks};
 pub use tensor::{type_info, ScratchTensors, TensorSpec, TypeInfo};
 

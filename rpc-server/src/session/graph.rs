@@ -85,6 +85,13 @@ impl Session {
         for (li, &wi) in order.iter().enumerate() {
             local.insert(wi, li as u32);
         }
+        let local_of = |id: u64| {
+            index
+                .get(&id)
+                .and_then(|wi| local.get(wi))
+                .copied()
+                .ok_or_else(|| SessionError::InvalidGraph(format!("unreachable tensor id {id:#x}")))
+        };
         let mut specs = Vec::with_capacity(order.len());
         let mut links = Vec::with_capacity(order.len());
         for &wi in &order {
@@ -97,16 +104,19 @@ impl Session {
             for (slot, s) in t.src.iter().enumerate() {
                 let id = s.get();
                 if id != 0 {
-                    l.src[slot] = Some(local[&index[&id]]);
+                    l.src[slot] = Some(local_of(id)?);
                 }
             }
             if t.view_src.get() != 0 {
-                l.view_src = Some(local[&index[&t.view_src.get()]]);
+                l.view_src = Some(local_of(t.view_src.get())?);
             }
             specs.push(spec);
             links.push(l);
         }
-        let nodes: Vec<u32> = node_idx.iter().map(|wi| local[wi]).collect();
+        let nodes: Vec<u32> = node_idx
+            .iter()
+            .map(|wi| local.get(wi).copied().ok_or_else(|| SessionError::InvalidGraph("node not materialized".into())))
+            .collect::<Result<_, _>>()?;
         let mut graph = Graph::build(&specs, &links, &nodes)?;
         self.backend(device)?.compute(&mut graph)?;
         self.graphs[device] = Some(graph);

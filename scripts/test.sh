@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 machine: installs what it needs, builds, runs
+# unit and raw-protocol tests, builds the stock llama.cpp tools (cached in ~/.cache), and runs
+# the end-to-end equivalence tests against stock llama.cpp.
+#   QUICK=1 scripts/test.sh     fewer end-to-end cases
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step() { printf '\n=== %s ===\n' "$*"; }
+step "dependencies"
+./scripts/deps.sh
+step "build"
+cargo build --release --workspace --all-targets
+step "unit and protocol tests"
+cargo test --release --workspace
+step "stock llama.cpp tools and test model"
+STOCK_BIN="$(./scripts/stock-llama.sh)"
+MODEL="$(./scripts/test-model.sh)"
+echo "stock tools: $STOCK_BIN"; echo "model: $MODEL"
+step "end to end against stock llama.cpp"
+e2e_args=(--ours target/release/rpc-server --stock-bin "$STOCK_BIN")
+[ "${QUICK:-0}" = 1 ] && e2e_args+=(--quick)
+python3 tests/e2e/run_e2e.py "${e2e_args[@]}"
+step "all tests passed"
