@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use rpc_proto::{check_frame, Command, DecodeError, FrameHeader, Limits, Request, Response, SetTensorHeader};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use rpc_transport::{TcpTransport, Transport};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::session::{Session, SessionConfig, SessionError};
@@ -31,7 +32,7 @@ pub enum ConnectionError {
 }
 
 /// Reads a frame header; `Ok(None)` on a clean end of stream before its first byte.
-async fn read_header<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Option<FrameHeader>, std::io::Error> {
+async fn read_header<R: Transport>(rd: &mut R) -> Result<Option<FrameHeader>, std::io::Error> {
     let mut b = [0u8; rpc_proto::FRAME_HEADER_SIZE];
     let n = rd.read(&mut b[..1]).await?;
     if n == 0 {
@@ -41,46 +42,52 @@ async fn read_header<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Option<FrameHea
     Ok(Some(FrameHeader::decode(&b)))
 }
 
-/// Serves one connection until the peer closes it, a request is invalid, or shutdown.
-pub async fn serve<S>(
-    stream: S,
+/// Serves one TCP connection: HELLO (transport negotiation), then the command loop.
+pub async fn serve(
+    stream: TcpStream,
     config: Arc<SessionConfig>,
     limits: Limits,
     stats: Arc<Stats>,
-    mut shutdown: watch::Receiver<bool>,
-) -> Result<(), ConnectionError>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
-{
-    let (rd, mut wr) = tokio::io::split(stream);
-    let mut rd = BufReader::with_capacity(256 * 1024, rd);
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError> {
+    let mut tcp = TcpTransport::new(stream)?;
     let mut out = Vec::with_capacity(64);
 
     // HELLO: exactly 24 bytes of transport caps; we answer 7.0.0 and all-zero caps (TCP).
-    let Some(h) = read_header(&mut rd).await? else { return Ok(()) };
+    let Some(h) = read_header(&mut tcp).await? else { return Ok(()) };
     if h.cmd != Command::Hello as u8 {
         return Err(ConnectionError::ExpectedHello(h.cmd));
     }
     check_frame(&h, &limits)?;
     let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
-    rd.read_exact(&mut caps).await?;
+    tcp.read_exact(&mut caps).await?;
     Response::Hello { major: rpc_proto::PROTO_MAJOR, minor: rpc_proto::PROTO_MINOR, patch: rpc_proto::PROTO_PATCH, caps: [0; 24] }
         .encode(&mut out);
-    wr.write_all(&out).await?;
+    tcp.send_message(&[&out[..8], &out[8..]]).await?;
     stats.command(Command::Hello, h.size, out.len() as u64);
+    run(&mut tcp, Session::new(config), limits, stats, shutdown).await
+}
 
-    let mut session = Session::new(config);
+/// The command loop after HELLO, over any transport.
+pub async fn run<T: Transport>(
+    rd: &mut T,
+    mut session: Session,
+    limits: Limits,
+    stats: Arc<Stats>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError> {
+    let mut out = Vec::with_capacity(64);
     let mut payload: Vec<u8> = Vec::new();
     loop {
         let h = tokio::select! {
             biased;
-            r = read_header(&mut rd) => r?,
+            r = read_header(rd) => r?,
             _ = shutdown.changed() => { tracing::debug!("closing connection for shutdown"); None }
         };
         let Some(h) = h else { break };
         let cmd = check_frame(&h, &limits)?;
         if cmd == Command::SetTensor && h.size >= STREAM_MIN {
-            stream_set_tensor(&mut rd, &mut session, h.size).await?;
+            stream_set_tensor(rd, &mut session, h.size).await?;
             stats.command(cmd, h.size, 0);
             continue;
         }
@@ -102,19 +109,29 @@ where
         let reply = result.map_err(|err| ConnectionError::Session { cmd: cmd.name(), err })?;
         let mut sent = 0;
         if let Some(r) = reply {
-            out.clear();
-            r.encode(&mut out);
-            wr.write_all(&out).await?;
-            sent = out.len() as u64;
+            sent = send_response(rd, &r, &mut out).await?;
         }
         stats.command(cmd, h.size, sent);
     }
     Ok(())
 }
 
+/// Writes a response as upstream does: the size prefix and the payload as two sends.
+async fn send_response<T: Transport>(t: &mut T, r: &Response, out: &mut Vec<u8>) -> Result<u64, ConnectionError> {
+    if let Response::GetTensor(data) = r {
+        let prefix = (data.len() as u64).to_le_bytes();
+        t.send_message(&[&prefix, data]).await?;
+        return Ok(8 + data.len() as u64);
+    }
+    out.clear();
+    r.encode(out);
+    t.send_message(&[&out[..8], &out[8..]]).await?;
+    Ok(out.len() as u64)
+}
+
 /// Reads a large SET_TENSOR: the 305-byte header first, then the payload directly into the
 /// destination tensor memory (host buffers), or through a bounded staging buffer (device memory).
-async fn stream_set_tensor<R: AsyncRead + Unpin>(
+async fn stream_set_tensor<R: Transport>(
     rd: &mut R,
     session: &mut Session,
     size: u64,

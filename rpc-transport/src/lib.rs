@@ -1,0 +1,28 @@
+//! Transports that carry ggml RPC bytes: TCP today, RDMA flavors behind the same trait.
+//!
+//! The protocol layer talks to a [`Transport`]: it reads exact byte counts and sends *messages*
+//! made of *parts*. A part is what upstream calls one `send_data()`; on TCP parts are just
+//! concatenated, but upstream's Linux RDMA flavor maps every part to its own SEND(s) and its
+//! receiver depends on those boundaries, so the distinction must survive up to here.
+
+use std::future::Future;
+use std::io;
+
+pub mod tcp;
+
+pub use tcp::TcpTransport;
+
+/// A bidirectional, ordered byte transport for one RPC connection.
+pub trait Transport: Send {
+    /// Reads up to `buf.len()` bytes; `Ok(0)` means the peer closed the connection.
+    fn read(&mut self, buf: &mut [u8]) -> impl Future<Output = io::Result<usize>> + Send;
+
+    /// Reads exactly `buf.len()` bytes.
+    fn read_exact(&mut self, buf: &mut [u8]) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Sends one message whose parts are upstream `send_data()` calls, then flushes it.
+    fn send_message(&mut self, parts: &[&[u8]]) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Short name for logs and banners ("TCP", "RDMA/RC", ...).
+    fn name(&self) -> &'static str;
+}
