@@ -1,0 +1,141 @@
+//! Request frame header (`u8 cmd | u64 size`) and the checks done before a payload is read.
+
+use crate::command::{Command, PayloadSize};
+use crate::consts::FRAME_HEADER_SIZE;
+use crate::error::DecodeError;
+use crate::graph::graph_payload_size;
+
+/// The 9-byte header in front of every request: command byte and payload size.
+///
+/// The command is kept raw so that unknown commands can still be reported;
+/// [`check_frame`] turns it into a [`Command`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FrameHeader {
+    /// Raw command byte.
+    pub cmd: u8,
+    /// Payload size in bytes (`req_size`), excluding these 9 header bytes.
+    pub size: u64,
+}
+
+impl FrameHeader {
+    /// A header for `cmd` with a payload of `size` bytes.
+    pub fn new(cmd: Command, size: u64) -> Self {
+        FrameHeader {
+            cmd: cmd.as_u8(),
+            size,
+        }
+    }
+
+    /// Parse the 9 header bytes. Never fails: validation is [`check_frame`]'s job.
+    pub fn decode(b: &[u8; FRAME_HEADER_SIZE]) -> FrameHeader {
+        let [cmd, s0, s1, s2, s3, s4, s5, s6, s7] = *b;
+        FrameHeader {
+            cmd,
+            size: u64::from_le_bytes([s0, s1, s2, s3, s4, s5, s6, s7]),
+        }
+    }
+
+    /// The 9 header bytes.
+    pub fn encode(&self) -> [u8; FRAME_HEADER_SIZE] {
+        let mut out = [0u8; FRAME_HEADER_SIZE];
+        let (cmd, size) = out.split_at_mut(1);
+        cmd.copy_from_slice(&[self.cmd]);
+        size.copy_from_slice(&self.size.to_le_bytes());
+        out
+    }
+}
+
+/// Resource limits enforced before anything is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limits {
+    /// Largest accepted payload of a variable-size request (SET_TENSOR, GRAPH_COMPUTE).
+    pub max_request_size: u64,
+    /// Largest accepted `n_nodes` in GRAPH_COMPUTE.
+    pub max_graph_nodes: u32,
+    /// Largest accepted `n_tensors` in GRAPH_COMPUTE.
+    pub max_graph_tensors: u32,
+}
+
+impl Default for Limits {
+    /// 8 GiB requests, 2^20 graph nodes, 2^20 graph tensors.
+    ///
+    /// A whole gemma-3-270M graph has 726 nodes / 1007 tensors (spec §15.3).
+    fn default() -> Self {
+        Limits {
+            max_request_size: 8 << 30,
+            max_graph_nodes: 1 << 20,
+            max_graph_tensors: 1 << 20,
+        }
+    }
+}
+
+impl Limits {
+    /// Largest payload accepted for `cmd`.
+    ///
+    /// For GRAPH_COMPUTE this is also capped by the largest graph the node and
+    /// tensor limits allow (about 318 MB with the defaults), so a hostile size
+    /// is refused before the payload buffer is allocated.
+    pub fn max_payload(&self, cmd: Command) -> u64 {
+        match cmd.request_size() {
+            PayloadSize::Exact(n) => n,
+            PayloadSize::AtLeast(_) if cmd == Command::GraphCompute => {
+                let graph_max = graph_payload_size(
+                    u64::from(self.max_graph_nodes),
+                    u64::from(self.max_graph_tensors),
+                )
+                .unwrap_or(u64::MAX);
+                self.max_request_size.min(graph_max)
+            }
+            PayloadSize::AtLeast(_) => self.max_request_size,
+        }
+    }
+}
+
+fn payload_what(cmd: Command) -> &'static str {
+    match cmd {
+        Command::SetTensor => "SET_TENSOR payload",
+        Command::GraphCompute => "GRAPH_COMPUTE payload",
+        _ => "payload",
+    }
+}
+
+/// Check that a payload of `size` bytes is acceptable for `cmd` (spec §5.1):
+/// fixed-size commands need the exact size, SET_TENSOR `>= 305`, GRAPH_COMPUTE
+/// `>= 12`, and variable sizes must not exceed [`Limits::max_payload`].
+pub fn check_payload_size(cmd: Command, size: u64, limits: &Limits) -> Result<(), DecodeError> {
+    match cmd.request_size() {
+        PayloadSize::Exact(expected) if size != expected => Err(DecodeError::BadSize {
+            cmd,
+            got: size,
+            expected,
+        }),
+        PayloadSize::Exact(_) => Ok(()),
+        PayloadSize::AtLeast(need) if size < need => Err(DecodeError::TooShort {
+            what: payload_what(cmd),
+            need,
+            got: size,
+        }),
+        PayloadSize::AtLeast(_) => {
+            let limit = limits.max_payload(cmd);
+            if size > limit {
+                Err(DecodeError::TooLarge {
+                    what: payload_what(cmd),
+                    got: size,
+                    limit,
+                })
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Validate a frame header before its payload is read or allocated.
+///
+/// Rejects unknown commands (18 = `RPC_CMD_NONE`, `>= 19`) and sizes that
+/// [`check_payload_size`] refuses. On success the caller may allocate `h.size` bytes.
+pub fn check_frame(h: &FrameHeader, limits: &Limits) -> Result<Command, DecodeError> {
+    let cmd = Command::try_from(h.cmd)?;
+    check_payload_size(cmd, h.size, limits)?;
+    Ok(cmd)
+}

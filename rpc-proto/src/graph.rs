@@ -1,0 +1,163 @@
+//! GRAPH_COMPUTE payload (spec §7), borrowed zero-copy from the wire.
+//!
+//! ```text
+//! | u32 device | u32 n_nodes | u64 node_id[n_nodes] | u32 n_tensors | rpc_tensor[n_tensors] |
+//! ```
+
+use zerocopy::byteorder::little_endian::U64;
+use zerocopy::IntoBytes;
+
+use crate::consts::{GRAPH_HEADER_SIZE, RPC_TENSOR_SIZE};
+use crate::error::DecodeError;
+use crate::frame::Limits;
+use crate::tensor::RpcTensor;
+use crate::wire::{put_u32, Reader};
+
+/// A decoded GRAPH_COMPUTE payload; both arrays borrow the (unaligned) wire bytes.
+///
+/// Only the framing is checked here: ids, shapes and buffers are untrusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Graph<'a> {
+    /// Device index the graph runs on.
+    pub device: u32,
+    /// Ids of the graph nodes, in execution order.
+    pub node_ids: &'a [U64],
+    /// Every tensor reachable from the nodes, sources before users.
+    pub tensors: &'a [RpcTensor],
+}
+
+/// Payload size of a graph with `n_nodes` nodes and `n_tensors` tensors
+/// (`12 + 8·n_nodes + 296·n_tensors`), or `None` on `u64` overflow.
+pub fn graph_payload_size(n_nodes: u64, n_tensors: u64) -> Option<u64> {
+    let nodes = n_nodes.checked_mul(8)?;
+    let tensors = n_tensors.checked_mul(RPC_TENSOR_SIZE as u64)?;
+    (GRAPH_HEADER_SIZE as u64)
+        .checked_add(nodes)?
+        .checked_add(tensors)
+}
+
+fn check_count(what: &'static str, got: u32, limit: u32) -> Result<usize, DecodeError> {
+    if got > limit {
+        return Err(DecodeError::TooLarge {
+            what,
+            got: u64::from(got),
+            limit: u64::from(limit),
+        });
+    }
+    usize::try_from(got).map_err(|_| DecodeError::TooLarge {
+        what,
+        got: u64::from(got),
+        limit: usize::MAX as u64,
+    })
+}
+
+impl<'a> Graph<'a> {
+    /// Decode a GRAPH_COMPUTE payload without copying.
+    ///
+    /// `n_nodes` and `n_tensors` are checked against `limits` before they are used,
+    /// every length is computed with checked arithmetic, and bytes after the
+    /// tensor array are rejected as [`DecodeError::Malformed`] (the stock server
+    /// ignores them; the stock client never sends them).
+    pub fn decode(payload: &'a [u8], limits: &Limits) -> Result<Graph<'a>, DecodeError> {
+        let mut r = Reader::new(payload, "GRAPH_COMPUTE header");
+        let device = r.u32()?;
+        let n_nodes = r.u32()?;
+        let n_nodes = check_count("GRAPH_COMPUTE n_nodes", n_nodes, limits.max_graph_nodes)?;
+        r.context("GRAPH_COMPUTE node ids");
+        let node_ids = r.slice_of::<U64>(n_nodes)?;
+        r.context("GRAPH_COMPUTE n_tensors");
+        let n_tensors = r.u32()?;
+        let n_tensors = check_count(
+            "GRAPH_COMPUTE n_tensors",
+            n_tensors,
+            limits.max_graph_tensors,
+        )?;
+        r.context("GRAPH_COMPUTE tensors");
+        let tensors = r.slice_of::<RpcTensor>(n_tensors)?;
+        r.finish("trailing bytes after GRAPH_COMPUTE tensors")?;
+        Ok(Graph {
+            device,
+            node_ids,
+            tensors,
+        })
+    }
+
+    /// Node ids as plain integers.
+    pub fn nodes(&self) -> impl ExactSizeIterator<Item = u64> + 'a {
+        self.node_ids.iter().map(|id| id.get())
+    }
+
+    /// Size of the encoded payload in bytes.
+    pub fn payload_len(&self) -> u64 {
+        graph_payload_size(
+            clamp_len(self.node_ids.len()),
+            clamp_len(self.tensors.len()),
+        )
+        .unwrap_or(u64::MAX)
+    }
+
+    /// Append the payload (without frame header) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let (nodes, tensors) = clamp(self.node_ids, self.tensors);
+        put_u32(out, self.device);
+        put_u32(out, len_u32(nodes.len()));
+        out.extend_from_slice(nodes.as_bytes());
+        put_u32(out, len_u32(tensors.len()));
+        out.extend_from_slice(tensors.as_bytes());
+    }
+}
+
+fn len_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn clamp_len(n: usize) -> u64 {
+    u64::from(len_u32(n))
+}
+
+/// The wire counts are `u32`: arrays longer than that (32+ GiB of ids) are cut so
+/// that the frame stays self-consistent.
+fn clamp<'s, A, B>(a: &'s [A], b: &'s [B]) -> (&'s [A], &'s [B]) {
+    let max = u32::MAX as usize;
+    (a.get(..max).unwrap_or(a), b.get(..max).unwrap_or(b))
+}
+
+/// Append a GRAPH_COMPUTE payload (without frame header) built from plain node ids.
+///
+/// Arrays longer than `u32::MAX` elements are truncated to `u32::MAX`.
+pub fn encode_graph(device: u32, node_ids: &[u64], tensors: &[RpcTensor], out: &mut Vec<u8>) {
+    let (nodes, tensors) = clamp(node_ids, tensors);
+    put_u32(out, device);
+    put_u32(out, len_u32(nodes.len()));
+    out.reserve(nodes.len().saturating_mul(8));
+    for id in nodes {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    put_u32(out, len_u32(tensors.len()));
+    out.extend_from_slice(tensors.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_size_formula() {
+        assert_eq!(graph_payload_size(0, 0), Some(12));
+        assert_eq!(graph_payload_size(726, 1007), Some(303_892));
+        assert_eq!(graph_payload_size(u64::MAX, 0), None);
+    }
+
+    #[test]
+    fn tensors_are_borrowed_unaligned() {
+        // With one node the tensor array starts at offset 20: not 8-aligned.
+        let t = RpcTensor::new(7, 0).with_name("n");
+        let mut buf = Vec::new();
+        encode_graph(3, &[7], &[t], &mut buf);
+        let g = Graph::decode(&buf, &Limits::default()).unwrap();
+        assert_eq!(g.device, 3);
+        assert_eq!(g.nodes().collect::<Vec<_>>(), [7]);
+        assert_eq!(g.tensors, &[t]);
+        assert_eq!(g.payload_len(), buf.len() as u64);
+    }
+}

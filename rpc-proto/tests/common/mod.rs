@@ -1,0 +1,173 @@
+//! Shared fixtures for the integration tests.
+#![allow(dead_code)]
+
+use rpc_proto::*;
+
+/// SplitMix64: small, deterministic, good enough to drive no-panic loops.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform-ish in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next_u64() as u8).collect()
+    }
+}
+
+/// A tensor with every field non-zero, so that misplaced bytes show up.
+pub fn busy_tensor(id: u64) -> RpcTensor {
+    RpcTensor::new(id, 1)
+        .with_buffer(0x5555_0000_1000, 0x7f00_dead_0000 + id)
+        .with_shape([640, 2, 3, 1], [4, 2560, 5120, 15360])
+        .with_op(2, &[1, -2, 3, i32::MIN, i32::MAX])
+        .with_flags(TENSOR_FLAG_INPUT | TENSOR_FLAG_COMPUTE)
+        .with_srcs(&[id + 1, id + 2, 0, u64::MAX])
+        .with_view(id + 3, 128)
+        .with_name(&format!("blk.{id}.attn_q.weight"))
+        .with_use_count(2)
+}
+
+/// Owns the variable-size parts of the sample requests.
+pub struct Fixture {
+    pub data: Vec<u8>,
+    pub graph: Vec<u8>,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        let tensors: Vec<RpcTensor> = (1..=3).map(busy_tensor).collect();
+        let mut graph = Vec::new();
+        encode_graph(1, &[3, 2], &tensors, &mut graph);
+        Fixture {
+            data: (0..=255u8).cycle().take(1000).collect(),
+            graph,
+        }
+    }
+
+    /// One request per command (several for some), in command order.
+    pub fn requests(&self) -> Vec<Request<'_>> {
+        let t = busy_tensor(10);
+        let mut srcs = Box::new([RpcTensor::default(); GGML_MAX_SRC]);
+        for (i, s) in srcs.iter_mut().enumerate().take(3) {
+            *s = busy_tensor(20 + i as u64);
+        }
+        vec![
+            Request::AllocBuffer {
+                device: 1,
+                size: 1 << 33,
+            },
+            Request::GetAlignment { device: 0 },
+            Request::GetMaxSize { device: u32::MAX },
+            Request::BufferGetBase {
+                remote_ptr: 0x5555_0000_1000,
+            },
+            Request::FreeBuffer {
+                remote_ptr: 0x5555_0000_1000,
+            },
+            Request::BufferClear {
+                remote_ptr: 0x5555_0000_1000,
+                value: 0xab,
+            },
+            Request::SetTensor {
+                tensor: t,
+                cache_flag: 1,
+                offset: 64,
+                data: &self.data,
+            },
+            Request::SetTensor {
+                tensor: t,
+                cache_flag: 0,
+                offset: 0,
+                data: &[],
+            },
+            Request::SetTensorHash {
+                tensor: t,
+                offset: 8,
+                hash: fnv1a64(&self.data),
+            },
+            Request::GetTensor {
+                tensor: t,
+                offset: 16,
+                size: 1 << 20,
+            },
+            Request::CopyTensor {
+                src: t,
+                dst: busy_tensor(11),
+            },
+            Request::GraphCompute(Graph::decode(&self.graph, &Limits::default()).unwrap()),
+            Request::GraphCompute(Graph {
+                device: 0,
+                node_ids: &[],
+                tensors: &[],
+            }),
+            Request::GetDeviceMemory { device: 2 },
+            Request::InitTensor { tensor: t },
+            Request::GetAllocSize {
+                device: 3,
+                tensor: t,
+                srcs,
+            },
+            Request::Hello { caps: [0; 24] },
+            Request::Hello {
+                caps: core::array::from_fn(|i| i as u8 + 1),
+            },
+            Request::DeviceCount,
+            Request::GraphRecompute { device: 0 },
+            Request::MemsetTensor {
+                tensor: t,
+                offset: 4,
+                size: 100,
+                value: 0xff,
+            },
+        ]
+    }
+}
+
+/// One response per command that has one (several for some).
+pub fn responses() -> Vec<Response> {
+    vec![
+        Response::AllocBuffer {
+            remote_ptr: 0x5555_0000_1000,
+            remote_size: 4096,
+        },
+        Response::AllocBuffer {
+            remote_ptr: 0,
+            remote_size: 0,
+        },
+        Response::GetAlignment { alignment: 32 },
+        Response::GetMaxSize { max_size: u64::MAX },
+        Response::BufferGetBase {
+            base_ptr: 0x7f00_0000_0000,
+        },
+        Response::SetTensorHash { result: 1 },
+        Response::SetTensorHash { result: 0 },
+        Response::GetTensor((0..=255u8).collect()),
+        Response::GetTensor(Vec::new()),
+        Response::CopyTensor { result: 1 },
+        Response::GetDeviceMemory {
+            free: 1 << 30,
+            total: 2 << 30,
+        },
+        Response::GetAllocSize { alloc_size: 16 },
+        Response::hello([0; 24]),
+        Response::Hello {
+            major: 7,
+            minor: 0,
+            patch: 0,
+            caps: [0x11; 24],
+        },
+        Response::DeviceCount { count: 1 },
+    ]
+}

@@ -1,0 +1,338 @@
+//! Invalid input gives typed errors, never a panic or an allocation.
+
+mod common;
+
+use rpc_proto::*;
+
+fn frame(cmd: u8, size: u64) -> FrameHeader {
+    FrameHeader { cmd, size }
+}
+
+/// A graph payload header: device, n_nodes, then raw bytes.
+fn graph_head(device: u32, n_nodes: u32) -> Vec<u8> {
+    let mut v = device.to_le_bytes().to_vec();
+    v.extend_from_slice(&n_nodes.to_le_bytes());
+    v
+}
+
+#[test]
+fn unknown_commands() {
+    let l = Limits::default();
+    for b in [18u8, 19, 20, 100, 255] {
+        assert_eq!(
+            check_frame(&frame(b, 0), &l),
+            Err(DecodeError::UnknownCommand(b))
+        );
+        assert_eq!(Command::try_from(b), Err(DecodeError::UnknownCommand(b)));
+    }
+    assert_eq!(
+        DecodeError::UnknownCommand(18).to_string(),
+        "unknown command 18"
+    );
+}
+
+#[test]
+fn fixed_size_commands_need_the_exact_size() {
+    let l = Limits::default();
+    for cmd in Command::ALL {
+        let PayloadSize::Exact(n) = cmd.request_size() else {
+            continue;
+        };
+        assert_eq!(check_frame(&frame(cmd as u8, n), &l), Ok(cmd));
+        let mut wrong = vec![n + 1, n.wrapping_add(1 << 32), u64::MAX, 1 << 40];
+        if n > 0 {
+            wrong.extend([0, n - 1]);
+        }
+        for got in wrong {
+            let expected = Err(DecodeError::BadSize {
+                cmd,
+                got,
+                expected: n,
+            });
+            assert_eq!(check_frame(&frame(cmd as u8, got), &l), expected);
+        }
+        // Same through Request::decode with real (wrong-length) payloads.
+        let too_long = vec![0u8; n as usize + 1];
+        assert!(matches!(
+            Request::decode(cmd, &too_long, &l),
+            Err(DecodeError::BadSize { .. })
+        ));
+        if n > 0 {
+            let too_short = vec![0u8; n as usize - 1];
+            assert!(matches!(
+                Request::decode(cmd, &too_short, &l),
+                Err(DecodeError::BadSize { .. })
+            ));
+        }
+    }
+}
+
+#[test]
+fn hello_of_old_clients_is_refused() {
+    // Spec §4.2: the 0-byte HELLO of pre-4.0 clients.
+    let err = check_frame(&frame(14, 0), &Limits::default()).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::BadSize {
+            cmd: Command::Hello,
+            got: 0,
+            expected: 24
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "HELLO payload is 0 bytes, expected exactly 24"
+    );
+    assert!(check_frame(&frame(15, 1), &Limits::default()).is_err()); // DEVICE_COUNT must be empty
+}
+
+#[test]
+fn set_tensor_size_bounds() {
+    let l = Limits {
+        max_request_size: 1 << 20,
+        ..Limits::default()
+    };
+    let st = Command::SetTensor as u8;
+    assert_eq!(
+        check_frame(&frame(st, 304), &l),
+        Err(DecodeError::TooShort {
+            what: "SET_TENSOR payload",
+            need: 305,
+            got: 304
+        })
+    );
+    assert_eq!(
+        check_frame(&frame(st, 0), &l).unwrap_err().to_string(),
+        "SET_TENSOR payload too short: need 305 bytes, got 0"
+    );
+    assert_eq!(check_frame(&frame(st, 305), &l), Ok(Command::SetTensor));
+    assert_eq!(check_frame(&frame(st, 1 << 20), &l), Ok(Command::SetTensor));
+    for got in [(1 << 20) + 1, 1 << 63, u64::MAX] {
+        assert_eq!(
+            check_frame(&frame(st, got), &l),
+            Err(DecodeError::TooLarge {
+                what: "SET_TENSOR payload",
+                got,
+                limit: 1 << 20
+            })
+        );
+    }
+    // Default: 8 GiB.
+    assert!(check_frame(&frame(st, 8 << 30), &Limits::default()).is_ok());
+    assert!(check_frame(&frame(st, (8 << 30) + 1), &Limits::default()).is_err());
+    assert!(matches!(
+        SetTensorHeader::decode(&[0u8; 304]),
+        Err(DecodeError::TooShort {
+            need: 305,
+            got: 304,
+            ..
+        })
+    ));
+    assert!(Request::decode(Command::SetTensor, &[0u8; 304], &l).is_err());
+}
+
+#[test]
+fn graph_compute_size_bounds() {
+    let gc = Command::GraphCompute as u8;
+    let l = Limits::default();
+    assert!(matches!(
+        check_frame(&frame(gc, 11), &l),
+        Err(DecodeError::TooShort {
+            need: 12,
+            got: 11,
+            ..
+        })
+    ));
+    assert_eq!(check_frame(&frame(gc, 12), &l), Ok(Command::GraphCompute));
+    // Capped by the largest graph the node/tensor limits allow, well under max_request_size.
+    let cap = graph_payload_size(1 << 20, 1 << 20).unwrap();
+    assert_eq!(l.max_payload(Command::GraphCompute), cap);
+    assert_eq!(check_frame(&frame(gc, cap), &l), Ok(Command::GraphCompute));
+    assert_eq!(
+        check_frame(&frame(gc, cap + 1), &l),
+        Err(DecodeError::TooLarge {
+            what: "GRAPH_COMPUTE payload",
+            got: cap + 1,
+            limit: cap
+        })
+    );
+    assert!(check_frame(&frame(gc, u64::MAX), &l).is_err());
+    let small = Limits {
+        max_request_size: 100,
+        ..l
+    };
+    assert_eq!(small.max_payload(Command::GraphCompute), 100);
+    assert!(check_frame(&frame(gc, 101), &small).is_err());
+}
+
+#[test]
+fn truncated_graphs() {
+    let l = Limits::default();
+    let fx = common::Fixture::new();
+    let g = &fx.graph;
+    // Every strict prefix is an error, and none panics.
+    for len in 0..g.len() {
+        let err = Graph::decode(&g[..len], &l).unwrap_err();
+        assert!(
+            matches!(err, DecodeError::TooShort { .. }),
+            "prefix {len}: {err}"
+        );
+    }
+    assert!(Graph::decode(g, &l).is_ok());
+}
+
+#[test]
+fn graph_trailing_bytes_rejected() {
+    let fx = common::Fixture::new();
+    let mut g = fx.graph.clone();
+    g.push(0);
+    assert_eq!(
+        Graph::decode(&g, &Limits::default()),
+        Err(DecodeError::Malformed(
+            "trailing bytes after GRAPH_COMPUTE tensors"
+        ))
+    );
+    assert!(Request::decode(Command::GraphCompute, &g, &Limits::default()).is_err());
+}
+
+#[test]
+fn graph_count_overflow() {
+    // n_nodes = u32::MAX with a short payload: refused by the limit...
+    let mut p = graph_head(0, u32::MAX);
+    p.extend_from_slice(&[0u8; 16]);
+    assert_eq!(
+        Graph::decode(&p, &Limits::default()),
+        Err(DecodeError::TooLarge {
+            what: "GRAPH_COMPUTE n_nodes",
+            got: u32::MAX as u64,
+            limit: 1 << 20
+        })
+    );
+    // ...and by the length check when the limit is wide open.
+    let open = Limits {
+        max_request_size: u64::MAX,
+        max_graph_nodes: u32::MAX,
+        max_graph_tensors: u32::MAX,
+    };
+    assert!(matches!(
+        Graph::decode(&p, &open),
+        Err(DecodeError::TooShort { .. })
+    ));
+
+    // n_tensors = u32::MAX after a valid node list.
+    let mut p = graph_head(0, 1);
+    p.extend_from_slice(&7u64.to_le_bytes());
+    p.extend_from_slice(&u32::MAX.to_le_bytes());
+    p.extend_from_slice(&[0u8; 296]);
+    assert!(matches!(
+        Graph::decode(&p, &Limits::default()),
+        Err(DecodeError::TooLarge {
+            what: "GRAPH_COMPUTE n_tensors",
+            ..
+        })
+    ));
+    assert!(matches!(
+        Graph::decode(&p, &open),
+        Err(DecodeError::TooShort { .. })
+    ));
+
+    // n_nodes whose 8x multiple wraps a u32 (0x2000_0000 * 8 = 2^32).
+    let mut p = graph_head(0, 0x2000_0000);
+    p.extend_from_slice(&0u32.to_le_bytes());
+    assert!(matches!(
+        Graph::decode(&p, &open),
+        Err(DecodeError::TooShort { .. })
+    ));
+}
+
+#[test]
+fn graph_limits_are_inclusive() {
+    let l = Limits {
+        max_request_size: 1 << 20,
+        max_graph_nodes: 2,
+        max_graph_tensors: 1,
+    };
+    let t = RpcTensor::new(1, 0);
+    let mut ok = Vec::new();
+    encode_graph(0, &[1, 1], &[t], &mut ok);
+    assert!(Graph::decode(&ok, &l).is_ok());
+    let mut too_many_nodes = Vec::new();
+    encode_graph(0, &[1, 1, 1], &[t], &mut too_many_nodes);
+    assert!(matches!(
+        Graph::decode(&too_many_nodes, &l),
+        Err(DecodeError::TooLarge {
+            got: 3,
+            limit: 2,
+            ..
+        })
+    ));
+    let mut too_many_tensors = Vec::new();
+    encode_graph(0, &[1], &[t, t], &mut too_many_tensors);
+    assert!(matches!(
+        Graph::decode(&too_many_tensors, &l),
+        Err(DecodeError::TooLarge {
+            got: 2,
+            limit: 1,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn bad_responses() {
+    for cmd in Command::ALL
+        .into_iter()
+        .filter(|c| c.has_response() && *c != Command::GetTensor)
+    {
+        let n = Response::fixed_size(cmd).unwrap() as usize;
+        for len in [0, n.saturating_sub(1), n + 1] {
+            if len == n {
+                continue;
+            }
+            let err = Response::decode(cmd, &vec![0u8; len]).unwrap_err();
+            assert_eq!(
+                err,
+                DecodeError::BadSize {
+                    cmd,
+                    got: len as u64,
+                    expected: n as u64
+                }
+            );
+        }
+    }
+    assert_eq!(
+        Response::check_size(Command::GetTensor, 5, 4),
+        Err(DecodeError::BadSize {
+            cmd: Command::GetTensor,
+            got: 5,
+            expected: 4
+        })
+    );
+    assert!(Response::check_size(Command::GetTensor, 4, 4).is_ok());
+    assert_eq!(
+        Response::check_size(Command::SetTensor, 0, 0),
+        Err(DecodeError::NoResponse(Command::SetTensor))
+    );
+    assert_eq!(
+        DecodeError::NoResponse(Command::FreeBuffer).to_string(),
+        "FREE_BUFFER has no response in protocol 7.x"
+    );
+}
+
+#[test]
+fn error_messages_are_readable() {
+    let e = DecodeError::TooLarge {
+        what: "GRAPH_COMPUTE n_nodes",
+        got: 5,
+        limit: 4,
+    };
+    assert_eq!(
+        e.to_string(),
+        "GRAPH_COMPUTE n_nodes is 5, over the limit of 4"
+    );
+    let e = DecodeError::Malformed("trailing bytes after GRAPH_COMPUTE tensors");
+    assert_eq!(
+        e.to_string(),
+        "malformed message: trailing bytes after GRAPH_COMPUTE tensors"
+    );
+}
