@@ -1,0 +1,303 @@
+"""Shared helpers for tests/e2e/run_e2e.py and benches/llama_bench_compare.py (stdlib only).
+
+Server processes are started in their own session (process group) and always killed, also on
+failure or Ctrl-C: use `with Servers() as s:`; every subprocess has a timeout.
+"""
+
+import atexit
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+CACHE = os.environ.get("RPC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ggml-rpc-rs")
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def clean_env():
+    """Environment for llama.cpp tools: drop LLAMA_ARG_* (they silently change CLI defaults)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+    env.pop("GGML_RPC_DEBUG", None)
+    return env
+
+
+def script_output(script, timeout):
+    """Run a repo script (scripts/*.sh) and return the last line of its stdout."""
+    path = os.path.join(REPO, "scripts", script)
+    r = subprocess.run([path], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=timeout,
+                       check=True, text=True)
+    lines = [l for l in r.stdout.splitlines() if l.strip()]
+    if not lines:
+        raise RuntimeError("%s printed nothing" % script)
+    return lines[-1].strip()
+
+
+def resolve_stock_bin(arg, needed=("ggml-rpc-server", "llama-completion", "llama-bench")):
+    d = arg or os.environ.get("STOCK_BIN")
+    if not d:
+        log("--stock-bin not given: running scripts/stock-llama.sh (builds on first use, ~12 min)")
+        d = script_output("stock-llama.sh", timeout=3600)
+    d = os.path.abspath(d)
+    missing = [b for b in needed if not os.access(os.path.join(d, b), os.X_OK)]
+    if missing:
+        raise SystemExit("stock bin dir %s lacks %s" % (d, ", ".join(missing)))
+    return d
+
+
+def resolve_ours(arg):
+    p = arg or os.path.join(REPO, "target", "release", "rpc-server")
+    if not os.path.isabs(p) and not os.path.exists(p):
+        p = os.path.join(REPO, p)
+    p = os.path.abspath(p)
+    if not os.access(p, os.X_OK):
+        raise SystemExit("our server binary %s not found or not executable (cargo build --release, "
+                         "or pass --ours PATH)" % p)
+    return p
+
+
+def free_port(exclude=()):
+    for _ in range(100):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        finally:
+            s.close()
+        if port not in exclude:
+            return port
+    raise RuntimeError("no free port")
+
+
+def tail(path, n=25):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        return "<cannot read %s: %s>" % (path, e)
+    lines = data.decode("utf-8", "backslashreplace").splitlines()
+    return "\n".join(lines[-n:])
+
+
+class Server:
+    """One RPC server process (stock ggml-rpc-server or ours; same CLI: -H -p -t)."""
+
+    def __init__(self, name, binary, port, logdir, threads=None, extra=(), env=None):
+        self.name, self.binary, self.port = name, binary, port
+        self.threads, self.extra, self.env = threads, list(extra), dict(env or {})
+        self.log_path = os.path.join(logdir, "server-%s.log" % name)
+        self.proc = None
+        self.starts = 0
+
+    @property
+    def endpoint(self):
+        return "127.0.0.1:%d" % self.port
+
+    def cmd(self):
+        c = [self.binary, "-H", "127.0.0.1", "-p", str(self.port)]
+        if self.threads:
+            c += ["-t", str(self.threads)]
+        return c + self.extra
+
+    def start(self, timeout=30.0):
+        self.starts += 1
+        logf = open(self.log_path, "ab")
+        logf.write(("\n===== start #%d: %s\n" % (self.starts, shlex.join(self.cmd()))).encode())
+        logf.flush()
+        self.proc = subprocess.Popen(self.cmd(), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=dict(clean_env(), **self.env))
+        logf.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server %s exited with %s during startup:\n%s"
+                                   % (self.name, self.proc.returncode, tail(self.log_path)))
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("server %s did not listen on %s within %.0fs:\n%s"
+                           % (self.name, self.endpoint, timeout, tail(self.log_path)))
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure(self):
+        """Restart a dead server; returns a note if it had died."""
+        if self.alive():
+            return None
+        rc = self.proc.returncode if self.proc else None
+        note = "server %s had died (exit %s); restarted" % (self.name, rc)
+        self.start()
+        return note
+
+    def stop(self):
+        p = self.proc
+        if p is None:
+            return
+        if p.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    p.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        else:
+            try:  # reap stragglers left in its group
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc = None
+
+
+class Servers:
+    """Context manager that owns servers and kills them on exit, error, SIGINT or SIGTERM."""
+
+    def __init__(self):
+        self.items = []
+
+    def add(self, server):
+        self.items.append(server)
+        server.start()
+        return server
+
+    def stop_all(self):
+        for s in self.items:
+            try:
+                s.stop()
+            except Exception as e:  # keep stopping the others
+                log("stopping %s: %s" % (s.name, e))
+
+    def __enter__(self):
+        def on_signal(signum, frame):
+            raise KeyboardInterrupt("signal %d" % signum)
+        self._old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+        # also when started in the background with SIGINT ignored
+        self._old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+        atexit.register(self.stop_all)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_all()
+        atexit.unregister(self.stop_all)
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        return False
+
+
+def run(cmd, timeout, out_path=None, err_path=None):
+    """Run a client tool in its own process group with stdin=/dev/null; returns
+    (rc, stdout bytes, stderr bytes, seconds). rc is None on timeout (group killed)."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True, env=clean_env())
+    try:
+        out, err = p.communicate(timeout=timeout)
+        rc = p.returncode
+    except BaseException as e:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = p.communicate()
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
+        rc = None
+        err += ("\n<killed after %ss timeout>\n" % timeout).encode()
+    dt = time.monotonic() - t0
+    if out_path:
+        with open(out_path, "wb") as f:
+            f.write(out)
+    if err_path:
+        with open(err_path, "wb") as f:
+            f.write(("$ %s\n" % shlex.join(cmd)).encode() + err)
+    return rc, out, err, dt
+
+
+class CountingProxy:
+    """Threaded TCP proxy 127.0.0.1:port -> 127.0.0.1:target that counts bytes and connections
+    (protocol-agnostic; used to see e.g. that a warm server cache saves the big SET_TENSORs)."""
+
+    def __init__(self, target_port, exclude=()):
+        import threading
+        self._threading = threading
+        self.target_port = target_port
+        self.lock = threading.Lock()
+        self.up = self.down = self.conns = 0
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self):
+        return "127.0.0.1:%d" % self.port
+
+    def reset(self):
+        with self.lock:
+            self.up = self.down = self.conns = 0
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                s = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
+                s.settimeout(None)
+            except OSError:
+                c.close()
+                continue
+            for x in (c, s):
+                x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.lock:
+                self.conns += 1
+            state = {"open": 2}
+            self._threading.Thread(target=self._pump, args=(c, s, "up", state), daemon=True).start()
+            self._threading.Thread(target=self._pump, args=(s, c, "down", state), daemon=True).start()
+
+    def _pump(self, src, dst, attr, state):
+        try:
+            while True:
+                data = src.recv(1 << 20)
+                if not data:
+                    break
+                dst.sendall(data)
+                with self.lock:
+                    setattr(self, attr, getattr(self, attr) + len(data))
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            with self.lock:
+                state["open"] -= 1
+                last = state["open"] == 0
+            if last:
+                src.close()
+                dst.close()
+
+    def close(self):
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
