@@ -16,6 +16,8 @@ use crate::stats::Stats;
 
 /// SET_TENSOR payloads at least this large are read straight into tensor memory.
 const STREAM_MIN: u64 = 64 * 1024;
+/// Largest request buffer kept between commands.
+const KEEP_PAYLOAD_CAPACITY: usize = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectionError {
@@ -107,6 +109,9 @@ pub async fn run<T: Transport>(
             session.handle(req)
         };
         let reply = result.map_err(|err| ConnectionError::Session { cmd: cmd.name(), err })?;
+        if payload.capacity() > KEEP_PAYLOAD_CAPACITY {
+            payload = Vec::new(); // do not hold on to a one-off large request for the session's life
+        }
         let mut sent = 0;
         if let Some(r) = reply {
             sent = send_response(rd, &r, &mut out).await?;

@@ -26,3 +26,5 @@ pub trait Transport: Send {
     /// Short name for logs and banners ("TCP", "RDMA/RC", ...).
     fn name(&self) -> &'static str;
 }
+
+pub mod rdma;

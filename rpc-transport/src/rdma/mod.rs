@@ -1,0 +1,157 @@
+//! RDMA transports compatible with upstream llama.cpp's two flavors, negotiated inside HELLO.
+//!
+//! - [`caps`]: the 24-byte HELLO blob in both layouts, and flavor detection from a peer's blob.
+//! - [`rc`] / [`uc`]: the flavors' framing as state machines over the [`verbs::Verbs`] trait
+//!   (one connected queue pair with its registered memory), with no I/O of their own.
+//! - [`RdmaTransport`]: drives a flavor asynchronously as a [`crate::Transport`], and watches the
+//!   TCP socket that stays open as the liveness anchor (UC reports nothing when a peer dies).
+//! - [`fake`]: an in-process fabric that enforces both flavors' hardware rules, for fast tests.
+
+pub mod caps;
+pub mod fake;
+pub mod rc;
+pub mod uc;
+pub mod verbs;
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpStream;
+
+pub use caps::{gid_for_ip, gid_to_string, Caps, Flavor, CAPS_SIZE};
+pub use rc::RcLink;
+pub use uc::UcLink;
+
+/// A flavor's framing over a queue pair, polled without blocking.
+pub trait Flavored: Send {
+    /// Polls completions; `Ok(true)` if any arrived.
+    fn progress(&mut self) -> io::Result<bool>;
+    /// Copies received bytes (up to `buf.len()`); 0 when none are ready.
+    fn read_available(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Accepts a prefix of one `send_data()` part; 0 when it must wait for send resources.
+    fn write_part(&mut self, part: &[u8]) -> io::Result<usize>;
+    /// End of a message: post what is buffered.
+    fn end_message(&mut self) -> io::Result<()>;
+    /// A SEND is still waiting for its completion.
+    fn sends_pending(&self) -> bool;
+    /// SENDs posted and receives completed so far.
+    fn counters(&self) -> (u64, u64);
+}
+
+/// How long a sender waits for send resources before giving up on the connection.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Busy-poll this long after the last completion before sleeping between polls.
+const SPIN: Duration = Duration::from_micros(1000);
+/// Sleep between polls when idle.
+const IDLE_TICK: Duration = Duration::from_millis(1);
+
+/// An activated RDMA connection as a [`crate::Transport`].
+pub struct RdmaTransport<F: Flavored> {
+    link: F,
+    /// The bootstrap TCP socket: carries nothing after activation; readable = peer gone.
+    anchor: Option<TcpStream>,
+    name: &'static str,
+    last_activity: Instant,
+}
+
+impl<F: Flavored> RdmaTransport<F> {
+    pub fn new(link: F, anchor: Option<TcpStream>, name: &'static str) -> RdmaTransport<F> {
+        RdmaTransport { link, anchor, name, last_activity: Instant::now() }
+    }
+
+    pub fn link(&mut self) -> &mut F {
+        &mut self.link
+    }
+
+    /// SENDs posted and receives completed on this connection.
+    pub fn counters(&self) -> (u64, u64) {
+        self.link.counters()
+    }
+
+    fn check_anchor(&self) -> io::Result<()> {
+        if let Some(a) = &self.anchor {
+            let mut b = [0u8; 1];
+            match a.try_read(&mut b) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "peer closed the TCP anchor")),
+                Ok(_) => return Err(io::Error::other("unexpected bytes on the TCP anchor after RDMA activation")),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// One step of waiting: progress if possible, else spin briefly, then sleep in ticks,
+    /// checking that the peer is alive.
+    async fn step(&mut self, spins: &mut u32) -> io::Result<()> {
+        if self.link.progress()? {
+            self.last_activity = Instant::now();
+            *spins = 0;
+            return Ok(());
+        }
+        *spins += 1;
+        if self.last_activity.elapsed() < SPIN {
+            if *spins % 1024 == 0 {
+                self.check_anchor()?;
+            }
+            tokio::task::yield_now().await;
+        } else {
+            self.check_anchor()?;
+            tokio::time::sleep(IDLE_TICK).await;
+        }
+        Ok(())
+    }
+}
+
+impl<F: Flavored> crate::Transport for RdmaTransport<F> {
+    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut spins = 0;
+        loop {
+            let n = self.link.read_available(buf)?;
+            if n > 0 {
+                self.last_activity = Instant::now();
+                return Ok(n);
+            }
+            self.step(&mut spins).await?;
+        }
+    }
+
+    async fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.read(&mut buf[done..]).await?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    async fn send_message(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        let mut spins = 0;
+        for part in parts {
+            let mut off = 0;
+            let mut waiting_since: Option<Instant> = None;
+            while off < part.len() {
+                let n = self.link.write_part(&part[off..])?;
+                if n > 0 {
+                    off += n;
+                    waiting_since = None;
+                    self.last_activity = Instant::now();
+                    continue;
+                }
+                let since = *waiting_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > SEND_TIMEOUT {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "RDMA send: no completion within 30 s"));
+                }
+                self.step(&mut spins).await?;
+            }
+        }
+        self.link.end_message()
+    }
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+}
