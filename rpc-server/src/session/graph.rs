@@ -92,13 +92,32 @@ impl Session {
                 .copied()
                 .ok_or_else(|| SessionError::InvalidGraph(format!("unreachable tensor id {id:#x}")))
         };
+        // Which tensors are read or written by compute: the nodes and, transitively, their src[].
+        // A tensor reached only as a view_src (e.g. a host input whose view was copied to this
+        // server) is never dereferenced and may legitimately have no buffer here.
+        let mut needs_data = vec![false; order.len()];
+        for &wi in &node_idx {
+            if let Some(&li) = local.get(&wi) {
+                needs_data[li as usize] = true;
+            }
+        }
+        for (li, &wi) in order.iter().enumerate().rev() {
+            if needs_data[li] {
+                for s in g.tensors[wi as usize].src.iter() {
+                    if s.get() != 0 {
+                        let c = local_of(s.get())?;
+                        needs_data[c as usize] = true;
+                    }
+                }
+            }
+        }
         let mut specs = Vec::with_capacity(order.len());
         let mut links = Vec::with_capacity(order.len());
-        for &wi in &order {
+        for (li, &wi) in order.iter().enumerate() {
             let t = &g.tensors[wi as usize];
             let spec = self.resolve_tensor(t, UnknownBuffer::Reject)?;
-            if spec.buffer.is_none() {
-                return Err(SessionError::tensor(t, "graph tensor is not in a buffer of this connection"));
+            if spec.buffer.is_none() && needs_data[li] {
+                return Err(SessionError::tensor(t, "computed or read by the graph but not in a buffer of this connection"));
             }
             let mut l = GraphLinks::default();
             for (slot, s) in t.src.iter().enumerate() {
