@@ -39,6 +39,11 @@ pub mod ops {
     pub const CUSTOM: u32 = sys::GGML_OP_CUSTOM as u32;
     pub const COUNT: u32 = sys::GGML_OP_COUNT as u32;
 
+    /// Ops that compute nothing (`ggml_op_is_empty`): their node only describes a view.
+    pub fn is_empty(op: u32) -> bool {
+        matches!(op, NONE | RESHAPE | VIEW | PERMUTE | TRANSPOSE)
+    }
+
     /// Name of an op, for logs ("MUL_MAT"); `None` for out-of-range values.
     pub fn name(op: u32) -> Option<String> {
         if op >= COUNT {

@@ -6,7 +6,7 @@ use rpc_proto::Graph as WireGraph;
 
 use super::tensor::UnknownBuffer;
 use super::{Session, SessionError};
-use crate::ggml::{Graph, GraphLinks};
+use crate::ggml::{ops, Graph, GraphLinks};
 
 /// DFS colour of a tensor while checking that the graph is acyclic.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -92,21 +92,29 @@ impl Session {
                 .copied()
                 .ok_or_else(|| SessionError::InvalidGraph(format!("unreachable tensor id {id:#x}")))
         };
-        // Which tensors are read or written by compute: the nodes and, transitively, their src[].
+        // Which tensors are read or written by compute: the computing nodes and, transitively,
+        // the src[] of every computing tensor.
         // A tensor reached only as a view_src (e.g. a host input whose view was copied to this
         // server) is never dereferenced and may legitimately have no buffer here.
         let mut needs_data = vec![false; order.len()];
+        let mut reader: Vec<Option<u32>> = vec![None; order.len()];
         for &wi in &node_idx {
             if let Some(&li) = local.get(&wi) {
-                needs_data[li as usize] = true;
+                // A node that computes nothing (a view) needs data only if something reads it.
+                if !ops::is_empty(g.tensors[wi as usize].op.get()) {
+                    needs_data[li as usize] = true;
+                }
             }
         }
         for (li, &wi) in order.iter().enumerate().rev() {
-            if needs_data[li] {
+            // View-like ops (NONE, RESHAPE, VIEW, PERMUTE, TRANSPOSE) compute nothing and do not
+            // read their sources.
+            if needs_data[li] && !ops::is_empty(g.tensors[wi as usize].op.get()) {
                 for s in g.tensors[wi as usize].src.iter() {
                     if s.get() != 0 {
                         let c = local_of(s.get())?;
                         needs_data[c as usize] = true;
+                        reader[c as usize].get_or_insert(wi);
                     }
                 }
             }
@@ -117,7 +125,14 @@ impl Session {
             let t = &g.tensors[wi as usize];
             let spec = self.resolve_tensor(t, UnknownBuffer::Reject)?;
             if spec.buffer.is_none() && needs_data[li] {
-                return Err(SessionError::tensor(t, "computed or read by the graph but not in a buffer of this connection"));
+                let by = match reader[li] {
+                    Some(r) => {
+                        let r = &g.tensors[r as usize];
+                        format!("read by '{}' (op {})", r.name_str(), crate::ggml::ops::name(r.op.get()).unwrap_or_default())
+                    }
+                    None => "a graph node".to_string(),
+                };
+                return Err(SessionError::tensor(t, format!("{by} but not in a buffer of this connection (op {}, flags {})", t.op.get(), t.flags.get())));
             }
             let mut l = GraphLinks::default();
             for (slot, s) in t.src.iter().enumerate() {
