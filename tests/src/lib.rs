@@ -1,1 +1,438 @@
+//! Helpers for the integration tests: an in-process `rpc-server` on 127.0.0.1:0, buffer and
+//! tensor shorthands, and checks that a connection was closed and that a server is healthy.
+//!
+//! The server runs on its own thread with its own multi-threaded tokio runtime, so tests can
+//! use any runtime and a server outlives no test that owns it. `RPC_LOG=debug` shows the
+//! server's logs.
 
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use rpc_client::{ops, Client, ClientError, RpcTensor, TensorBuilder, TENSOR_FLAG_COMPUTE};
+use rpc_server::cache::WeightCache;
+use rpc_server::ggml::{Device, DeviceKind};
+use rpc_server::server::{self, ServerOptions};
+use rpc_server::session::SessionConfig;
+use rpc_server::stats::Stats;
+
+pub use rpc_client;
+pub use rpc_proto;
+
+/// How long a test waits for the server to close a connection (or to answer).
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// An `rpc-server` serving on 127.0.0.1 (random port) from a background thread, with the
+/// CPU device and one compute thread. Dropping it shuts the server down.
+pub struct TestServer {
+    /// Where to connect.
+    pub addr: SocketAddr,
+    /// The server's counters.
+    pub stats: Arc<Stats>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn init_logging() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RPC_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
+/// The CPU device.
+pub fn cpu_device() -> Device {
+    rpc_server::ggml::load_backends();
+    Device::all()
+        .into_iter()
+        .find(|d| d.kind() == DeviceKind::Cpu)
+        .expect("ggml has no CPU device")
+}
+
+impl TestServer {
+    /// A server without weight cache.
+    pub fn start() -> TestServer {
+        Self::start_with(None)
+    }
+
+    /// A server whose weight cache lives in `dir`.
+    pub fn start_with_cache(dir: &Path) -> TestServer {
+        let cache = WeightCache::open(dir, None).expect("cannot open the cache directory");
+        Self::start_with(Some(cache))
+    }
+
+    fn start_with(cache: Option<WeightCache>) -> TestServer {
+        init_logging();
+        let config = Arc::new(SessionConfig {
+            devices: vec![cpu_device()],
+            n_threads: 1,
+            cache,
+        });
+        let stats = Arc::new(Stats::default());
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let st = stats.clone();
+        let thread = std::thread::Builder::new()
+            .name("rpc-test-server".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(4)
+                    .enable_all()
+                    .build()
+                    .expect("server runtime");
+                rt.block_on(async move {
+                    let listener = server::bind("127.0.0.1", 0)
+                        .await
+                        .expect("bind 127.0.0.1:0");
+                    addr_tx
+                        .send(listener.local_addr().expect("local addr"))
+                        .expect("test gone");
+                    let stop = async {
+                        let _ = stop_rx.await;
+                    };
+                    server::serve(listener, config, ServerOptions::default(), st, stop).await;
+                });
+            })
+            .expect("spawn server thread");
+        let addr = addr_rx.recv().expect("server thread failed to start");
+        TestServer {
+            addr,
+            stats,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A server shared by every test of a test binary (lives until the process exits).
+pub fn shared_server() -> &'static TestServer {
+    static S: OnceLock<TestServer> = OnceLock::new();
+    S.get_or_init(TestServer::start)
+}
+
+/// A fresh temporary directory (removed by [`TempDir`]'s `Drop`).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// Creates `$TMPDIR/rpc-tests-<tag>-<pid>-<nanos>`.
+    pub fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let p =
+            std::env::temp_dir().join(format!("rpc-tests-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `f` with a deadline of [`TIMEOUT`], panicking with `what` if it is exceeded.
+pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(TIMEOUT, f).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {TIMEOUT:?}: {what}"),
+    }
+}
+
+/// Connects and performs HELLO.
+pub async fn connect(addr: SocketAddr) -> Client {
+    within("connect", Client::connect(addr))
+        .await
+        .expect("connect + HELLO")
+}
+
+/// A server buffer with its base address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buf {
+    /// Handle from ALLOC_BUFFER.
+    pub handle: u64,
+    /// Base address from BUFFER_GET_BASE.
+    pub base: u64,
+    /// Size from ALLOC_BUFFER.
+    pub size: u64,
+}
+
+impl Buf {
+    /// Absolute address of `offset` in this buffer.
+    pub fn at(&self, offset: u64) -> u64 {
+        self.base + offset
+    }
+
+    /// An F32 tensor of shape `ne` at `offset` in this buffer.
+    pub fn f32(&self, id: u64, ne: &[u32], offset: u64) -> TensorBuilder {
+        TensorBuilder::f32(id)
+            .ne(ne)
+            .data(self.handle, self.at(offset))
+    }
+}
+
+/// ALLOC_BUFFER on device 0 + BUFFER_GET_BASE; panics on failure.
+pub async fn alloc(c: &mut Client, size: u64) -> Buf {
+    let b = c
+        .alloc_buffer(0, size)
+        .await
+        .expect("ALLOC_BUFFER")
+        .expect("ALLOC_BUFFER returned a null handle");
+    let base = c.buffer_get_base(b.handle).await.expect("BUFFER_GET_BASE");
+    Buf {
+        handle: b.handle,
+        base,
+        size: b.size,
+    }
+}
+
+/// Little-endian bytes of `v`.
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// `f32`s from little-endian bytes (a trailing partial value is ignored).
+pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*), distinct for distinct seeds.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A full request frame: command byte, `u64` LE size, payload.
+pub fn frame(cmd: u8, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(9 + payload.len());
+    v.push(cmd);
+    v.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+/// Waits (at most [`TIMEOUT`]) until the server closes `c`; panics if it answers or stays open.
+pub async fn expect_closed(c: &mut Client, what: &str) {
+    match tokio::time::timeout(TIMEOUT, c.wait_closed()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("{what}: expected the server to close the connection, got {e}"),
+        Err(_) => panic!(
+            "{what}: the server neither closed the connection nor answered within {TIMEOUT:?}"
+        ),
+    }
+}
+
+/// Asserts that a result is [`ClientError::Closed`].
+pub fn assert_closed<T: std::fmt::Debug>(r: Result<T, ClientError>, what: &str) {
+    match r {
+        Err(ClientError::Closed) => {}
+        other => panic!("{what}: expected the connection to be closed, got {other:?}"),
+    }
+}
+
+/// The tensors of `c = a + b` on `n` F32 values, laid out at offsets 0, 4n and 8n of `buf`
+/// (ids 1, 2, 3). Returns `(a, b, c)`.
+pub fn add_graph(buf: &Buf, n: u32) -> (RpcTensor, RpcTensor, RpcTensor) {
+    let bytes = u64::from(n) * 4;
+    let a = buf.f32(1, &[n], 0).name("a").build();
+    let b = buf.f32(2, &[n], bytes).name("b").build();
+    let c = buf
+        .f32(3, &[n], 2 * bytes)
+        .op(ops::ADD, &[])
+        .srcs(&[1, 2])
+        .flags(TENSOR_FLAG_COMPUTE)
+        .name("c")
+        .build();
+    (a, b, c)
+}
+
+/// Checks that a brand-new client gets full, correct service: HELLO, DEVICE_COUNT, a buffer,
+/// an `a + b` graph computed and read back, and a recompute with new inputs.
+pub async fn assert_healthy(addr: SocketAddr) {
+    within("health check", async {
+        let mut c = connect(addr).await;
+        assert_eq!(c.device_count().await.expect("DEVICE_COUNT"), 1);
+        let buf = alloc(&mut c, 3 * 64).await;
+        let (a, b, sum) = add_graph(&buf, 16);
+        let av: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        let bv: Vec<f32> = (0..16).map(|i| 100.0 * i as f32).collect();
+        c.set_tensor(&a, 0, &f32_bytes(&av), false)
+            .await
+            .expect("SET_TENSOR");
+        c.set_tensor(&b, 0, &f32_bytes(&bv), false)
+            .await
+            .expect("SET_TENSOR");
+        c.graph_compute(0, &[3], &[a, b, sum])
+            .await
+            .expect("GRAPH_COMPUTE");
+        let got = bytes_f32(&c.get_tensor(&sum, 0, 64).await.expect("GET_TENSOR"));
+        let want: Vec<f32> = (0..16).map(|i| 101.0 * i as f32).collect();
+        assert_eq!(got, want, "health check: a + b");
+        c.set_tensor(&b, 0, &f32_bytes(&av), false)
+            .await
+            .expect("SET_TENSOR");
+        c.graph_recompute(0).await.expect("GRAPH_RECOMPUTE");
+        let got = bytes_f32(&c.get_tensor(&sum, 0, 64).await.expect("GET_TENSOR"));
+        let want: Vec<f32> = (0..16).map(|i| 2.0 * i as f32).collect();
+        assert_eq!(got, want, "health check: recompute");
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A server in a child process, for requests that might crash the whole server
+// ---------------------------------------------------------------------------------------------
+
+/// Environment variable that turns the child-server helper test into a server.
+pub const CHILD_ENV: &str = "RPC_TESTS_CHILD_SERVER";
+
+/// Body of the `#[ignore]`d helper test a test binary must define (named as passed to
+/// [`ChildServer::start`]) to use [`ChildServer`]. Without [`CHILD_ENV`] it does nothing; with
+/// it, it serves (in this process) until its stdin is closed, after printing its port.
+pub fn child_server_main() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let s = TestServer::start();
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "\nRPC_TESTS_PORT={}", s.addr.port());
+        let _ = out.flush();
+    }
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+}
+
+/// An in-process server run in a child process (this test binary re-executed with only the
+/// helper test), so that a request which aborts the server fails one test instead of killing
+/// the whole test binary.
+pub struct ChildServer {
+    /// Where to connect.
+    pub addr: SocketAddr,
+    child: std::process::Child,
+    stderr: Arc<std::sync::Mutex<String>>,
+}
+
+impl ChildServer {
+    /// Starts the child; `helper` is the name of the helper test (see [`child_server_main`]).
+    pub fn start(helper: &str) -> ChildServer {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let exe = std::env::current_exe().expect("current test binary");
+        let mut child = Command::new(exe)
+            .args([
+                helper,
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the child server");
+        let stderr = Arc::new(std::sync::Mutex::new(String::new()));
+        if let Some(err) = child.stderr.take() {
+            let sink = stderr.clone();
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                    let mut s = sink.lock().unwrap_or_else(|e| e.into_inner());
+                    s.push_str(&line);
+                    s.push('\n');
+                }
+            });
+        }
+        let out = child.stdout.take().expect("child stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                // libtest prints `test <name> ... ` before the helper's own output.
+                if let Some(port) = line.split("RPC_TESTS_PORT=").nth(1) {
+                    if let (Some(tx), Ok(port)) = (tx.take(), port.trim().parse::<u16>()) {
+                        let _ = tx.send(port);
+                    }
+                }
+            }
+        });
+        let port = rx
+            .recv_timeout(TIMEOUT)
+            .expect("the child server did not report its port");
+        ChildServer {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            child,
+            stderr,
+        }
+    }
+
+    /// Panics, with the child's stderr, if the child process has exited.
+    pub fn assert_alive(&mut self, what: &str) {
+        // Give a dying process a moment to be reaped.
+        std::thread::sleep(Duration::from_millis(100));
+        if let Ok(Some(status)) = self.child.try_wait() {
+            let err = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+            let tail: Vec<&str> = err
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .take(20)
+                .collect();
+            panic!(
+                "{what}: the server process died ({status}); its stderr:\n{}",
+                tail.join("\n")
+            );
+        }
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        // Closing stdin ends the child; kill it if it does not exit promptly.
+        drop(self.child.stdin.take());
+        for _ in 0..50 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,502 @@
+//! The async connection: one method per protocol 7.0.0 command.
+
+use std::net::SocketAddr;
+
+use rpc_proto::{
+    encode_graph, graph_payload_size, Command, FrameHeader, Request, Response, RpcTensor,
+    SetTensorHeader, CONN_CAPS_SIZE, GGML_MAX_SRC, RESPONSE_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpStream, ToSocketAddrs};
+
+use crate::error::ClientError;
+
+/// Result of every client call.
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// A buffer allocated on the server by [`Client::alloc_buffer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteBuffer {
+    /// Opaque, non-zero handle (`remote_ptr`) naming the buffer in later requests.
+    pub handle: u64,
+    /// Actual size of the buffer in bytes (may be larger than requested).
+    pub size: u64,
+}
+
+/// Free and total memory of a server device ([`Client::get_device_memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceMemory {
+    /// Free bytes.
+    pub free: u64,
+    /// Total bytes.
+    pub total: u64,
+}
+
+/// Size of the read and write buffers of a connection.
+const IO_BUFFER: usize = 64 * 1024;
+
+/// A connection to a ggml RPC server speaking protocol 7.0.0.
+///
+/// Requests are strictly ordered. Commands without a response (SET_TENSOR, GRAPH_COMPUTE,
+/// FREE_BUFFER, ...) only write their frame, so several of them can be in flight at once;
+/// commands with a response write their frame and then read exactly the expected reply.
+/// Every method flushes before returning, so nothing stays buffered on the client side.
+///
+/// A server reports every error by closing the connection: the call that notices it fails
+/// with [`ClientError::Closed`] (often the next call with a response, since a refused
+/// no-response command cannot be noticed by itself). After any error the connection should
+/// be dropped.
+#[derive(Debug)]
+pub struct Client {
+    rd: BufReader<OwnedReadHalf>,
+    wr: BufWriter<OwnedWriteHalf>,
+    peer: SocketAddr,
+    version: Option<(u8, u8, u8)>,
+    caps: [u8; CONN_CAPS_SIZE],
+    scratch: Vec<u8>,
+}
+
+impl Client {
+    /// Connects (with `TCP_NODELAY`) and performs the HELLO handshake: sends 24 zero
+    /// capability bytes and accepts a server announcing `7.x` with `x <= 0`
+    /// (else [`ClientError::VersionMismatch`]).
+    pub async fn connect(addr: impl ToSocketAddrs) -> Result<Client> {
+        let mut c = Self::connect_raw(addr).await?;
+        c.hello().await?;
+        Ok(c)
+    }
+
+    /// Connects (with `TCP_NODELAY`) without sending HELLO, for tests of the handshake.
+    /// Call [`Client::hello`] (or send raw frames) next.
+    pub async fn connect_raw(addr: impl ToSocketAddrs) -> Result<Client> {
+        let stream = TcpStream::connect(addr).await.map_err(ClientError::Io)?;
+        stream.set_nodelay(true).map_err(ClientError::Io)?;
+        let peer = stream.peer_addr().map_err(ClientError::Io)?;
+        let (rd, wr) = stream.into_split();
+        Ok(Client {
+            rd: BufReader::with_capacity(IO_BUFFER, rd),
+            wr: BufWriter::with_capacity(IO_BUFFER, wr),
+            peer,
+            version: None,
+            caps: [0; CONN_CAPS_SIZE],
+            scratch: Vec::with_capacity(4096),
+        })
+    }
+
+    /// HELLO (14): sends 24 zero capability bytes, checks the server's version, keeps its
+    /// capabilities. Returns `(major, minor, patch)`. A server accepts it only as the first
+    /// command of a connection.
+    pub async fn hello(&mut self) -> Result<(u8, u8, u8)> {
+        let rsp = self
+            .call(&Request::Hello {
+                caps: [0; CONN_CAPS_SIZE],
+            })
+            .await?;
+        let Response::Hello {
+            major,
+            minor,
+            patch,
+            caps,
+        } = rsp
+        else {
+            return Err(unexpected(&rsp));
+        };
+        if !rpc_proto::version_compatible(major, minor) {
+            return Err(ClientError::VersionMismatch {
+                major,
+                minor,
+                patch,
+            });
+        }
+        self.version = Some((major, minor, patch));
+        self.caps = caps;
+        Ok((major, minor, patch))
+    }
+
+    /// The server's protocol version from HELLO (`None` before the handshake).
+    pub fn server_version(&self) -> Option<(u8, u8, u8)> {
+        self.version
+    }
+
+    /// The server's transport capabilities from HELLO (all zero for a TCP-only server).
+    pub fn server_caps(&self) -> &[u8; CONN_CAPS_SIZE] {
+        &self.caps
+    }
+
+    /// The server's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Commands with a response
+    // ----------------------------------------------------------------------------------
+
+    /// DEVICE_COUNT (15): number of devices the server exposes.
+    pub async fn device_count(&mut self) -> Result<u32> {
+        match self.call(&Request::DeviceCount).await? {
+            Response::DeviceCount { count } => Ok(count),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// GET_ALIGNMENT (1): buffer alignment of `device`.
+    pub async fn get_alignment(&mut self, device: u32) -> Result<u64> {
+        match self.call(&Request::GetAlignment { device }).await? {
+            Response::GetAlignment { alignment } => Ok(alignment),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// GET_MAX_SIZE (2): largest buffer `device` can allocate.
+    pub async fn get_max_size(&mut self, device: u32) -> Result<u64> {
+        match self.call(&Request::GetMaxSize { device }).await? {
+            Response::GetMaxSize { max_size } => Ok(max_size),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// GET_DEVICE_MEMORY (11): free and total memory of `device`.
+    pub async fn get_device_memory(&mut self, device: u32) -> Result<DeviceMemory> {
+        match self.call(&Request::GetDeviceMemory { device }).await? {
+            Response::GetDeviceMemory { free, total } => Ok(DeviceMemory { free, total }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// ALLOC_BUFFER (0): allocates `size` bytes on `device`. `Ok(None)` when the server
+    /// could not allocate (a null handle is not an error in the protocol).
+    pub async fn alloc_buffer(&mut self, device: u32, size: u64) -> Result<Option<RemoteBuffer>> {
+        match self.call(&Request::AllocBuffer { device, size }).await? {
+            Response::AllocBuffer {
+                remote_ptr: 0,
+                remote_size: _,
+            } => Ok(None),
+            Response::AllocBuffer {
+                remote_ptr,
+                remote_size,
+            } => Ok(Some(RemoteBuffer {
+                handle: remote_ptr,
+                size: remote_size,
+            })),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// BUFFER_GET_BASE (3): base address of a buffer. Tensor `data` addresses in the buffer
+    /// are `base + offset`.
+    pub async fn buffer_get_base(&mut self, handle: u64) -> Result<u64> {
+        match self
+            .call(&Request::BufferGetBase { remote_ptr: handle })
+            .await?
+        {
+            Response::BufferGetBase { base_ptr } => Ok(base_ptr),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// SET_TENSOR_HASH (7): asks the server to fill `tensor` at `offset` from its cache entry
+    /// for `hash` (FNV-1a 64 of the data, see [`rpc_proto::fnv1a64`]). `true` if it did.
+    pub async fn set_tensor_hash(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        hash: u64,
+    ) -> Result<bool> {
+        match self
+            .call(&Request::SetTensorHash {
+                tensor: *tensor,
+                offset,
+                hash,
+            })
+            .await?
+        {
+            Response::SetTensorHash { result } => Ok(result != 0),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// GET_TENSOR (8): reads `size` bytes of `tensor` starting at `offset`.
+    pub async fn get_tensor(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        size: u64,
+    ) -> Result<Vec<u8>> {
+        let len = usize::try_from(size)
+            .map_err(|_| ClientError::InvalidArgument("GET_TENSOR size does not fit in memory"))?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(len)
+            .map_err(|_| ClientError::InvalidArgument("GET_TENSOR size does not fit in memory"))?;
+        out.resize(len, 0);
+        self.get_tensor_into(tensor, offset, &mut out).await?;
+        Ok(out)
+    }
+
+    /// GET_TENSOR (8) into a caller-provided slice: reads `out.len()` bytes of `tensor`
+    /// starting at `offset`, without allocating.
+    pub async fn get_tensor_into(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let size = out.len() as u64;
+        self.send(&Request::GetTensor {
+            tensor: *tensor,
+            offset,
+            size,
+        })
+        .await?;
+        let got = self.read_prefix().await?;
+        Response::check_size(Command::GetTensor, got, size)?;
+        self.rd.read_exact(out).await?;
+        Ok(())
+    }
+
+    /// COPY_TENSOR (9): copies `src` into `dst` on the server. `true` if the backend copied.
+    pub async fn copy_tensor(&mut self, src: &RpcTensor, dst: &RpcTensor) -> Result<bool> {
+        match self
+            .call(&Request::CopyTensor {
+                src: *src,
+                dst: *dst,
+            })
+            .await?
+        {
+            Response::CopyTensor { result } => Ok(result != 0),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// GET_ALLOC_SIZE (13): bytes `tensor` needs in a buffer of `device` (or of its own
+    /// buffer). `srcs` are its sources (at most 10; missing ones are sent as null tensors).
+    pub async fn get_alloc_size(
+        &mut self,
+        device: u32,
+        tensor: &RpcTensor,
+        srcs: &[RpcTensor],
+    ) -> Result<u64> {
+        if srcs.len() > GGML_MAX_SRC {
+            return Err(ClientError::InvalidArgument(
+                "GET_ALLOC_SIZE takes at most 10 sources",
+            ));
+        }
+        let mut all = Box::new([RpcTensor::default(); GGML_MAX_SRC]);
+        for (d, s) in all.iter_mut().zip(srcs) {
+            *d = *s;
+        }
+        match self
+            .call(&Request::GetAllocSize {
+                device,
+                tensor: *tensor,
+                srcs: all,
+            })
+            .await?
+        {
+            Response::GetAllocSize { alloc_size } => Ok(alloc_size),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Commands without a response (write only)
+    // ----------------------------------------------------------------------------------
+
+    /// FREE_BUFFER (4): frees a buffer (and, on the server, stored graphs that use it).
+    pub async fn free_buffer(&mut self, handle: u64) -> Result<()> {
+        self.send(&Request::FreeBuffer { remote_ptr: handle }).await
+    }
+
+    /// BUFFER_CLEAR (5): fills a whole buffer with `value`.
+    pub async fn buffer_clear(&mut self, handle: u64, value: u8) -> Result<()> {
+        self.send(&Request::BufferClear {
+            remote_ptr: handle,
+            value,
+        })
+        .await
+    }
+
+    /// SET_TENSOR (6): writes `data` into `tensor` at `offset`. With `cache` set, the server
+    /// may store the bytes in its weight cache (for a later [`Client::set_tensor_hash`]).
+    ///
+    /// The data is written straight from `data`, without an intermediate copy.
+    pub async fn set_tensor(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        data: &[u8],
+        cache: bool,
+    ) -> Result<()> {
+        let h = SetTensorHeader {
+            tensor: *tensor,
+            cache_flag: u8::from(cache),
+            offset,
+        };
+        self.scratch.clear();
+        h.encode_frame_head(data.len() as u64, &mut self.scratch);
+        debug_assert_eq!(self.scratch.len(), 9 + SET_TENSOR_HEADER_SIZE);
+        self.wr.write_all(&self.scratch).await?;
+        self.wr.write_all(data).await?;
+        self.wr.flush().await?;
+        Ok(())
+    }
+
+    /// GRAPH_COMPUTE (10): builds and runs a graph on `device`. `node_ids` are the nodes in
+    /// execution order; `tensors` must contain every tensor they reach, sources first.
+    pub async fn graph_compute(
+        &mut self,
+        device: u32,
+        node_ids: &[u64],
+        tensors: &[RpcTensor],
+    ) -> Result<()> {
+        let size = graph_payload_size(node_ids.len() as u64, tensors.len() as u64)
+            .filter(|_| {
+                u32::try_from(node_ids.len()).is_ok() && u32::try_from(tensors.len()).is_ok()
+            })
+            .ok_or(ClientError::InvalidArgument("graph too large"))?;
+        self.scratch.clear();
+        self.scratch
+            .extend_from_slice(&FrameHeader::new(Command::GraphCompute, size).encode());
+        encode_graph(device, node_ids, tensors, &mut self.scratch);
+        self.wr.write_all(&self.scratch).await?;
+        self.wr.flush().await?;
+        Ok(())
+    }
+
+    /// GRAPH_RECOMPUTE (16): re-runs the graph stored by the last GRAPH_COMPUTE on `device`.
+    pub async fn graph_recompute(&mut self, device: u32) -> Result<()> {
+        self.send(&Request::GraphRecompute { device }).await
+    }
+
+    /// INIT_TENSOR (12): lets the server's backend initialise `tensor` in its buffer.
+    pub async fn init_tensor(&mut self, tensor: &RpcTensor) -> Result<()> {
+        self.send(&Request::InitTensor { tensor: *tensor }).await
+    }
+
+    /// MEMSET_TENSOR (17): fills `size` bytes of `tensor` from `offset` with `value`.
+    pub async fn memset_tensor(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        size: u64,
+        value: u8,
+    ) -> Result<()> {
+        self.send(&Request::MemsetTensor {
+            tensor: *tensor,
+            offset,
+            size,
+            value,
+        })
+        .await
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Raw access (tests)
+    // ----------------------------------------------------------------------------------
+
+    /// Sends one frame with an arbitrary command byte: `cmd`, `u64` size = `payload.len()`,
+    /// then `payload`. Nothing is validated and nothing is read.
+    pub async fn send_raw(&mut self, cmd: u8, payload: &[u8]) -> Result<()> {
+        let h = FrameHeader {
+            cmd,
+            size: payload.len() as u64,
+        };
+        self.wr.write_all(&h.encode()).await?;
+        self.wr.write_all(payload).await?;
+        self.wr.flush().await?;
+        Ok(())
+    }
+
+    /// Sends arbitrary bytes (e.g. a frame whose declared size differs from what follows).
+    pub async fn send_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        self.wr.write_all(bytes).await?;
+        self.wr.flush().await?;
+        Ok(())
+    }
+
+    /// Reads one response: a `u64` size prefix that must equal `len`
+    /// (else [`ClientError::BadResponse`]), then `len` payload bytes.
+    pub async fn recv_response(&mut self, len: u64) -> Result<Vec<u8>> {
+        let got = self.read_prefix().await?;
+        if got != len {
+            return Err(ClientError::BadResponse(format!(
+                "response size prefix is {got}, expected {len}"
+            )));
+        }
+        self.recv_raw(len).await
+    }
+
+    /// Reads exactly `n` raw bytes (no size prefix).
+    pub async fn recv_raw(&mut self, n: u64) -> Result<Vec<u8>> {
+        let n = usize::try_from(n)
+            .map_err(|_| ClientError::InvalidArgument("read size does not fit in memory"))?;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(n)
+            .map_err(|_| ClientError::InvalidArgument("read size does not fit in memory"))?;
+        buf.resize(n, 0);
+        self.rd.read_exact(&mut buf).await?;
+        Ok(buf)
+    }
+
+    /// Waits until the server closes the connection. `Ok(())` on end of stream or reset;
+    /// [`ClientError::BadResponse`] if the server sends data instead. Wrap it in a timeout:
+    /// it waits forever on a server that neither answers nor closes.
+    pub async fn wait_closed(&mut self) -> Result<()> {
+        let mut b = [0u8; 1];
+        match self.rd.read(&mut b).await {
+            Ok(0) => Ok(()),
+            Ok(_) => Err(ClientError::BadResponse(format!(
+                "expected the connection to be closed, got byte {:#04x}",
+                b[0]
+            ))),
+            Err(e) => match ClientError::from(e) {
+                ClientError::Closed => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Flushes and shuts down the sending side; the server then ends the connection and frees
+    /// its buffers and graphs.
+    pub async fn shutdown(mut self) -> Result<()> {
+        self.wr.flush().await?;
+        self.wr.shutdown().await?;
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Internals
+    // ----------------------------------------------------------------------------------
+
+    /// Writes the frame of `req` and flushes.
+    async fn send(&mut self, req: &Request<'_>) -> Result<()> {
+        self.scratch.clear();
+        req.encode(&mut self.scratch);
+        self.wr.write_all(&self.scratch).await?;
+        self.wr.flush().await?;
+        Ok(())
+    }
+
+    /// Reads a response size prefix.
+    async fn read_prefix(&mut self) -> Result<u64> {
+        let mut p = [0u8; RESPONSE_HEADER_SIZE];
+        self.rd.read_exact(&mut p).await?;
+        Ok(u64::from_le_bytes(p))
+    }
+
+    /// Sends a request with a fixed-size response and decodes the response.
+    async fn call(&mut self, req: &Request<'_>) -> Result<Response> {
+        let cmd = req.command();
+        self.send(req).await?;
+        let got = self.read_prefix().await?;
+        Response::check_size(cmd, got, 0)?;
+        // check_size passed: `got` is one of the small fixed sizes.
+        let payload = self.recv_raw(got).await?;
+        Ok(Response::decode(cmd, &payload)?)
+    }
+}
+
+fn unexpected(rsp: &Response) -> ClientError {
+    ClientError::BadResponse(format!("unexpected {} response", rsp.command()))
+}

@@ -1,0 +1,323 @@
+//! Building [`RpcTensor`]s by hand: ggml type and op numbers, contiguous strides, a builder.
+
+use rpc_proto::{RpcTensor, GGML_MAX_DIMS};
+
+/// `ggml_type` numbers (protocol 7.0.0; `GGML_TYPE_COUNT` = 43).
+///
+/// Only the types this crate knows the size of are named; any `u32` can still be put in a
+/// tensor with [`TensorBuilder::new`].
+pub mod types {
+    /// `GGML_TYPE_F32`.
+    pub const F32: u32 = 0;
+    /// `GGML_TYPE_F16`.
+    pub const F16: u32 = 1;
+    /// `GGML_TYPE_Q4_0` (blocks of 32 elements, 18 bytes).
+    pub const Q4_0: u32 = 2;
+    /// `GGML_TYPE_Q4_1` (blocks of 32 elements, 20 bytes).
+    pub const Q4_1: u32 = 3;
+    /// Removed `GGML_TYPE_Q4_2`: a server must reject it.
+    pub const REMOVED_Q4_2: u32 = 4;
+    /// `GGML_TYPE_Q8_0` (blocks of 32 elements, 34 bytes).
+    pub const Q8_0: u32 = 8;
+    /// `GGML_TYPE_I8`.
+    pub const I8: u32 = 24;
+    /// `GGML_TYPE_I16`.
+    pub const I16: u32 = 25;
+    /// `GGML_TYPE_I32`.
+    pub const I32: u32 = 26;
+    /// `GGML_TYPE_I64`.
+    pub const I64: u32 = 27;
+    /// `GGML_TYPE_F64`.
+    pub const F64: u32 = 28;
+    /// `GGML_TYPE_BF16`.
+    pub const BF16: u32 = 30;
+}
+
+/// `ggml_op` numbers (protocol 7.0.0; `GGML_OP_COUNT` = 101), the ones tests and benchmarks use.
+pub mod ops {
+    /// `GGML_OP_NONE`: a leaf (weights, inputs).
+    pub const NONE: u32 = 0;
+    /// `GGML_OP_DUP`.
+    pub const DUP: u32 = 1;
+    /// `GGML_OP_ADD`: `dst = src0 + src1` (src1 broadcast over src0).
+    pub const ADD: u32 = 2;
+    /// `GGML_OP_SUB`.
+    pub const SUB: u32 = 6;
+    /// `GGML_OP_MUL`: element-wise product.
+    pub const MUL: u32 = 7;
+    /// `GGML_OP_DIV`.
+    pub const DIV: u32 = 8;
+    /// `GGML_OP_SQR`.
+    pub const SQR: u32 = 9;
+    /// `GGML_OP_MUL_MAT`: `dst[n][m] = Σ_k src0[m][k] · src1[n][k]`;
+    /// `src0.ne = [K, M]`, `src1.ne = [K, N]`, `dst.ne = [M, N]`.
+    pub const MUL_MAT: u32 = 29;
+    /// `GGML_OP_SCALE`.
+    pub const SCALE: u32 = 32;
+    /// `GGML_OP_CPY`.
+    pub const CPY: u32 = 34;
+    /// `GGML_OP_RESHAPE`.
+    pub const RESHAPE: u32 = 36;
+    /// `GGML_OP_VIEW`.
+    pub const VIEW: u32 = 37;
+    /// `GGML_OP_PERMUTE`.
+    pub const PERMUTE: u32 = 38;
+    /// `GGML_OP_TRANSPOSE`.
+    pub const TRANSPOSE: u32 = 39;
+    /// `GGML_OP_GET_ROWS`.
+    pub const GET_ROWS: u32 = 40;
+    /// `GGML_OP_MAP_CUSTOM1` (carries a function pointer: servers should refuse it).
+    pub const MAP_CUSTOM1: u32 = 92;
+    /// `GGML_OP_MAP_CUSTOM2` (carries a function pointer: servers should refuse it).
+    pub const MAP_CUSTOM2: u32 = 93;
+    /// `GGML_OP_MAP_CUSTOM3` (carries a function pointer: servers should refuse it).
+    pub const MAP_CUSTOM3: u32 = 94;
+    /// `GGML_OP_CUSTOM` (carries a function pointer: servers should refuse it).
+    pub const CUSTOM: u32 = 95;
+    /// `GGML_OP_GLU`, the last op of 7.0.0.
+    pub const GLU: u32 = 100;
+    /// `GGML_OP_COUNT`: the first invalid op number.
+    pub const COUNT: u32 = 101;
+}
+
+/// `(block size in elements, bytes per block)` of the types this crate knows
+/// (those named in [`types`] except the removed one); `None` otherwise.
+pub fn type_traits(ty: u32) -> Option<(u64, u64)> {
+    Some(match ty {
+        types::F32 => (1, 4),
+        types::F16 | types::BF16 | types::I16 => (1, 2),
+        types::Q4_0 => (32, 18),
+        types::Q4_1 => (32, 20),
+        types::Q8_0 => (32, 34),
+        types::I8 => (1, 1),
+        types::I32 => (1, 4),
+        types::I64 | types::F64 => (1, 8),
+        _ => return None,
+    })
+}
+
+/// Contiguous (row-major, ggml order) strides of a tensor of type `ty` and shape `ne`:
+/// `nb[0] = type size`, `nb[1] = nb[0]·ne[0]/block`, `nb[i] = nb[i-1]·ne[i-1]`.
+/// `None` for types unknown to [`type_traits`].
+pub fn contiguous_nb(ty: u32, ne: [u32; GGML_MAX_DIMS]) -> Option<[u64; GGML_MAX_DIMS]> {
+    let (blck, size) = type_traits(ty)?;
+    let mut nb = [0u64; GGML_MAX_DIMS];
+    nb[0] = size;
+    nb[1] = nb[0].saturating_mul(u64::from(ne[0])) / blck;
+    nb[2] = nb[1].saturating_mul(u64::from(ne[1]));
+    nb[3] = nb[2].saturating_mul(u64::from(ne[2]));
+    Some(nb)
+}
+
+/// Byte size of a contiguous tensor of type `ty` and shape `ne` (`ggml_nbytes`);
+/// `None` for types unknown to [`type_traits`].
+pub fn nbytes(ty: u32, ne: [u32; GGML_MAX_DIMS]) -> Option<u64> {
+    let nb = contiguous_nb(ty, ne)?;
+    if ne.contains(&0) {
+        return Some(0);
+    }
+    Some(nb[3].saturating_mul(u64::from(ne[3])))
+}
+
+/// Builds an [`RpcTensor`] step by step, computing contiguous strides from the type and shape.
+///
+/// ```
+/// use rpc_client::{ops, types, TensorBuilder, TENSOR_FLAG_COMPUTE};
+/// let (buffer, base) = (0x1234, 0x10_0000);
+/// let a = TensorBuilder::new(1, types::F32).ne(&[4]).data(buffer, base).build();
+/// let b = TensorBuilder::new(2, types::F32).ne(&[4]).data(buffer, base + 16).build();
+/// let c = TensorBuilder::new(3, types::F32)
+///     .ne(&[4])
+///     .data(buffer, base + 32)
+///     .op(ops::ADD, &[])
+///     .srcs(&[1, 2])
+///     .flags(TENSOR_FLAG_COMPUTE)
+///     .build();
+/// assert_eq!(c.nb(), [4, 16, 16, 16]);
+/// # let _ = (a, b);
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct TensorBuilder {
+    t: RpcTensor,
+    ne: [u32; GGML_MAX_DIMS],
+    nb: Option<[u32; GGML_MAX_DIMS]>,
+}
+
+impl TensorBuilder {
+    /// A tensor with id `id` and `ggml_type` `ty`, shape `[1, 1, 1, 1]`, no buffer, op NONE.
+    pub fn new(id: u64, ty: u32) -> Self {
+        TensorBuilder {
+            t: RpcTensor::new(id, ty),
+            ne: [1; GGML_MAX_DIMS],
+            nb: None,
+        }
+    }
+
+    /// Shorthand for an F32 tensor.
+    pub fn f32(id: u64) -> Self {
+        Self::new(id, types::F32)
+    }
+
+    /// Shorthand for an F16 tensor.
+    pub fn f16(id: u64) -> Self {
+        Self::new(id, types::F16)
+    }
+
+    /// Shorthand for an I32 tensor.
+    pub fn i32(id: u64) -> Self {
+        Self::new(id, types::I32)
+    }
+
+    /// Element counts: up to 4 dimensions, missing ones are 1 (extra ones are ignored).
+    #[must_use]
+    pub fn ne(mut self, ne: &[u32]) -> Self {
+        self.ne = [1; GGML_MAX_DIMS];
+        for (d, &n) in self.ne.iter_mut().zip(ne) {
+            *d = n;
+        }
+        self
+    }
+
+    /// Explicit byte strides instead of the contiguous ones.
+    #[must_use]
+    pub fn nb(mut self, nb: [u32; GGML_MAX_DIMS]) -> Self {
+        self.nb = Some(nb);
+        self
+    }
+
+    /// Buffer handle and absolute data address (`base + offset`).
+    #[must_use]
+    pub fn data(mut self, buffer: u64, addr: u64) -> Self {
+        self.t = self.t.with_buffer(buffer, addr);
+        self
+    }
+
+    /// `op` and its leading `op_params`.
+    #[must_use]
+    pub fn op(mut self, op: u32, params: &[i32]) -> Self {
+        self.t = self.t.with_op(op, params);
+        self
+    }
+
+    /// Source tensor ids (`src[0..]`).
+    #[must_use]
+    pub fn srcs(mut self, srcs: &[u64]) -> Self {
+        self.t = self.t.with_srcs(srcs);
+        self
+    }
+
+    /// `TENSOR_FLAG_*` bits.
+    #[must_use]
+    pub fn flags(mut self, flags: i32) -> Self {
+        self.t = self.t.with_flags(flags);
+        self
+    }
+
+    /// `view_src` id and `view_offs`.
+    #[must_use]
+    pub fn view(mut self, view_src: u64, view_offs: u64) -> Self {
+        self.t = self.t.with_view(view_src, view_offs);
+        self
+    }
+
+    /// Tensor name (truncated to 63 bytes).
+    #[must_use]
+    pub fn name(mut self, name: &str) -> Self {
+        self.t = self.t.with_name(name);
+        self
+    }
+
+    /// `use_count` (graph tensors only).
+    #[must_use]
+    pub fn use_count(mut self, n: i32) -> Self {
+        self.t = self.t.with_use_count(n);
+        self
+    }
+
+    /// The contiguous strides, or the explicit ones. For types unknown to [`type_traits`]
+    /// (e.g. deliberately invalid ones) a 1-byte element is assumed. Strides are truncated
+    /// to 32 bits, as the stock client does.
+    pub fn strides(&self) -> [u32; GGML_MAX_DIMS] {
+        self.nb.unwrap_or_else(|| {
+            let ty = self.t.r#type.get();
+            let nb = contiguous_nb(ty, self.ne)
+                .or_else(|| contiguous_nb(types::I8, self.ne))
+                .unwrap_or([1; GGML_MAX_DIMS]);
+            nb.map(|x| x as u32)
+        })
+    }
+
+    /// `ggml_nbytes` of the tensor being built (with its actual strides); 0 if any `ne` is 0.
+    pub fn nbytes(&self) -> u64 {
+        if self.ne.contains(&0) {
+            return 0;
+        }
+        let nb = self.strides().map(u64::from);
+        let (blck, size) = type_traits(self.t.r#type.get()).unwrap_or((1, 1));
+        let mut total = if blck == 1 {
+            size
+        } else {
+            u64::from(self.ne[0]).saturating_mul(nb[0]) / blck
+        };
+        let first = if blck == 1 { 0 } else { 1 };
+        for (&ne, &nb) in self.ne.iter().zip(&nb).skip(first) {
+            total = total.saturating_add(u64::from(ne - 1).saturating_mul(nb));
+        }
+        total
+    }
+
+    /// The finished wire tensor.
+    pub fn build(&self) -> RpcTensor {
+        self.t.with_shape(self.ne, self.strides())
+    }
+}
+
+impl From<TensorBuilder> for RpcTensor {
+    fn from(b: TensorBuilder) -> RpcTensor {
+        b.build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_strides() {
+        let t = TensorBuilder::f32(1).ne(&[3, 2]).build();
+        assert_eq!(t.ne(), [3, 2, 1, 1]);
+        assert_eq!(t.nb(), [4, 12, 24, 24]);
+        let q = TensorBuilder::new(2, types::Q4_0).ne(&[64, 2]);
+        assert_eq!(q.build().nb(), [18, 36, 72, 72]);
+        assert_eq!(q.nbytes(), 72);
+        assert_eq!(TensorBuilder::f16(3).ne(&[5, 1, 2]).nbytes(), 20);
+        assert_eq!(nbytes(types::I32, [7, 1, 1, 1]), Some(28));
+        assert_eq!(TensorBuilder::f32(4).ne(&[0]).nbytes(), 0);
+    }
+
+    #[test]
+    fn builder_sets_every_field() {
+        let t = TensorBuilder::i32(9)
+            .ne(&[2])
+            .data(7, 0x1000)
+            .op(ops::ADD, &[5])
+            .srcs(&[1, 2])
+            .flags(16)
+            .view(3, 8)
+            .name("x")
+            .use_count(2)
+            .build();
+        assert_eq!(t.id.get(), 9);
+        assert_eq!(t.r#type.get(), types::I32);
+        assert_eq!(t.buffer.get(), 7);
+        assert_eq!(t.data.get(), 0x1000);
+        assert_eq!(t.op.get(), ops::ADD);
+        assert_eq!(t.op_params()[0], 5);
+        assert_eq!(&t.src_ids()[..3], &[1, 2, 0]);
+        assert_eq!(t.flags.get(), 16);
+        assert_eq!(t.view_src.get(), 3);
+        assert_eq!(t.view_offs.get(), 8);
+        assert_eq!(t.name_str(), "x");
+        assert_eq!(t.use_count.get(), 2);
+    }
+}
