@@ -3,16 +3,19 @@
 # cached outside the clone, keyed by version and flags. Prints the bin directory on stdout.
 #   STOCK_RDMA=ON  build with GGML_RPC_RDMA (needs libibverbs-dev); default OFF (TCP only)
 #   STOCK_PATCHES="patches/a.patch ..." extra patches applied to the source (part of the cache key)
+#   STOCK_CMAKE_FLAGS="-DX=Y ..."        extra CMake flags (part of the cache key)
+#   STOCK_TARGETS="..."                   ninja targets (executables, or libraries such as ggml-rpc)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 VERSION=0.3.36
 RDMA="${STOCK_RDMA:-OFF}"
 PATCHES="${STOCK_PATCHES:-}"
+EXTRA_FLAGS="${STOCK_CMAKE_FLAGS:-}"
 TARGETS="${STOCK_TARGETS:-ggml-rpc-server llama-completion llama-cli llama-bench llama-simple test-backend-ops}"
 cache="${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}"
 key="rdma-${RDMA}"
-if [ -n "$PATCHES" ]; then
-  key="$key-$(cd "$here" && cat $PATCHES | sha256sum | cut -c1-12)"
+if [ -n "$PATCHES$EXTRA_FLAGS" ]; then
+  key="$key-$( (cd "$here" && cat $PATCHES; echo "$EXTRA_FLAGS") | sha256sum | cut -c1-12)"
 fi
 src="$cache/llama-cpp-python-$VERSION/src-$key"
 build="$src/build"
@@ -39,10 +42,10 @@ fi
 if [ ! -f "$build/build.ninja" ]; then
   log "configuring (GGML_RPC_RDMA=$RDMA)"
   cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_RPC=ON -DGGML_RPC_RDMA="$RDMA" \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=ON -DGGML_CCACHE=OFF >&2
+    -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=ON -DGGML_CCACHE=OFF $EXTRA_FLAGS >&2
 fi
 missing=""
-for t in $TARGETS; do [ -x "$build/bin/$t" ] || missing="$missing $t"; done
+for t in $TARGETS; do [ -x "$build/bin/$t" ] || [ -e "$build/bin/lib$t.so" ] || missing="$missing $t"; done
 if [ -n "$missing" ]; then
   log "building$missing (about 12 minutes on 2 cores the first time)"
   ninja -C "$build" -j"$(nproc)" $missing >&2

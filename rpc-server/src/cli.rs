@@ -43,8 +43,11 @@ fn parse_threads(s: &str) -> Result<usize, String> {
 /// A ggml RPC server (protocol 7.0.0): lets llama.cpp offload layers to this machine with
 /// `--rpc host:port`. Drop-in replacement for llama.cpp's `ggml-rpc-server`.
 #[derive(Debug, Parser)]
-#[command(name = "rpc-server", version, about, long_about = None)]
+#[command(name = "rpc-server", version, about, long_about = None, args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<SubCommand>,
+
     /// Host or address to bind to (IPv4, IPv6 or a host name).
     #[arg(short = 'H', long, default_value = "127.0.0.1")]
     pub host: String,
@@ -86,6 +89,36 @@ pub struct Args {
     /// Largest request accepted (bytes, or with a K/M/G/T suffix).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16G")]
     pub max_request_size: u64,
+
+    /// Transport: `auto` switches a connection to RDMA when the client offers it in HELLO and a
+    /// local RDMA device owns the connection's address (else TCP); `tcp` never uses RDMA (also
+    /// set by GGML_RPC_NO_RDMA); `rdma` is `auto` but refuses to start without an RDMA device.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub transport: crate::rdma::TransportMode,
+
+    /// Only use this RDMA device (e.g. `rxe0`, `mlx5_0`, `rdma_en2`; also GGML_RDMA_DEV).
+    #[arg(long, value_name = "NAME")]
+    pub rdma_device: Option<String>,
+
+    /// Use this GID table index instead of matching the connection's address (also GGML_RDMA_GID).
+    #[arg(long, value_name = "INDEX")]
+    pub rdma_gid_index: Option<u32>,
+
+    /// RDMA connections at once; more clients get TCP. Apple allows 10 queue pairs per
+    /// Thunderbolt device, shared by every process.
+    #[arg(long, value_name = "N", default_value_t = if cfg!(target_os = "macos") { 8 } else { 64 })]
+    pub rdma_max_connections: usize,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum SubCommand {
+    /// Explain the local RDMA setup (devices, ports, GIDs, which address maps to which device)
+    /// and whether RDMA would engage for a connection to or from a peer.
+    Doctor {
+        /// A peer address (host or host:port) to check the RDMA path to.
+        #[arg(long)]
+        peer: Option<String>,
+    },
 }
 
 impl Args {

@@ -7,10 +7,12 @@
 use std::sync::Arc;
 
 use rpc_proto::{check_frame, Command, DecodeError, FrameHeader, Limits, Request, Response, SetTensorHeader};
+use rpc_transport::rdma::RdmaTransport;
 use rpc_transport::{TcpTransport, Transport};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::rdma::{Activated, RdmaConfig};
 use crate::session::{Session, SessionConfig, SessionError};
 use crate::stats::Stats;
 
@@ -44,18 +46,21 @@ async fn read_header<R: Transport>(rd: &mut R) -> Result<Option<FrameHeader>, st
     Ok(Some(FrameHeader::decode(&b)))
 }
 
-/// Serves one TCP connection: HELLO (transport negotiation), then the command loop.
+/// Serves one TCP connection: HELLO (transport negotiation), then the command loop over TCP or
+/// RDMA.
 pub async fn serve(
     stream: TcpStream,
     config: Arc<SessionConfig>,
     limits: Limits,
     stats: Arc<Stats>,
+    rdma: Arc<RdmaConfig>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
+    let local_ip = stream.local_addr()?.ip();
     let mut tcp = TcpTransport::new(stream)?;
     let mut out = Vec::with_capacity(64);
 
-    // HELLO: exactly 24 bytes of transport caps; we answer 7.0.0 and all-zero caps (TCP).
+    // HELLO: exactly 24 bytes of transport caps.
     let Some(h) = read_header(&mut tcp).await? else { return Ok(()) };
     if h.cmd != Command::Hello as u8 {
         return Err(ConnectionError::ExpectedHello(h.cmd));
@@ -63,11 +68,64 @@ pub async fn serve(
     check_frame(&h, &limits)?;
     let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
     tcp.read_exact(&mut caps).await?;
-    Response::Hello { major: rpc_proto::PROTO_MAJOR, minor: rpc_proto::PROTO_MINOR, patch: rpc_proto::PROTO_PATCH, caps: [0; 24] }
+    let (reply_caps, activated) = tokio::task::block_in_place(|| crate::rdma::negotiate(&rdma, local_ip, &caps));
+    Response::Hello { major: rpc_proto::PROTO_MAJOR, minor: rpc_proto::PROTO_MINOR, patch: rpc_proto::PROTO_PATCH, caps: reply_caps }
         .encode(&mut out);
     tcp.send_message(&[&out[..8], &out[8..]]).await?;
     stats.command(Command::Hello, h.size, out.len() as u64);
-    run(&mut tcp, Session::new(config), limits, stats, shutdown).await
+    let session = Session::new(config);
+    let Some(activated) = activated else {
+        return run(&mut tcp, session, limits, stats, shutdown).await;
+    };
+    match activated {
+        Activated::Rc(link, _permit) => {
+            let anchor = into_anchor(tcp)?;
+            let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/RC");
+            tracing::info!("RDMA activated (Linux RC flavor)");
+            let r = run(&mut t, session, limits, stats, shutdown).await;
+            finish_rdma(&rdma, t.counters());
+            r
+        }
+        Activated::Uc(link, _permit) => {
+            // Upstream's readiness exchange: one byte each way over TCP, 0x2A = ready.
+            tcp.send_message(&[&[READY]]).await?;
+            let mut b = [0u8; 1];
+            match tokio::time::timeout(READY_TIMEOUT, tcp.read_exact(&mut b)).await {
+                Ok(Ok(())) if b[0] == READY => {}
+                Ok(Ok(())) => {
+                    tracing::warn!("client could not activate RDMA (readiness byte {:#x}); staying on TCP", b[0]);
+                    drop(link);
+                    return run(&mut tcp, session, limits, stats, shutdown).await;
+                }
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => return Err(ConnectionError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no RDMA readiness byte from the client"))),
+            }
+            let anchor = into_anchor(tcp)?;
+            let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/UC");
+            tracing::info!("RDMA activated (Apple UC flavor)");
+            let r = run(&mut t, session, limits, stats, shutdown).await;
+            finish_rdma(&rdma, t.counters());
+            r
+        }
+    }
+}
+
+/// Upstream's readiness byte (Apple flavor).
+const READY: u8 = 0x2A;
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The TCP socket kept open, idle, as the liveness anchor of an RDMA connection.
+fn into_anchor(tcp: TcpTransport) -> Result<TcpStream, ConnectionError> {
+    if tcp.buffered() != 0 {
+        return Err(ConnectionError::Io(std::io::Error::other("client sent TCP bytes after switching to RDMA")));
+    }
+    let (rd, wr) = tcp.into_inner();
+    rd.into_inner().reunite(wr).map_err(|e| ConnectionError::Io(std::io::Error::other(e.to_string())))
+}
+
+fn finish_rdma(rdma: &RdmaConfig, counters: (u64, u64)) {
+    rdma.record(counters);
+    tracing::info!(sends = counters.0, recvs = counters.1, "RDMA connection done");
 }
 
 /// The command loop after HELLO, over any transport.

@@ -7,7 +7,9 @@
 pub mod cache;
 pub mod cli;
 pub mod connection;
+pub mod doctor;
 pub mod ggml;
+pub mod rdma;
 pub mod server;
 pub mod session;
 pub mod stats;

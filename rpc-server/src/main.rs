@@ -7,6 +7,8 @@ use clap::Parser;
 use rpc_server::cache::{default_cache_dir, WeightCache};
 use rpc_server::cli::Args;
 use rpc_server::ggml::{Device, DeviceKind};
+use rpc_server::rdma::{RdmaConfig, TransportMode};
+use rpc_transport::rdma::real::RdmaOptions;
 use rpc_server::server::{self, ServerOptions};
 use rpc_server::session::SessionConfig;
 use rpc_server::stats::Stats;
@@ -52,7 +54,14 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -62,6 +71,27 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     rpc_server::ggml::load_backends();
+
+    if let Some(rpc_server::cli::SubCommand::Doctor { peer }) = &args.command {
+        rpc_server::doctor::run(peer.as_deref());
+        return Ok(());
+    }
+    // Upstream's environment switches keep working.
+    let mut mode = args.transport;
+    if std::env::var_os("GGML_RPC_NO_RDMA").is_some() {
+        mode = TransportMode::Tcp;
+    }
+    let rdma_opts = RdmaOptions {
+        device: args.rdma_device.clone().or_else(|| std::env::var("GGML_RDMA_DEV").ok().filter(|s| !s.is_empty())),
+        gid_index: args.rdma_gid_index.or_else(|| std::env::var("GGML_RDMA_GID").ok().and_then(|s| s.parse().ok())),
+    };
+    let rdma = Arc::new(RdmaConfig::new(mode, rdma_opts, args.rdma_max_connections.max(1)));
+    if mode == TransportMode::Rdma {
+        let usable = rdma_verbs::load().is_ok() && rdma_verbs::devices().map(|d| !d.is_empty()).unwrap_or(false);
+        if !usable {
+            bail!("--transport rdma: no usable RDMA device on this machine (run `rpc-server doctor`)");
+        }
+    }
 
     if args.list_devices {
         println!("Available devices:");
@@ -108,13 +138,13 @@ fn main() -> anyhow::Result<()> {
             println!("  {}: {} ({} MiB, {} MiB free)", d.name(), d.description(), total / MIB, free / MIB);
         }
         println!("  threads        : {}", args.threads);
-        println!("  transport      : TCP");
+        println!("  transport      : {}", rdma.describe());
         println!("  connections    : up to {} at once", args.max_connections);
         use std::io::Write;
         let _ = std::io::stdout().flush();
 
         let config = Arc::new(SessionConfig { devices, n_threads: args.threads, cache });
-        let mut opts = ServerOptions { max_connections: args.max_connections, ..Default::default() };
+        let mut opts = ServerOptions { max_connections: args.max_connections, rdma, ..Default::default() };
         opts.limits.max_request_size = args.max_request_size;
         let stats = Arc::new(Stats::default());
         server::serve(listener, config, opts, stats, shutdown_signal()).await;

@@ -13,6 +13,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::connection;
+use crate::rdma::{RdmaConfig, TransportMode};
 use crate::session::SessionConfig;
 use crate::stats::Stats;
 
@@ -22,11 +23,17 @@ pub struct ServerOptions {
     pub limits: Limits,
     /// Connections served at once; further clients wait in the accept backlog.
     pub max_connections: usize,
+    /// RDMA negotiation settings.
+    pub rdma: Arc<RdmaConfig>,
 }
 
 impl Default for ServerOptions {
     fn default() -> Self {
-        ServerOptions { limits: Limits::default(), max_connections: 128 }
+        ServerOptions {
+            limits: Limits::default(),
+            max_connections: 128,
+            rdma: Arc::new(RdmaConfig::new(TransportMode::Auto, Default::default(), 8)),
+        }
     }
 }
 
@@ -76,9 +83,10 @@ pub async fn serve(
         let limits = opts.limits.clone();
         let stats = stats.clone();
         let stop = stop_rx.clone();
+        let rdma = opts.rdma.clone();
         tasks.spawn(async move {
             let _permit = permit;
-            handle(stream, peer, config, limits, stats, stop).await;
+            handle(stream, peer, config, limits, stats, rdma, stop).await;
         });
     }
     tracing::info!("shutting down: no new connections, waiting for running commands");
@@ -96,6 +104,7 @@ async fn handle(
     config: Arc<SessionConfig>,
     limits: Limits,
     stats: Arc<Stats>,
+    rdma: Arc<RdmaConfig>,
     stop: watch::Receiver<bool>,
 ) {
     if let Err(e) = stream.set_nodelay(true) {
@@ -105,7 +114,7 @@ async fn handle(
     stats.connections.fetch_add(1, Relaxed);
     stats.active.fetch_add(1, Relaxed);
     tracing::info!(%peer, "accepted client connection");
-    match connection::serve(stream, config, limits, stats.clone(), stop).await {
+    match connection::serve(stream, config, limits, stats.clone(), rdma, stop).await {
         Ok(()) => tracing::info!(%peer, "client connection closed"),
         Err(e) => tracing::error!(%peer, "closing connection: {e}"),
     }

@@ -10,6 +10,7 @@
 pub mod caps;
 pub mod fake;
 pub mod rc;
+pub mod real;
 pub mod uc;
 pub mod verbs;
 

@@ -1,0 +1,144 @@
+//! RDMA negotiation inside HELLO, compatible with upstream's two flavors.
+//!
+//! The decision is made **before** the HELLO reply: we read the client's caps, and only if our
+//! side can fully activate (device found for the socket's local address, queue pair created and
+//! moved to RTS, receives posted, budget available) do we answer with our caps. Otherwise we
+//! answer all-zero caps and the client stays on TCP: no one-sided activation, no hang.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use rpc_transport::rdma::real::{self, RdmaOptions, RealQp};
+use rpc_transport::rdma::{gid_to_string, Caps, Flavor, RcLink, UcLink};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// `--transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportMode {
+    /// RDMA when the client offers it and this machine can, else TCP.
+    Auto,
+    /// Always TCP (answer zero caps).
+    Tcp,
+    /// Like auto, but refuse to start without a usable RDMA device.
+    Rdma,
+}
+
+/// Server-wide RDMA settings and counters.
+pub struct RdmaConfig {
+    pub mode: TransportMode,
+    pub opts: RdmaOptions,
+    budget: Arc<Semaphore>,
+    pub max_connections: usize,
+    pub activated: AtomicU64,
+    pub sends: AtomicU64,
+    pub recvs: AtomicU64,
+}
+
+impl std::fmt::Debug for RdmaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaConfig").field("mode", &self.mode).field("max_connections", &self.max_connections).finish()
+    }
+}
+
+/// The flavor this platform's stock peers speak (decides ambiguous caps).
+pub fn native_flavor() -> Flavor {
+    if cfg!(target_os = "macos") {
+        Flavor::AppleUc
+    } else {
+        Flavor::LinuxRc
+    }
+}
+
+impl RdmaConfig {
+    pub fn new(mode: TransportMode, opts: RdmaOptions, max_connections: usize) -> RdmaConfig {
+        RdmaConfig {
+            mode,
+            opts,
+            budget: Arc::new(Semaphore::new(max_connections)),
+            max_connections,
+            activated: AtomicU64::new(0),
+            sends: AtomicU64::new(0),
+            recvs: AtomicU64::new(0),
+        }
+    }
+
+    /// One line for the banner: what this machine can do.
+    pub fn describe(&self) -> String {
+        match self.mode {
+            TransportMode::Tcp => "TCP (RDMA disabled by --transport tcp)".into(),
+            _ => match rdma_verbs::load() {
+                Err(e) => format!("TCP (no RDMA: {e})"),
+                Ok(()) => match rdma_verbs::devices() {
+                    Ok(d) if !d.is_empty() => format!(
+                        "TCP + RDMA auto-negotiated in HELLO (Linux RC and Apple UC flavors; devices: {}; up to {} RDMA connections)",
+                        d.iter().map(|d| d.name.clone()).collect::<Vec<_>>().join(", "),
+                        self.max_connections
+                    ),
+                    _ => "TCP (RDMA library present, no RDMA device)".into(),
+                },
+            },
+        }
+    }
+
+    pub fn record(&self, (sends, recvs): (u64, u64)) {
+        self.sends.fetch_add(sends, Relaxed);
+        self.recvs.fetch_add(recvs, Relaxed);
+    }
+}
+
+/// An activated RDMA link, holding its slot of the budget.
+pub enum Activated {
+    Rc(RcLink<RealQp>, OwnedSemaphorePermit),
+    Uc(UcLink<RealQp>, OwnedSemaphorePermit),
+}
+
+/// Decides the transport for a connection from the client's HELLO caps. Returns our reply caps
+/// (all zero = TCP) and the activated link, if any.
+pub fn negotiate(cfg: &RdmaConfig, local_ip: IpAddr, client: &[u8; 24]) -> ([u8; 24], Option<Activated>) {
+    if cfg.mode == TransportMode::Tcp {
+        return ([0; 24], None);
+    }
+    let Some(peer) = Caps::decode(client, native_flavor()) else {
+        if client.iter().any(|&b| b != 0) {
+            tracing::warn!("client caps fit neither upstream RDMA layout; staying on TCP");
+        }
+        return ([0; 24], None);
+    };
+    let Ok(permit) = cfg.budget.clone().try_acquire_owned() else {
+        tracing::info!(max = cfg.max_connections, "RDMA connection budget used up; this client stays on TCP");
+        return ([0; 24], None);
+    };
+    let prepared = match real::prepare(local_ip, peer.flavor, &cfg.opts) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::info!("RDMA cannot engage ({e}); staying on TCP");
+            return ([0; 24], None);
+        }
+    };
+    let ours = prepared.caps();
+    tracing::info!(
+        "RDMA probed: flavor={} dev={} gid_index={} mtu={} qpn={} peer qpn={} peer gid={}",
+        peer.flavor.name(),
+        prepared.device,
+        prepared.gid_index,
+        prepared.mtu,
+        ours.qpn,
+        peer.qpn,
+        gid_to_string(&peer.gid)
+    );
+    let activated = match peer.flavor {
+        Flavor::LinuxRc => prepared.activate_rc(&peer).map(|l| Activated::Rc(l, permit)),
+        Flavor::AppleUc => prepared.activate_uc(&peer).map(|l| Activated::Uc(l, permit)),
+    };
+    match activated {
+        Ok(a) => {
+            cfg.activated.fetch_add(1, Relaxed);
+            (ours.encode(), Some(a))
+        }
+        Err(e) => {
+            tracing::warn!("RDMA activation failed ({e}); staying on TCP");
+            ([0; 24], None)
+        }
+    }
+}

@@ -1,0 +1,105 @@
+#!/bin/bash
+# Runs inside the soft-RoCE VM (tests/vm/run-in-vm.sh), driven by tests/vm/test-rdma.sh.
+# Stock llama.cpp 7.0.0 clients built with RDMA generate through OUR rpc-server over real verbs
+# (rxe0, 10.77.0.1): the Linux RC flavor, the Apple UC flavor (stock client with the patched
+# libggml-rpc), fallbacks and faults. Every output must equal the local run; the server log and
+# the rxe counters must prove the bytes went over RDMA.
+#
+# Env (from the host): E2E_SERVER (our rpc-server), E2E_STOCK_BIN (stock RDMA build bin dir),
+#   E2E_APPLE_LIB (dir holding the Apple-flavor libggml-rpc.so), E2E_MODEL (small GGUF),
+#   E2E_N (tokens, default 12).
+set -u
+N=${E2E_N:-12}
+ADDR=10.77.0.1
+SRV=$E2E_SERVER
+BIN=$E2E_STOCK_BIN
+M=$E2E_MODEL
+W=/tmp/e2e; mkdir -p $W
+fail=0
+pass() { echo "PASS: $*"; }
+bad() { echo "FAIL: $*"; fail=1; }
+
+gen() { # name [env...] -- extra llama-completion args
+    local name=$1; shift
+    local envs=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    env "${envs[@]}" timeout 240 "$BIN/llama-completion" -m "$M" -p "hello world" -n "$N" --temp 0 -s 1 -t 1 \
+        -ngl 99 --no-repack -c 256 -no-cnv --simple-io --ignore-eos --no-warmup "$@" \
+        > "$W/$name.out" 2> "$W/$name.err" < /dev/null
+    echo $? > "$W/$name.rc"
+}
+sends() { rdma statistic show link rxe0/1 2>/dev/null | tr ' ' '\n' | awk 'p{print; exit} /^sent_pkts$/{p=1}'; }
+start_server() { # name [args]
+    local name=$1; shift
+    RPC_LOG=info "$SRV" -H $ADDR -p 50052 -t 1 "$@" > "$W/srv-$name.log" 2>&1 &
+    SRV_PID=$!
+    for _ in $(seq 100); do (exec 3<>/dev/tcp/$ADDR/50052) 2>/dev/null && return 0; sleep 0.2; done
+    bad "server $name did not start"; cat "$W/srv-$name.log"
+}
+stop_server() { kill "$SRV_PID" 2>/dev/null; wait "$SRV_PID" 2>/dev/null; }
+same_as_local() { # name
+    if [ "$(cat $W/$1.rc)" != 0 ]; then bad "$1: client exit $(cat $W/$1.rc)"; tail -5 "$W/$1.err"; return 1; fi
+    if cmp -s "$W/local.out" "$W/$1.out"; then pass "$1: output identical to local ($(wc -c < $W/$1.out) bytes)"; else
+        bad "$1: output differs from local"; diff "$W/local.out" "$W/$1.out" | head -5; return 1; fi
+}
+
+echo "== local reference"
+gen local -- 
+[ "$(cat $W/local.rc)" = 0 ] || { bad "local run failed"; tail -20 $W/local.err; exit 1; }
+
+echo "== (a) stock client, Linux RC flavor -> our server"
+start_server rc
+s0=$(sends)
+gen rc -- --rpc $ADDR:50052
+s1=$(sends)
+stop_server
+same_as_local rc
+if grep -q "RDMA activated (Linux RC flavor)" $W/srv-rc.log; then pass "rc: server activated the RC flavor"; else bad "rc: no RC activation in the server log"; fi
+rs=$(grep -o "RDMA connection done sends=[0-9]*" $W/srv-rc.log | awk -F= '{s+=$2} END{print s+0}')
+[ "${rs:-0}" -gt 0 ] && pass "rc: server posted $rs RDMA SENDs" || bad "rc: server counted no RDMA SENDs"
+[ $((s1 - s0)) -gt 0 ] && pass "rc: rxe sent_pkts +$((s1 - s0))" || bad "rc: rxe counters did not move"
+grep -E "RDMA activated|RDMA connection done|ERROR" $W/srv-rc.log | head -5
+
+echo "== (b) stock client, Apple UC flavor (patched libggml-rpc) -> our server"
+start_server uc
+gen uc LD_LIBRARY_PATH=$E2E_APPLE_LIB -- --rpc $ADDR:50052
+stop_server
+same_as_local uc
+if grep -q "RDMA activated (Apple UC flavor)" $W/srv-uc.log; then pass "uc: server activated the UC flavor"; else bad "uc: no UC activation in the server log"; grep -i "rdma\|error" $W/srv-uc.log | head; grep -i rdma $W/uc.err | head -5; fi
+us=$(grep -o "RDMA connection done sends=[0-9]*" $W/srv-uc.log | awk -F= '{s+=$2} END{print s+0}')
+[ "${us:-0}" -gt 0 ] && pass "uc: server posted $us full-stride SENDs" || bad "uc: server counted no RDMA SENDs"
+
+echo "== (c1) client without RDMA (GGML_RPC_NO_RDMA) -> TCP"
+start_server notcp
+gen norda GGML_RPC_NO_RDMA=1 -- --rpc $ADDR:50052
+stop_server
+same_as_local norda
+grep -q "RDMA activated" $W/srv-notcp.log && bad "norda: RDMA activated although the client offered none" || pass "norda: stayed on TCP"
+
+echo "== (c2) server-side activation failure -> zero caps -> TCP fallback"
+start_server fallback --rdma-device no-such-device
+gen fallback -- --rpc $ADDR:50052
+stop_server
+same_as_local fallback
+grep -q "staying on TCP" $W/srv-fallback.log && pass "fallback: server logged the TCP fallback" || bad "fallback: no fallback log line"
+
+echo "== (c3) client killed mid-transfer; the server keeps serving"
+start_server kill
+env timeout 240 "$BIN/llama-completion" -m "$M" -p "hello world" -n 400 --temp 0 -t 1 -ngl 99 --no-repack -c 512 \
+    -no-cnv --simple-io --ignore-eos --no-warmup --rpc $ADDR:50052 > $W/killed.out 2> $W/killed.err < /dev/null &
+cpid=$!
+for _ in $(seq 200); do grep -q "RDMA activated" $W/srv-kill.log && break; sleep 0.2; done
+sleep 3
+kill -9 $cpid; wait $cpid 2>/dev/null
+t0=$(date +%s)
+for _ in $(seq 100); do grep -q "RDMA connection done\|closing connection" $W/srv-kill.log && break; sleep 0.2; done
+t1=$(date +%s)
+grep -q "RDMA connection done\|closing connection" $W/srv-kill.log && pass "kill: server noticed the dead client within $((t1 - t0)) s" || bad "kill: server did not notice the dead client"
+gen afterkill -- --rpc $ADDR:50052
+kill -0 $SRV_PID 2>/dev/null && pass "kill: server still running" || bad "kill: server died"
+stop_server
+same_as_local afterkill
+
+echo "== summary: $([ $fail = 0 ] && echo ALL PASSED || echo FAILURES)"
+exit $fail

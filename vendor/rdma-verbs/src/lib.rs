@@ -1,0 +1,140 @@
+//! `rdma-verbs`: a small, run-time-loaded binding to RDMA verbs
+//! (rdma-core `libibverbs` on Linux, `librdma` on macOS ≥ 26.2).
+//!
+//! Layers (modelled on rust-ibverbs' sys/safe split):
+//! * `csrc/shim.c` — C compiled against the platform's own
+//!   `<infiniband/verbs.h>`; `dlopen`s the library and `dlsym`s the exported
+//!   entry points; the static-inline verbs (`ibv_post_send`, `ibv_post_recv`,
+//!   `ibv_poll_cq`, `ibv_req_notify_cq`) work through `ctx->ops`.  When the
+//!   header is missing at build time a stub is compiled instead.
+//! * [`sys`] (private) — hand-written `extern "C"` declarations of the shim.
+//! * the safe API below.  All `unsafe` of the project's RDMA code lives in
+//!   this crate.
+//!
+//! Nothing links against libibverbs: a binary built with this crate runs on a
+//! machine without rdma-core or without any RDMA device; [`available`] is
+//! then false and every constructor returns [`VerbsError::LibraryMissing`]
+//! (or [`VerbsError::NoSuchDevice`]), never panics.
+//!
+//! Object graph and drop order: every object holds an `Arc` to its parents
+//! (`Qp` → `Pd`, send/recv `Cq`; `Mr` → `Pd`; `Cq` → `Context`, `CompChannel`;
+//! `Pd` → `Context`), so parents are destroyed after their children whatever
+//! order the caller drops things in.  The one order the caller must choose is
+//! **`Qp` before the `Mr`s it receives into** (Apple: "destroy the QP first",
+//! llama.cpp PR #27908): declare the `Qp` field before the `Mr` fields of a
+//! struct (Rust drops fields in declaration order).  The crate never moves a
+//! QP to ERR by itself.
+//!
+//! ```no_run
+//! use rdma_verbs::*;
+//! # fn main() -> Result<()> {
+//! if !rdma_verbs::available() { return Ok(()); }          // TCP fallback
+//! let m = find_gid_for_ip("10.77.0.1".parse().unwrap())?.expect("no device");
+//! let ctx = Context::open(&m.device)?;
+//! let pd = Pd::new(&ctx)?;
+//! let cq = Cq::new(&ctx, 32, None)?;
+//! let qp = Qp::new(&pd, &QpInitAttr::new(QpType::Rc, &cq, &cq, 4, 28))?;
+//! let mr = Mr::new(&pd, AlignedBuf::new(256 << 10)?, AccessFlags::LOCAL_WRITE)?;
+//! qp.modify_to_init(&InitAttr { port: m.port, pkey_index: 0,
+//!     access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ })?;
+//! qp.post_recv(0, &mr, 0, 4096)?;
+//! // ... exchange qp.qp_num(), psn and m.gid with the peer, then
+//! // qp.modify_to_rtr(&RtrAttr::rc(...))?; qp.modify_to_rts(&RtsAttr::rc(psn))?;
+//! # Ok(()) }
+//! ```
+
+mod context;
+mod cq;
+mod error;
+mod mr;
+mod platform;
+mod qp;
+mod sys;
+mod types;
+
+use std::ffi::{c_char, CStr, CString};
+use std::sync::OnceLock;
+
+pub use context::{devices, find_gid_for_ip, find_gid_with, Context, DeviceInfo, GidEntry, GidMatch, GidSearch, PortChoice, PortInfo, Pd};
+pub use cq::{CompChannel, Cq, CqEvent, WorkCompletion};
+pub use error::{Result, VerbsError};
+pub use mr::{AlignedBuf, Mr};
+pub use qp::{AddressVector, InitAttr, Qp, QpCaps, QpInitAttr, RtrAttr, RtsAttr};
+pub use types::{AccessFlags, Gid, GidType, LinkLayer, Mtu, PortState, QpState, QpType, SendFlags, WcOpcode, WcStatus};
+
+/// Environment variable that overrides the library path passed to `dlopen`.
+pub const LIBRARY_ENV: &str = "RDMA_VERBS_LIBRARY";
+
+static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// Loads the verbs library once per process (thread-safe); later calls return
+/// the cached outcome.  Library: `$RDMA_VERBS_LIBRARY` if set, else
+/// `libibverbs.so.1` (Linux) / `/usr/lib/librdma.dylib` (macOS).
+pub fn load() -> Result<()> {
+    LOADED
+        .get_or_init(|| {
+            let path = std::env::var_os(LIBRARY_ENV)
+                .filter(|p| !p.is_empty())
+                .map(|p| CString::new(p.into_encoded_bytes()).map_err(|_| "library path contains NUL".to_string()))
+                .transpose()?;
+            let mut err = [0 as c_char; 512];
+            let p = path.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+            // SAFETY: `p` is NULL or a NUL-terminated string alive for the
+            // call; `err` is a writable buffer of the stated length.  The
+            // OnceLock guarantees rv_load runs at most once at a time.
+            let rc = unsafe { sys::rv_load(p, err.as_mut_ptr(), err.len()) };
+            if rc == 0 {
+                Ok(())
+            } else {
+                // SAFETY: the shim always NUL-terminates `err` within its length
+                // (snprintf), and it was zero-initialised.
+                let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+                Err(if msg.is_empty() { "dlopen failed".to_string() } else { msg })
+            }
+        })
+        .clone()
+        .map_err(VerbsError::LibraryMissing)
+}
+
+/// True when the verbs library could be loaded (devices may still be absent).
+pub fn available() -> bool {
+    load().is_ok()
+}
+
+/// True when the crate was compiled against real verbs headers (false: stub).
+pub fn built_with_verbs() -> bool {
+    // SAFETY: pure function of the shim, no arguments.
+    unsafe { sys::rv_built_with_verbs() != 0 }
+}
+
+/// True when the loaded library exports the GID-entry API
+/// (`_ibv_query_gid_ex`, rdma-core ≥ v32), i.e. GID types come from verbs,
+/// not from the sysfs fallback.
+pub fn has_gid_ex() -> bool {
+    // SAFETY: reads a flag of the shim, no arguments.
+    load().is_ok() && unsafe { sys::rv_has_gid_ex() != 0 }
+}
+
+/// The OS page size (alignment used by [`AlignedBuf`]).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf wrapper without arguments.
+    let p = unsafe { sys::rv_page_size() };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// The library `load` tries when `RDMA_VERBS_LIBRARY` is unset
+/// (`libibverbs.so.1` on Linux, `/usr/lib/librdma.dylib` on macOS, "" elsewhere).
+pub fn default_library() -> &'static str {
+    platform::DEFAULT_LIBRARY
+}
+
+pub(crate) fn ensure_loaded() -> Result<()> {
+    load()
+}
+
+#[cfg(test)]
+mod tests;
