@@ -16,8 +16,8 @@ use crate::rdma::{Activated, RdmaConfig};
 use crate::session::{Session, SessionConfig, SessionError};
 use crate::stats::Stats;
 
-/// SET_TENSOR payloads at least this large are read straight into tensor memory.
-const STREAM_MIN: u64 = 64 * 1024;
+/// SET_TENSOR payloads are always read straight into tensor memory (one copy from the wire).
+const STREAM_MIN: u64 = rpc_proto::SET_TENSOR_HEADER_SIZE as u64;
 /// Largest request buffer kept between commands.
 const KEEP_PAYLOAD_CAPACITY: usize = 16 << 20;
 
@@ -157,6 +157,17 @@ pub async fn run<T: Transport>(
         payload.resize(size, 0);
         rd.read_exact(&mut payload).await?;
         let req = Request::decode(cmd, &payload, &limits)?;
+        // GET_TENSOR from host memory: send straight from the tensor (one copy to the wire).
+        if let Request::GetTensor { tensor, offset, size } = &req {
+            let target = session.get_tensor_source(tensor, *offset, *size);
+            let (buf, off) = target.map_err(|err| ConnectionError::Session { cmd: cmd.name(), err })?;
+            if let Some(src) = usize::try_from(*size).ok().and_then(|n| buf.host_slice(off, n)) {
+                let prefix = size.to_le_bytes();
+                rd.send_message(&[&prefix, src]).await?;
+                stats.command(cmd, h.size, 8 + *size);
+                continue;
+            }
+        }
         let heavy = matches!(
             cmd,
             Command::GraphCompute | Command::GraphRecompute | Command::CopyTensor | Command::SetTensorHash | Command::SetTensor

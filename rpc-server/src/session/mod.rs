@@ -254,6 +254,11 @@ impl Session {
         self.resolve_region("SET_TENSOR", &hdr.tensor, hdr.offset, len)
     }
 
+    /// Where a GET_TENSOR reads from: the buffer and the offset inside it (region checked).
+    pub fn get_tensor_source(&self, tensor: &RpcTensor, offset: u64, size: u64) -> Result<(Arc<Buffer>, u64), SessionError> {
+        self.resolve_region("GET_TENSOR", tensor, offset, size)
+    }
+
     /// The weight cache, if enabled (`-c`).
     pub fn cache(&self) -> Option<&WeightCache> {
         self.config.cache.as_ref()
