@@ -8,6 +8,11 @@ command -v ninja >/dev/null || need_apt+=(ninja-build)
 command -v cc >/dev/null || need_apt+=(build-essential)
 dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+# RDMA: verbs headers for the binding (the library itself is loaded at run time), and what the
+# soft-RoCE VM suite needs (tests/vm/): QEMU, busybox, cpio, kmod, rdma-core and its tools.
+for p in libibverbs-dev rdma-core ibverbs-providers ibverbs-utils qemu-system-x86 busybox-static cpio kmod iproute2; do
+  dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
+done
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "deps: apt-get install ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

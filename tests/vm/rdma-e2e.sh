@@ -7,9 +7,9 @@
 #
 # Env (from the host): E2E_SERVER (our rpc-server), E2E_STOCK_BIN (stock RDMA build bin dir),
 #   E2E_APPLE_LIB (dir holding the Apple-flavor libggml-rpc.so), E2E_MODEL (small GGUF),
-#   E2E_N (tokens, default 12).
+#   E2E_N (tokens, default 32).
 set -u
-N=${E2E_N:-12}
+N=${E2E_N:-32}
 ADDR=10.77.0.1
 SRV=$E2E_SERVER
 BIN=$E2E_STOCK_BIN

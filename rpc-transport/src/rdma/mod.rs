@@ -116,7 +116,12 @@ impl<F: Flavored> crate::Transport for RdmaTransport<F> {
                 self.last_activity = Instant::now();
                 return Ok(n);
             }
-            self.step(&mut spins).await?;
+            match self.step(&mut spins).await {
+                Ok(()) => {}
+                // The peer closed its TCP socket: end of stream, like a TCP close.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => return Ok(0),
+                Err(e) => return Err(e),
+            }
         }
     }
 
@@ -124,6 +129,9 @@ impl<F: Flavored> crate::Transport for RdmaTransport<F> {
         let mut done = 0;
         while done < buf.len() {
             let n = self.read(&mut buf[done..]).await?;
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-message"));
+            }
             done += n;
         }
         Ok(())
