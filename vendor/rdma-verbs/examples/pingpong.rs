@@ -306,7 +306,7 @@ fn next_wc(s: &Side, deadline: Instant) -> Res<WorkCompletion> {
             }
         }
         spins = spins.wrapping_add(1);
-        if spins % 256 == 0 && Instant::now() > deadline {
+        if (s.ch.is_some() || spins % 256 == 0) && Instant::now() > deadline {
             return Err(format!("{}: timed out waiting for a completion", s.name));
         }
         if let Some(ch) = &s.ch {
@@ -436,7 +436,18 @@ fn report(s: &Side, o: &Opts, st: &Stats) {
 fn server(o: &Opts, listener: TcpListener) -> Res<()> {
     let deadline = Instant::now() + o.timeout;
     let mut s = setup(o, "server")?;
-    let (mut t, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+    // Bounded accept: never wait for a client that failed before connecting.
+    listener.set_nonblocking(true).map_err(|e| format!("listener: {e}"))?;
+    let mut t = loop {
+        match listener.accept() {
+            Ok((t, _)) => break t,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => return Err(format!("accept: {e}")),
+        }
+    };
+    t.set_nonblocking(false).map_err(|e| format!("accept: {e}"))?;
     t.set_nodelay(true).ok();
     t.set_read_timeout(Some(o.timeout)).ok();
     let mut b = [0u8; 24];
@@ -517,6 +528,10 @@ fn main() -> ExitCode {
                 let so = o.clone();
                 let srv = std::thread::spawn(move || server(&so, l));
                 let c = client(&o, "127.0.0.1");
+                if let Err(e) = c {
+                    // Do not wait for the server thread: it may be blocked on us.
+                    return finish(Err(format!("client: {e}")));
+                }
                 let sr = srv.join().unwrap_or_else(|_| Err("server thread panicked".into()));
                 match (c, sr) {
                     (Ok(()), Ok(())) => Ok(()),
@@ -525,6 +540,10 @@ fn main() -> ExitCode {
             }
         },
     };
+    finish(r)
+}
+
+fn finish(r: Res<()>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
