@@ -206,3 +206,26 @@ fn queue_pair_budget_is_enforced() {
     assert_eq!(dev.active_qps(), 0);
     assert!(dev.reserve().is_ok());
 }
+
+#[tokio::test]
+async fn uc_idle_link_gets_bounded_keepalives_that_the_peer_ignores() {
+    let (a, b) = uc_pair();
+    let mut server = RdmaTransport::new(a, None, "uc");
+    let mut client = RdmaTransport::new(b, None, "uc");
+    // The server waits for a request for 2.5 s: the link is idle, so it sends keepalives,
+    // at most 4 while the client does not read.
+    let srv = tokio::spawn(async move {
+        let mut req = [0u8; 5];
+        server.read_exact(&mut req).await.unwrap();
+        server.send_message(&[&req]).await.unwrap();
+        server
+    });
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    client.send_message(&[b"hello"]).await.unwrap();
+    let mut reply = [0u8; 5];
+    client.read_exact(&mut reply).await.unwrap();
+    assert_eq!(&reply, b"hello", "keepalive frames must be invisible to the byte stream");
+    let server = srv.await.unwrap();
+    let k = server.keepalives();
+    assert!((1..=4).contains(&k), "keepalives sent: {k}");
+}

@@ -37,6 +37,11 @@ pub trait Flavored: Send {
     fn sends_pending(&self) -> bool;
     /// SENDs posted and receives completed so far.
     fn counters(&self) -> (u64, u64);
+    /// Sends something harmless to keep an idle link awake; `Ok(false)` if the flavor has no
+    /// such need or cannot do it now.
+    fn keepalive(&mut self) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// How long a sender waits for send resources before giving up on the connection.
@@ -45,6 +50,9 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 const SPIN: Duration = Duration::from_micros(1000);
 /// Sleep between polls when idle.
 const IDLE_TICK: Duration = Duration::from_millis(1);
+/// Apple's Thunderbolt queue pairs fall asleep after 1-2 s idle and take seconds to wake: an
+/// idle link gets a keepalive this often.
+pub const KEEPALIVE: Duration = Duration::from_millis(500);
 
 /// An activated RDMA connection as a [`crate::Transport`].
 pub struct RdmaTransport<F: Flavored> {
@@ -53,11 +61,13 @@ pub struct RdmaTransport<F: Flavored> {
     anchor: Option<TcpStream>,
     name: &'static str,
     last_activity: Instant,
+    last_keepalive: Instant,
+    keepalives: u64,
 }
 
 impl<F: Flavored> RdmaTransport<F> {
     pub fn new(link: F, anchor: Option<TcpStream>, name: &'static str) -> RdmaTransport<F> {
-        RdmaTransport { link, anchor, name, last_activity: Instant::now() }
+        RdmaTransport { link, anchor, name, last_activity: Instant::now(), last_keepalive: Instant::now(), keepalives: 0 }
     }
 
     pub fn link(&mut self) -> &mut F {
@@ -67,6 +77,11 @@ impl<F: Flavored> RdmaTransport<F> {
     /// SENDs posted and receives completed on this connection.
     pub fn counters(&self) -> (u64, u64) {
         self.link.counters()
+    }
+
+    /// Keepalive frames sent while idle.
+    pub fn keepalives(&self) -> u64 {
+        self.keepalives
     }
 
     fn check_anchor(&self) -> io::Result<()> {
@@ -98,6 +113,12 @@ impl<F: Flavored> RdmaTransport<F> {
             tokio::task::yield_now().await;
         } else {
             self.check_anchor()?;
+            if self.last_activity.elapsed() >= KEEPALIVE && self.last_keepalive.elapsed() >= KEEPALIVE {
+                self.last_keepalive = Instant::now();
+                if self.link.keepalive()? {
+                    self.keepalives += 1;
+                }
+            }
             tokio::time::sleep(IDLE_TICK).await;
         }
         Ok(())

@@ -32,11 +32,26 @@ pub struct UcLink<V: Verbs> {
     wcs: Vec<Wc>,
     sends: u64,
     recvs: u64,
+    /// Keepalives sent since the peer last sent us a frame (bounded: each one occupies one of
+    /// the peer's receive buffers until it reads).
+    unanswered_keepalives: u32,
 }
+
+/// At most this many keepalives wait in the peer's receive ring.
+const MAX_UNANSWERED_KEEPALIVES: u32 = 4;
 
 impl<V: Verbs> UcLink<V> {
     pub fn new(v: V) -> UcLink<V> {
-        UcLink { v, free: (0..UC_NBUF).collect(), pending: None, rx: VecDeque::new(), wcs: Vec::new(), sends: 0, recvs: 0 }
+        UcLink {
+            v,
+            free: (0..UC_NBUF).collect(),
+            pending: None,
+            rx: VecDeque::new(),
+            wcs: Vec::new(),
+            sends: 0,
+            recvs: 0,
+            unanswered_keepalives: 0,
+        }
     }
 
     /// Posts every receive buffer (after RTS: Apple's provider rejects receives before).
@@ -90,6 +105,7 @@ impl<V: Verbs> Flavored for UcLink<V> {
                     return Err(io::Error::other(format!("RDMA(UC): bad frame length {len}")));
                 }
                 self.recvs += 1;
+                self.unanswered_keepalives = 0;
                 if len == 0 {
                     self.v.post_recv(RECV_WR | buf as u64, base, UC_STRIDE)?;
                 } else {
@@ -159,5 +175,18 @@ impl<V: Verbs> Flavored for UcLink<V> {
 
     fn counters(&self) -> (u64, u64) {
         (self.sends, self.recvs)
+    }
+
+    /// An empty frame (`len = 0`): upstream's receiver consumes it without effect. Only when
+    /// nothing is buffered and a send buffer is free, and at most a few at a time.
+    fn keepalive(&mut self) -> io::Result<bool> {
+        if self.pending.is_some() || self.unanswered_keepalives >= MAX_UNANSWERED_KEEPALIVES {
+            return Ok(false);
+        }
+        let Some(buf) = self.free.pop_front() else { return Ok(false) };
+        self.pending = Some((buf, 0));
+        self.post_pending()?;
+        self.unanswered_keepalives += 1;
+        Ok(true)
     }
 }
