@@ -84,6 +84,18 @@ stop_server
 same_as_local fallback
 grep -q "staying on TCP" $W/srv-fallback.log && pass "fallback: server logged the TCP fallback" || bad "fallback: no fallback log line"
 
+echo "== (c4) RDMA budget: two clients at once, --rdma-max-connections 1 -> the second gets TCP"
+start_server budget --rdma-max-connections 1
+gen budget1 -- --rpc $ADDR:50052 &
+b1=$!
+gen budget2 -- --rpc $ADDR:50052
+wait $b1
+stop_server
+same_as_local budget1
+same_as_local budget2
+grep -q "budget used up" $W/srv-budget.log && pass "budget: a connection beyond the budget stayed on TCP" || bad "budget: no budget fallback logged"
+grep -q "RDMA activated" $W/srv-budget.log && pass "budget: RDMA still used within the budget" || bad "budget: no RDMA at all"
+
 echo "== (c3) client killed mid-transfer; the server keeps serving"
 start_server kill
 env timeout 240 "$BIN/llama-completion" -m "$M" -p "hello world" -n 400 --temp 0 -t 1 -ngl 99 --no-repack -c 512 \
