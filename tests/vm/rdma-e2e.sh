@@ -113,5 +113,12 @@ kill -0 $SRV_PID 2>/dev/null && pass "kill: server still running" || bad "kill: 
 stop_server
 same_as_local afterkill
 
+echo "== (d) doctor explains the setup"
+"$SRV" doctor --peer $ADDR > $W/doctor.txt 2>&1
+sed 's/^/    /' $W/doctor.txt | head -30
+grep -q "device rxe0" $W/doctor.txt && grep -q "RDMA can engage: device rxe0" $W/doctor.txt && pass "doctor: rxe0 found and mapped to $ADDR" || bad "doctor: did not explain rxe0"
+"$SRV" doctor --peer 127.0.0.1 > $W/doctor-lo.txt 2>&1
+grep -q "would NOT engage" $W/doctor-lo.txt && pass "doctor: explains why loopback cannot use RDMA" || bad "doctor: loopback verdict missing"
+
 echo "== summary: $([ $fail = 0 ] && echo ALL PASSED || echo FAILURES)"
 exit $fail
