@@ -130,6 +130,13 @@ impl Device {
         Buffer::from_raw(raw)
     }
 
+    /// Whether the device can run the op of `t` (`ggml_backend_dev_supports_op`). Callers pass a
+    /// node whose sources required by its op exist (the CPU implementation dereferences them).
+    pub(crate) fn supports_op(&self, t: *const sys::ggml_tensor) -> bool {
+        // SAFETY: valid device; t is a live tensor validated by the session.
+        unsafe { sys::ggml_backend_dev_supports_op(self.raw, t) }
+    }
+
     pub(crate) fn default_buft_raw(&self) -> sys::ggml_backend_buffer_type_t {
         self.buft()
     }
@@ -174,11 +181,12 @@ pub struct Backend {
 unsafe impl Send for Backend {}
 
 impl Backend {
-    /// Runs every node of `graph` on this backend.
-    pub fn compute(&mut self, graph: &mut Graph) -> Result<(), GraphError> {
+    /// Runs every node of segment `segment` of `graph` on this backend.
+    pub fn compute(&mut self, graph: &mut Graph, segment: usize) -> Result<(), GraphError> {
+        let Some(g) = graph.segment_raw(segment) else { return Err(GraphError::BadIndex(segment as u32)) };
         // SAFETY: self.raw is live; the graph's tensors point into buffers the graph keeps alive
         // (Arc<Buffer>) and into its own context; validated by the session before building.
-        let status = unsafe { sys::ggml_backend_graph_compute(self.raw, graph.raw()) };
+        let status = unsafe { sys::ggml_backend_graph_compute(self.raw, g) };
         if status == sys::GGML_STATUS_SUCCESS {
             Ok(())
         } else {

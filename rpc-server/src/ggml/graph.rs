@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::buffer::Buffer;
+use super::device::Device;
 use super::tensor::{Context, TensorSpec};
 use super::sys;
 
@@ -24,21 +25,36 @@ pub struct GraphLinks {
 }
 
 /// A ggml graph with its own context; keeps every buffer it points into alive.
+///
+/// The nodes may be split into consecutive segments (ggml graphs of their own, computed one after
+/// the other) so that the session can check data between them: index tensors computed inside the
+/// graph are checked after their producer ran and before their consumer runs.
 pub struct Graph {
     _ctx: Context,
-    graph: *mut sys::ggml_cgraph,
+    segments: Vec<*mut sys::ggml_cgraph>,
+    tensors: Vec<*mut sys::ggml_tensor>,
+    nodes: Vec<u32>,
     _buffers: Vec<Arc<Buffer>>,
 }
 
-// SAFETY: the graph and its tensors live in `_ctx`, owned by this struct; it is used by one
+// SAFETY: the graphs and their tensors live in `_ctx`, owned by this struct; it is used by one
 // session (one thread) at a time.
 unsafe impl Send for Graph {}
 
 impl Graph {
     /// Builds a graph: creates every tensor, links sources and views by index (no recursion),
-    /// then appends `nodes` in order.
-    pub fn build(specs: &[TensorSpec], links: &[GraphLinks], nodes: &[u32]) -> Result<Graph, GraphError> {
-        let mut ctx = Context::new(specs.len(), Some(nodes.len().max(1))).ok_or(GraphError::Context(specs.len()))?;
+    /// then appends `nodes` in order, starting a new segment at each position in `cuts`
+    /// (ascending, each in `1..nodes.len()`).
+    pub fn build(specs: &[TensorSpec], links: &[GraphLinks], nodes: &[u32], cuts: &[usize]) -> Result<Graph, GraphError> {
+        let mut bounds: Vec<usize> = vec![0];
+        for &c in cuts {
+            if c > *bounds.last().unwrap_or(&0) && c < nodes.len() {
+                bounds.push(c);
+            }
+        }
+        bounds.push(nodes.len());
+        let seg_sizes: Vec<usize> = bounds.windows(2).map(|w| (w[1] - w[0]).max(1)).collect();
+        let mut ctx = Context::new_for_graphs(specs.len(), &seg_sizes).ok_or(GraphError::Context(specs.len()))?;
         let tensors: Vec<*mut sys::ggml_tensor> = specs.iter().map(|s| ctx.new_tensor(s)).collect();
         let get = |i: u32| tensors.get(i as usize).copied().ok_or(GraphError::BadIndex(i));
         for (t, l) in tensors.iter().zip(links) {
@@ -55,12 +71,20 @@ impl Graph {
                 unsafe { (**t).view_src = p };
             }
         }
-        // SAFETY: ctx has room for a graph of nodes.len().max(1) nodes (sized in Context::new).
-        let graph = unsafe { sys::ggml_new_graph_custom(ctx.raw(), nodes.len().max(1), false) };
-        for &n in nodes {
-            let p = get(n)?;
-            // SAFETY: the graph was created with capacity for every node; p lives in ctx.
-            unsafe { sys::ggml_graph_add_node(graph, p) };
+        let mut segments = Vec::with_capacity(seg_sizes.len());
+        for (w, &size) in bounds.windows(2).zip(&seg_sizes) {
+            // SAFETY: ctx has room for one graph of each segment size (sized in new_for_graphs).
+            let graph = unsafe { sys::ggml_new_graph_custom(ctx.raw(), size, false) };
+            if graph.is_null() {
+                return Err(GraphError::Context(specs.len()));
+            }
+            for &n in &nodes[w[0]..w[1]] {
+                let p = get(n)?;
+                // SAFETY: the graph was created with capacity for every node of the segment; p
+                // lives in ctx.
+                unsafe { sys::ggml_graph_add_node(graph, p) };
+            }
+            segments.push(graph);
         }
         let mut seen = std::collections::HashSet::new();
         let mut buffers: Vec<Arc<Buffer>> = Vec::new();
@@ -71,11 +95,26 @@ impl Graph {
                 }
             }
         }
-        Ok(Graph { _ctx: ctx, graph, _buffers: buffers })
+        Ok(Graph { _ctx: ctx, segments, tensors, nodes: nodes.to_vec(), _buffers: buffers })
     }
 
-    pub(crate) fn raw(&mut self) -> *mut sys::ggml_cgraph {
-        self.graph
+    /// Number of segments (at least one).
+    pub fn segments(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// The graph node (tensor index) of each node position whose op the device cannot run.
+    pub fn first_unsupported(&self, device: &Device) -> Option<u32> {
+        self.nodes.iter().copied().find(|&n| {
+            let Some(&t) = self.tensors.get(n as usize) else { return true };
+            // SAFETY: t lives in our context.
+            let op = unsafe { (*t).op } as u32;
+            !super::ops::is_empty(op) && !device.supports_op(t)
+        })
+    }
+
+    pub(crate) fn segment_raw(&mut self, i: usize) -> Option<*mut sys::ggml_cgraph> {
+        self.segments.get(i).copied()
     }
 
     /// Whether this graph points into `buffer`.

@@ -14,6 +14,15 @@ pub struct TypeInfo {
     /// Bytes per block.
     pub type_size: u64,
     pub is_quantized: bool,
+    /// ggml can convert rows of this type to f32 (`type_traits.to_float`).
+    pub has_to_float: bool,
+    /// The CPU backend can convert f32 rows to this type (`type_traits_cpu.from_float`).
+    pub cpu_from_float: bool,
+    /// The CPU backend has a dot product for this type (`type_traits_cpu.vec_dot`), i.e. it can be
+    /// `src0` of a matrix multiplication.
+    pub cpu_vec_dot: bool,
+    /// The type the CPU backend converts `src1` to for that dot product.
+    pub vec_dot_type: u32,
 }
 
 /// `None` for types outside the enum or removed from ggml (block size 0).
@@ -28,7 +37,27 @@ pub fn type_info(t: u32) -> Option<TypeInfo> {
     if blck <= 0 || size == 0 {
         return None;
     }
-    Some(TypeInfo { blck_size: blck as u64, type_size: size as u64, is_quantized: q })
+    // SAFETY: ty < GGML_TYPE_COUNT; both return pointers into static tables (never NULL for a
+    // valid type), read only.
+    let (has_to_float, cpu_from_float, cpu_vec_dot, vec_dot_type) = unsafe {
+        let tr = sys::ggml_get_type_traits(ty);
+        let cpu = sys::ggml_get_type_traits_cpu(ty);
+        let has_to_float = !tr.is_null() && (*tr).to_float.is_some();
+        if cpu.is_null() {
+            (has_to_float, false, false, u32::MAX)
+        } else {
+            (has_to_float, (*cpu).from_float.is_some(), (*cpu).vec_dot.is_some(), (*cpu).vec_dot_type as u32)
+        }
+    };
+    Some(TypeInfo {
+        blck_size: blck as u64,
+        type_size: size as u64,
+        is_quantized: q,
+        has_to_float,
+        cpu_from_float,
+        cpu_vec_dot,
+        vec_dot_type,
+    })
 }
 
 /// A tensor the session has validated: known type, `ne[0]` a multiple of the block size, and,
@@ -63,6 +92,24 @@ impl Context {
             Some(n) => unsafe { sys::ggml_graph_overhead_custom(n, false) },
             None => 0,
         };
+        let mem = super::tensor_overhead()
+            .checked_mul(n_tensors.checked_add(1)?)?
+            .checked_add(graph_mem)?
+            .checked_add(1024)?;
+        let params = sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true };
+        // SAFETY: valid params; ggml allocates the pool itself; NULL handled below.
+        let raw = unsafe { sys::ggml_init(params) };
+        (!raw.is_null()).then_some(Context { raw })
+    }
+
+    /// A context with room for `n_tensors` tensors and one graph of each size in `graph_sizes`.
+    pub(crate) fn new_for_graphs(n_tensors: usize, graph_sizes: &[usize]) -> Option<Context> {
+        let mut graph_mem = 0usize;
+        for &n in graph_sizes {
+            // SAFETY: pure size computation.
+            let m = unsafe { sys::ggml_graph_overhead_custom(n, false) };
+            graph_mem = graph_mem.checked_add(m)?;
+        }
         let mem = super::tensor_overhead()
             .checked_mul(n_tensors.checked_add(1)?)?
             .checked_add(graph_mem)?

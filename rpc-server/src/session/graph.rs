@@ -2,11 +2,14 @@
 
 use std::collections::HashMap;
 
+use std::sync::Arc;
+
 use rpc_proto::Graph as WireGraph;
 
-use super::tensor::UnknownBuffer;
+use super::tensor::{nbytes, UnknownBuffer};
+use super::validate;
 use super::{Session, SessionError};
-use crate::ggml::{ops, Graph, GraphLinks};
+use crate::ggml::{ops, Backend, Buffer, DeviceKind, Graph, GraphLinks, TensorSpec};
 
 /// DFS colour of a tensor while checking that the graph is acyclic.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -69,6 +72,11 @@ impl Session {
                     continue;
                 }
                 let child = lookup(child_id, "source")?;
+                if child == *cur && e == 1 && t.op.get() == ops::CPY {
+                    // ggml_cast builds a CPY whose src[1] is the result itself (the destination
+                    // of the copy); that is not a cycle. Any other self-reference is.
+                    continue;
+                }
                 match mark[child as usize] {
                     Mark::Done => {}
                     Mark::Open => return Err(SessionError::InvalidGraph(format!("cycle through tensor id {child_id:#x}"))),
@@ -151,9 +159,206 @@ impl Session {
             .iter()
             .map(|wi| local.get(wi).copied().ok_or_else(|| SessionError::InvalidGraph("node not materialized".into())))
             .collect::<Result<_, _>>()?;
-        let mut graph = Graph::build(&specs, &links, &nodes)?;
-        self.backend(device)?.compute(&mut graph)?;
-        self.graphs[device] = Some(graph);
+
+        // Views stay inside the tensor they view.
+        for (li, l) in links.iter().enumerate() {
+            if let Some(v) = l.view_src {
+                validate::check_view(&specs[li], &specs[v as usize]).map_err(|e| SessionError::tensor(&g.tensors[order[li] as usize], e))?;
+            }
+        }
+
+        // Per-node rules; collect the checks on index tensor contents.
+        let cpu = self.config.devices[device].kind() == DeviceKind::Cpu;
+        let mut pending: Vec<(usize, validate::IndexCheck)> = Vec::new();
+        for (pos, &ni) in nodes.iter().enumerate() {
+            let d = &specs[ni as usize];
+            if ops::is_empty(d.op) {
+                continue;
+            }
+            let l = &links[ni as usize];
+            let mut src = [None; 10];
+            for (slot, s) in l.src.iter().enumerate() {
+                src[slot] = s.map(|i| &specs[i as usize]);
+            }
+            let node = validate::Node { d, src, src_idx: l.src };
+            let checks = validate::check_node(&node, cpu).map_err(|e| {
+                let t = &g.tensors[order[ni as usize] as usize];
+                SessionError::tensor(t, format!("{} node: {e}", ops::name(d.op).unwrap_or_default()))
+            })?;
+            pending.extend(checks.into_iter().map(|c| (pos, c)));
+        }
+        let (cuts, checks) = schedule_checks(&specs, &links, &nodes, pending)?;
+
+        let graph = Graph::build(&specs, &links, &nodes, &cuts)?;
+        if let Some(n) = graph.first_unsupported(&self.config.devices[device]) {
+            let t = &g.tensors[order[n as usize] as usize];
+            return Err(SessionError::tensor(
+                t,
+                format!("op {} with these types is not supported by device {}", ops::name(t.op.get()).unwrap_or_default(), self.config.devices[device].name()),
+            ));
+        }
+        let mut stored = StoredGraph { graph, checks };
+        run_graph(self.backend(device)?, &mut stored)?;
+        self.graphs[device] = Some(stored);
+        Ok(())
+    }
+}
+
+/// A graph kept for GRAPH_RECOMPUTE, with the checks on index data to run before each segment.
+pub(crate) struct StoredGraph {
+    pub(crate) graph: Graph,
+    /// `checks[i]` run right before segment `i` is computed.
+    checks: Vec<Vec<DataCheck>>,
+}
+
+/// Computes every segment, running each segment's data checks first.
+pub(crate) fn run_graph(backend: &mut Backend, g: &mut StoredGraph) -> Result<(), SessionError> {
+    for seg in 0..g.graph.segments() {
+        if let Some(checks) = g.checks.get(seg) {
+            for c in checks {
+                c.run()?;
+            }
+        }
+        backend.compute(&mut g.graph, seg)?;
+    }
+    Ok(())
+}
+
+/// Upper bound on (checks x writing nodes) comparisons when scheduling checks.
+const MAX_SCHEDULE_WORK: usize = 200_000_000;
+
+/// Decides where each index check runs. A check on a tensor that no earlier node writes runs
+/// before the graph; otherwise the graph is cut after the last node that writes the tensor's
+/// memory (and at or before its consumer), and the check runs at that cut. Cuts are shared
+/// between checks where possible (interval stabbing, greedy by consumer position).
+fn schedule_checks(
+    specs: &[TensorSpec],
+    links: &[GraphLinks],
+    nodes: &[u32],
+    pending: Vec<(usize, validate::IndexCheck)>,
+) -> Result<(Vec<usize>, Vec<Vec<DataCheck>>), SessionError> {
+    if pending.is_empty() {
+        return Ok((Vec::new(), vec![Vec::new()]));
+    }
+    // Memory each node writes: its result, and for optimizer steps their state sources too.
+    let mut writers: Vec<(usize, &Arc<Buffer>, u64, u64)> = Vec::new();
+    for (pos, &ni) in nodes.iter().enumerate() {
+        let d = &specs[ni as usize];
+        if ops::is_empty(d.op) {
+            continue;
+        }
+        let mut written = vec![ni];
+        if d.op == ops::OPT_STEP_ADAMW || d.op == ops::OPT_STEP_SGD {
+            written.extend(links[ni as usize].src.iter().flatten().copied());
+        }
+        for w in written {
+            let t = &specs[w as usize];
+            if let Some((b, off)) = &t.buffer {
+                let len = nbytes(t.type_, &t.ne, &t.nb).unwrap_or(u64::MAX);
+                writers.push((pos, b, *off, off.saturating_add(len)));
+            }
+        }
+    }
+    if pending.len().saturating_mul(writers.len().max(1)) > MAX_SCHEDULE_WORK {
+        return Err(SessionError::InvalidGraph("too many index checks for the graph size".into()));
+    }
+    // (earliest cut, consumer position, check)
+    let mut items: Vec<(usize, usize, DataCheck)> = Vec::with_capacity(pending.len());
+    for (consumer, c) in pending {
+        let t = &specs[c.tensor as usize];
+        let Some((buf, off)) = &t.buffer else {
+            return Err(SessionError::InvalidGraph(format!("{}: index tensor not in a buffer", c.what)));
+        };
+        let len = nbytes(t.type_, &t.ne, &t.nb).unwrap_or(u64::MAX);
+        let end = off.saturating_add(len);
+        let mut last_writer: Option<usize> = None;
+        for &(pos, b, woff, wend) in &writers {
+            if pos > consumer || !Arc::ptr_eq(b, buf) || woff >= end || *off >= wend || len == 0 {
+                continue;
+            }
+            if pos == consumer {
+                return Err(SessionError::InvalidGraph(format!("{}: the node writes over its own index tensor", c.what)));
+            }
+            last_writer = Some(last_writer.map_or(pos, |p: usize| p.max(pos)));
+        }
+        let lo = last_writer.map_or(0, |w| w + 1);
+        let check = DataCheck { buf: buf.clone(), off: *off, ne: t.ne, nb: t.nb, type_: c.type_, bound: c.bound, what: c.what };
+        items.push((lo, consumer, check));
+    }
+    items.sort_by_key(|x| x.1);
+    let mut cuts: Vec<usize> = Vec::new();
+    let mut assigned: Vec<(usize, DataCheck)> = Vec::with_capacity(items.len());
+    for (lo, consumer, check) in items {
+        if lo == 0 {
+            assigned.push((0, check));
+        } else if cuts.last().is_some_and(|&k| k >= lo) {
+            assigned.push((*cuts.last().unwrap_or(&0), check));
+        } else {
+            cuts.push(consumer);
+            assigned.push((consumer, check));
+        }
+    }
+    let mut checks: Vec<Vec<DataCheck>> = (0..=cuts.len()).map(|_| Vec::new()).collect();
+    for (cut, check) in assigned {
+        let seg = if cut == 0 { 0 } else { cuts.iter().position(|&k| k == cut).map_or(0, |i| i + 1) };
+        checks[seg].push(check);
+    }
+    Ok((cuts, checks))
+}
+
+/// A check that every value of an index tensor lies in `[0, bound)`.
+pub(crate) struct DataCheck {
+    buf: Arc<Buffer>,
+    off: u64,
+    ne: [u32; 4],
+    nb: [u64; 4],
+    type_: u32,
+    bound: u64,
+    what: &'static str,
+}
+
+impl DataCheck {
+    pub(crate) fn run(&self) -> Result<(), SessionError> {
+        let len = nbytes(self.type_, &self.ne, &self.nb).ok_or(SessionError::OutOfMemory("index check"))?;
+        let ulen = usize::try_from(len).map_err(|_| SessionError::OutOfMemory("index check"))?;
+        let owned;
+        let bytes: &[u8] = match self.buf.host_slice(self.off, ulen) {
+            Some(s) => s,
+            None => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(ulen).map_err(|_| SessionError::OutOfMemory("index check"))?;
+                v.resize(ulen, 0);
+                if !self.buf.read(self.off, &mut v) {
+                    return Err(SessionError::OutOfMemory("index check"));
+                }
+                owned = v;
+                &owned
+            }
+        };
+        let wide = self.type_ == validate::ty::I64;
+        let esz = if wide { 8 } else { 4 };
+        let ne = self.ne.map(|x| x as u64);
+        for i3 in 0..ne[3] {
+            for i2 in 0..ne[2] {
+                for i1 in 0..ne[1] {
+                    let row = i3 * self.nb[3] + i2 * self.nb[2] + i1 * self.nb[1];
+                    for i0 in 0..ne[0] {
+                        let at = (row + i0 * self.nb[0]) as usize;
+                        let v: i64 = match bytes.get(at..at + esz) {
+                            Some(b) if wide => i64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
+                            Some(b) => i32::from_le_bytes(b.try_into().unwrap_or([0; 4])) as i64,
+                            None => return Err(SessionError::OutOfMemory("index check")),
+                        };
+                        if v < 0 || v as u64 >= self.bound {
+                            return Err(SessionError::OutOfBounds {
+                                what: self.what,
+                                detail: format!("index {v} at [{i0}, {i1}, {i2}, {i3}] not in [0, {})", self.bound),
+                            });
+                        }
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -7,6 +7,7 @@
 mod error;
 mod graph;
 mod tensor;
+mod validate;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +20,8 @@ pub use tensor::nbytes;
 use tensor::UnknownBuffer;
 
 use crate::cache::WeightCache;
-use crate::ggml::{Backend, Buffer, Device, Graph, ScratchTensors};
+use crate::ggml::{Backend, Buffer, Device, ScratchTensors};
+use graph::StoredGraph;
 
 /// Server-wide settings every session reads.
 pub struct SessionConfig {
@@ -40,7 +42,7 @@ pub struct Session {
     config: Arc<SessionConfig>,
     buffers: HashMap<u64, BufferEntry>,
     backends: Vec<Option<Backend>>,
-    graphs: Vec<Option<Graph>>,
+    graphs: Vec<Option<StoredGraph>>,
 }
 
 /// Virtual base addresses are drawn from [2^40, 2^47): far from 0, no overflow for any size a
@@ -96,7 +98,7 @@ impl Session {
                 let e = self.buffers.remove(&remote_ptr).ok_or(SessionError::UnknownBuffer(remote_ptr))?;
                 // A stored graph pointing into this buffer can never be recomputed (#25703).
                 for g in self.graphs.iter_mut() {
-                    if g.as_ref().is_some_and(|g| g.uses(&e.buffer)) {
+                    if g.as_ref().is_some_and(|g| g.graph.uses(&e.buffer)) {
                         *g = None;
                     }
                 }
@@ -177,7 +179,7 @@ impl Session {
                 self.device(device)?;
                 let d = device as usize;
                 let mut graph = self.graphs[d].take().ok_or(SessionError::NoStoredGraph(device))?;
-                let r = self.backend(d).and_then(|b| b.compute(&mut graph).map_err(SessionError::from));
+                let r = self.backend(d).and_then(|b| graph::run_graph(b, &mut graph));
                 self.graphs[d] = Some(graph);
                 r?;
                 None

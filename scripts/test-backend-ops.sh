@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# llama.cpp's op conformance suite (test-backend-ops, mode `test`) against our rpc-server: every
+# op/type case compares the RPC device with the local CPU backend. test-backend-ops comes from the
+# pinned sdist with patches/test-backend-ops-rpc.patch (registers GGML_RPC_SERVERS endpoints).
+# Each op runs in its own test-backend-ops process, so a refused graph (the stock client aborts when
+# a server closes the connection) costs one op, not the run; the server is restarted if it died.
+#   scripts/test-backend-ops.sh                 every op test-backend-ops knows
+#   scripts/test-backend-ops.sh ADD MUL_MAT ... only these ops
+#   TBO_PARAMS='type=f32' scripts/...           extra -p filter (regex over the case params)
+#   SERVER=target/release/rpc-server PORT=50098 THREADS=2 TBO_TIMEOUT=1800
+# Prints one line per op and a summary; exits non-zero if any case failed or any op crashed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SERVER="${SERVER:-target/release/rpc-server}"
+PORT="${PORT:-50098}"
+THREADS="${THREADS:-2}"
+TBO_TIMEOUT="${TBO_TIMEOUT:-1800}"
+bin="$(STOCK_PATCHES=patches/test-backend-ops-rpc.patch STOCK_TARGETS=test-backend-ops ./scripts/stock-llama.sh)"
+tbo="$bin/test-backend-ops"
+logs="$(mktemp -d /tmp/test-backend-ops.XXXXXX)"
+echo "test-backend-ops: $tbo; logs in $logs"
+
+server_pid=""
+start_server() {
+  "$SERVER" -H 127.0.0.1 -p "$PORT" -t "$THREADS" >>"$logs/server.log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "server did not start" >&2; exit 1
+}
+stop_server() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null || true; }
+trap stop_server EXIT
+start_server
+
+if [ "$#" -gt 0 ]; then
+  ops=("$@")
+else
+  mapfile -t ops < <("$tbo" --list-ops | sed -n 's/^  \([A-Z0-9_]*\)$/\1/p')
+fi
+
+total_pass=0; total_cases=0; bad_ops=()
+for op in "${ops[@]}"; do
+  args=(test -b RPC0 -o "$op")
+  [ -n "${TBO_PARAMS:-}" ] && args+=(-p "$TBO_PARAMS")
+  set +e
+  GGML_RPC_SERVERS="127.0.0.1:$PORT" timeout "$TBO_TIMEOUT" "$tbo" "${args[@]}" >"$logs/$op.log" 2>&1
+  rc=$?
+  set -e
+  line="$(grep -Eo '[0-9]+/[0-9]+ tests passed' "$logs/$op.log" | tail -1 || true)"
+  pass="${line%%/*}"; rest="${line#*/}"; cases="${rest%% *}"
+  skipped="$(grep -c 'not supported' "$logs/$op.log" || true)"
+  if [ -z "$line" ]; then
+    if grep -q "0 tests passed\|No tests" "$logs/$op.log" 2>/dev/null; then pass=0; cases=0; fi
+  fi
+  if ! kill -0 "$server_pid" 2>/dev/null; then
+    echo "  $op: SERVER DIED (see $logs/server.log)"; bad_ops+=("$op"); start_server; continue
+  fi
+  if [ "$rc" -ne 0 ] || [ -z "$line" ]; then
+    if [ -z "$line" ] && [ "$rc" -eq 0 ]; then
+      printf '  %-28s no cases\n' "$op"; continue
+    fi
+    echo "  $op: FAILED (exit $rc, ${line:-no summary}; log $logs/$op.log)"; bad_ops+=("$op")
+    [ -n "$pass" ] && { total_pass=$((total_pass + pass)); total_cases=$((total_cases + cases)); }
+    continue
+  fi
+  total_pass=$((total_pass + pass)); total_cases=$((total_cases + cases))
+  printf '  %-28s %s (%s skipped: not supported by the CPU reference)\n' "$op" "$line" "$skipped"
+done
+echo "test-backend-ops against rpc-server: $total_pass/$total_cases cases passed, ${#ops[@]} ops, ${#bad_ops[@]} failed: ${bad_ops[*]:-none}"
+[ "${#bad_ops[@]}" -eq 0 ] && [ "$total_pass" -eq "$total_cases" ]
