@@ -45,6 +45,7 @@ need_tools() {
     command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
     [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || missing+=(busybox-static)
     command -v cpio >/dev/null || missing+=(cpio)
+    command -v xz >/dev/null || missing+=(xz-utils)
     command -v depmod >/dev/null || missing+=(kmod)
     command -v rdma >/dev/null || missing+=(iproute2)
     command -v ibv_devices >/dev/null || missing+=(ibverbs-utils)
@@ -65,7 +66,7 @@ newest_kernel_pkg() {
 stage_modules() {
     local root=$1 initdir=$2 kver=$3
     local mdir=$root/lib/modules/$kver
-    depmod -b "$root" "$kver" || return 1
+    timeout 120 depmod -b "$root" "$kver" || return 1
     declare -A DEP=() SEEN=() BYNAME=()
     local line key name
     while IFS= read -r line; do
@@ -136,7 +137,7 @@ prepare() {
         rm -rf "$kdir"; mkdir -p "$kdir/dl"
         (cd "$kdir/dl" && timeout 600 apt-get download -o APT::Sandbox::User=root "$pkg" >&2) \
             || die "apt-get download $pkg failed"
-        dpkg-deb -x "$kdir"/dl/*.deb "$kdir/root" || die "dpkg-deb -x failed"
+        timeout 300 dpkg-deb -x "$kdir"/dl/*.deb "$kdir/root" || die "dpkg-deb -x failed"
         rm -rf "$kdir/dl"
         touch "$kdir/.extracted"
     fi
@@ -228,7 +229,7 @@ boot_once() {
     wait "$QPID" 2>/dev/null || true
     QPID=""
     [ -n "$tail_pid" ] && { kill "$tail_pid" 2>/dev/null || true; wait "$tail_pid" 2>/dev/null || true; }
-    [ -n "$began" ] || grep -q '===RVM-BEGIN===' "$con" && began=${began:-$SECONDS}
+    if [ -z "$began" ] && grep -q '===RVM-BEGIN===' "$con"; then began=$SECONDS; BOOT_SECS=$((SECONDS - t0)); fi
     if [ -n "$ATTEMPT_RESULT" ]; then
         [ "$ATTEMPT_RESULT" = boot-timeout ] && ATTEMPT_RESULT=boot-failed
     elif [ -z "$began" ]; then
@@ -274,12 +275,12 @@ for attempt in $(seq 1 "$ATTEMPTS"); do
             break ;;
         boot-failed)
             if grep -q 'RVM-SETUP-FAILED' "$RUN/console.log"; then
-                tr -d '\r' < "$RUN/console.log" | tail -30 >&2
+                { tr -d '\r' < "$RUN/console.log" | tail -30 >&2; } || true
                 die "VM setup failed (not a flaky boot; not retrying)"
             fi
             log "attempt $attempt/$ATTEMPTS: the VM never reached the script (flaky TCG boot?); console tail:"
-            tr -d '\r' < "$RUN/console.log" | grep -v '^$' | tail -8 | sed 's/^/    /' >&2
-            cat "$RUN/qemu.log" >&2 || true
+            { tr -d '\r' < "$RUN/console.log" | grep -v '^$' | tail -8 | sed 's/^/    /' >&2; } || true
+            [ -s "$RUN/qemu.log" ] && sed 's/^/    qemu: /' "$RUN/qemu.log" >&2
             continue ;;
         timeout)
             echo "===== run-in-vm: output of $* (TIMED OUT after ${TIMEOUT}s) ====="

@@ -12,10 +12,20 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    for f in ["csrc/shim.c", "csrc/stub.c", "csrc/shim.h", "csrc/platform_linux.h", "csrc/platform_apple.h"] {
+    for f in [
+        "csrc/shim.c",
+        "csrc/stub.c",
+        "csrc/shim.h",
+        "csrc/platform_linux.h",
+        "csrc/platform_apple.h",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
-    for v in ["RDMA_VERBS_INCLUDE", "RDMA_VERBS_FORCE_STUB", "RDMA_VERBS_REQUIRE_HEADER"] {
+    for v in [
+        "RDMA_VERBS_INCLUDE",
+        "RDMA_VERBS_FORCE_STUB",
+        "RDMA_VERBS_REQUIRE_HEADER",
+    ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
     println!("cargo:rustc-check-cfg=cfg(rdma_verbs_stub)");
@@ -23,8 +33,12 @@ fn main() {
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let target_env = env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
     let include = env::var_os("RDMA_VERBS_INCLUDE").map(PathBuf::from);
-    let force_stub = env::var("RDMA_VERBS_FORCE_STUB").map(|v| v == "1").unwrap_or(false);
-    let require = env::var("RDMA_VERBS_REQUIRE_HEADER").map(|v| v == "1").unwrap_or(false);
+    let force_stub = env::var("RDMA_VERBS_FORCE_STUB")
+        .map(|v| v == "1")
+        .unwrap_or(false);
+    let require = env::var("RDMA_VERBS_REQUIRE_HEADER")
+        .map(|v| v == "1")
+        .unwrap_or(false);
     let os_ok = target_os == "linux" || target_os == "macos";
 
     let have_header = os_ok && !force_stub && header_present(include.as_ref());
@@ -71,6 +85,9 @@ fn header_present(include: Option<&PathBuf>) -> bool {
     if let Some(dir) = include {
         cmd.arg("-I").arg(dir);
     }
-    cmd.arg("-E").arg(&probe).arg("-o").arg(out.join("verbs_probe.i"));
+    cmd.arg("-E")
+        .arg(&probe)
+        .arg("-o")
+        .arg(out.join("verbs_probe.i"));
     matches!(cmd.output(), Ok(o) if o.status.success())
 }

@@ -5,7 +5,11 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    println!("built_with_verbs={} available={}", rdma_verbs::built_with_verbs(), rdma_verbs::available());
+    println!(
+        "built_with_verbs={} available={}",
+        rdma_verbs::built_with_verbs(),
+        rdma_verbs::available()
+    );
     if let Err(e) = rdma_verbs::load() {
         println!("no RDMA: {e}");
         return ExitCode::SUCCESS;
@@ -47,7 +51,13 @@ fn main() -> ExitCode {
             Ok(ip) => match rdma_verbs::find_gid_for_ip(ip) {
                 Ok(Some(m)) => println!(
                     "match {ip}: dev={} port={} gid={} {} mtu={} lid={} state={:?}",
-                    m.device, m.port, m.gid_index, m.gid_type, m.active_mtu.bytes(), m.lid, m.port_state
+                    m.device,
+                    m.port,
+                    m.gid_index,
+                    m.gid_type,
+                    m.active_mtu.bytes(),
+                    m.lid,
+                    m.port_state
                 ),
                 Ok(None) => println!("match {ip}: none"),
                 Err(e) => println!("match {ip}: error {e}"),

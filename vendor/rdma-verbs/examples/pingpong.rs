@@ -99,11 +99,17 @@ fn parse() -> Opts {
             "--port" | "-p" => o.tcp_port = v().parse().unwrap_or_else(|_| usage()),
             "--events" | "-e" => o.events = true,
             "--no-inline" => o.inline = false,
-            "--timeout-secs" => o.timeout = Duration::from_secs(v().parse().unwrap_or_else(|_| usage())),
+            "--timeout-secs" => {
+                o.timeout = Duration::from_secs(v().parse().unwrap_or_else(|_| usage()))
+            }
             _ => usage(),
         }
     }
-    if o.size < 16 || o.iters == 0 || o.rx_depth == 0 || (o.ip.is_none() && (o.dev.is_none() || o.gid_idx.is_none())) {
+    if o.size < 16
+        || o.iters == 0
+        || o.rx_depth == 0
+        || (o.ip.is_none() && (o.dev.is_none() || o.gid_idx.is_none()))
+    {
         usage()
     }
     o
@@ -122,8 +128,14 @@ struct Local {
 
 fn resolve(o: &Opts) -> Res<Local> {
     if let Some(ip) = o.ip {
-        let search = GidSearch { device: o.dev.clone(), ports: PortChoice::Fixed(o.ib_port), gid_index: o.gid_idx };
-        let m = find_gid_with(ip, &search).map_err(|e| format!("probe: {e}"))?.ok_or(format!("no RDMA GID for {ip}"))?;
+        let search = GidSearch {
+            device: o.dev.clone(),
+            ports: PortChoice::Fixed(o.ib_port),
+            gid_index: o.gid_idx,
+        };
+        let m = find_gid_with(ip, &search)
+            .map_err(|e| format!("probe: {e}"))?
+            .ok_or(format!("no RDMA GID for {ip}"))?;
         return Ok(Local {
             dev: m.device,
             port: m.port,
@@ -137,7 +149,9 @@ fn resolve(o: &Opts) -> Res<Local> {
     let dev = o.dev.clone().unwrap();
     let ctx = Context::open(&dev).map_err(|e| e.to_string())?;
     let pi = ctx.query_port(o.ib_port).map_err(|e| e.to_string())?;
-    let e = ctx.gid_entry(o.ib_port, o.gid_idx.unwrap()).map_err(|e| e.to_string())?;
+    let e = ctx
+        .gid_entry(o.ib_port, o.gid_idx.unwrap())
+        .map_err(|e| e.to_string())?;
     Ok(Local {
         dev,
         port: o.ib_port,
@@ -156,8 +170,9 @@ struct Side {
     qp: Qp,
     rx: Mr,
     tx: Mr,
-    scq: Cq,
-    rcq: Cq,
+    /// Distinct CQs to poll (RC: recv + send; UC: one shared CQ).
+    cqs: Vec<Cq>,
+    armed: Vec<std::cell::Cell<bool>>,
     ch: Option<CompChannel>,
     _pd: Pd,
     _ctx: Context,
@@ -173,7 +188,11 @@ fn setup(o: &Opts, name: &'static str) -> Res<Side> {
     let local = resolve(o)?;
     let ctx = Context::open(&local.dev).map_err(|e| e.to_string())?;
     let pd = Pd::new(&ctx).map_err(|e| e.to_string())?;
-    let ch = if o.events { Some(CompChannel::new(&ctx).map_err(|e| e.to_string())?) } else { None };
+    let ch = if o.events {
+        Some(CompChannel::new(&ctx).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     let (scq, rcq, init_access_tx, access_rx, max_send_wr) = match o.qp {
         QpType::Rc => (
             Cq::new(&ctx, 16, ch.as_ref()).map_err(|e| e.to_string())?,
@@ -184,25 +203,53 @@ fn setup(o: &Opts, name: &'static str) -> Res<Side> {
         ),
         QpType::Uc => {
             let cq = Cq::new(&ctx, 2 * o.rx_depth + 1, ch.as_ref()).map_err(|e| e.to_string())?;
-            let apple = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+            let apple =
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
             (cq.clone(), cq, apple, apple, o.rx_depth)
         }
     };
     let mut init = QpInitAttr::new(o.qp, &scq, &rcq, max_send_wr, o.rx_depth);
     init.max_inline_data = 256;
     let qp = Qp::new(&pd, &init).map_err(|e| format!("create_qp: {e}"))?;
-    let mut tx = Mr::new(&pd, AlignedBuf::new(o.size).map_err(|e| e.to_string())?, init_access_tx)
-        .map_err(|e| format!("reg_mr(tx): {e}"))?;
-    let rx = Mr::new(&pd, AlignedBuf::new(o.size * o.rx_depth as usize).map_err(|e| e.to_string())?, access_rx)
-        .map_err(|e| format!("reg_mr(rx): {e}"))?;
+    let mut tx = Mr::new(
+        &pd,
+        AlignedBuf::new(o.size).map_err(|e| e.to_string())?,
+        init_access_tx,
+    )
+    .map_err(|e| format!("reg_mr(tx): {e}"))?;
+    let rx = Mr::new(
+        &pd,
+        AlignedBuf::new(o.size * o.rx_depth as usize).map_err(|e| e.to_string())?,
+        access_rx,
+    )
+    .map_err(|e| format!("reg_mr(rx): {e}"))?;
     fill_body(tx.as_mut_slice());
-    qp.modify_to_init(&InitAttr::upstream(local.port)).map_err(|e| e.to_string())?;
+    qp.modify_to_init(&InitAttr::upstream(local.port))
+        .map_err(|e| e.to_string())?;
     let psn = match o.qp {
         QpType::Rc => qp.qp_num() & 0xff_ffff,
         QpType::Uc => 0,
     };
     let inline = o.inline && o.size as u32 <= qp.max_inline();
-    Ok(Side { qp, rx, tx, scq, rcq, ch, _pd: pd, _ctx: ctx, local, psn, inline, name })
+    let mut cqs = vec![rcq];
+    if scq != cqs[0] {
+        cqs.push(scq);
+    }
+    let armed = cqs.iter().map(|_| std::cell::Cell::new(false)).collect();
+    Ok(Side {
+        qp,
+        rx,
+        tx,
+        cqs,
+        armed,
+        ch,
+        _pd: pd,
+        _ctx: ctx,
+        local,
+        psn,
+        inline,
+        name,
+    })
 }
 
 /// 24-byte caps like the upstream HELLO blob of each flavor.
@@ -230,12 +277,18 @@ fn parse_caps(b: &[u8; 24], qp: QpType) -> Peer {
         QpType::Rc => (u32::from_le_bytes(b[4..8].try_into().unwrap()), 0),
         QpType::Uc => (0, u16::from_le_bytes(b[4..6].try_into().unwrap())),
     };
-    Peer { qpn, psn, lid, gid: Gid(b[8..24].try_into().unwrap()) }
+    Peer {
+        qpn,
+        psn,
+        lid,
+        gid: Gid(b[8..24].try_into().unwrap()),
+    }
 }
 
 fn post_all_recvs(s: &Side, o: &Opts) -> Res<()> {
     for i in 0..o.rx_depth as usize {
-        s.qp.post_recv(i as u64, &s.rx, i * o.size, o.size).map_err(|e| format!("post_recv {i}: {e}"))?;
+        s.qp.post_recv(i as u64, &s.rx, i * o.size, o.size)
+            .map_err(|e| format!("post_recv {i}: {e}"))?;
     }
     Ok(())
 }
@@ -246,13 +299,17 @@ fn activate(s: &Side, o: &Opts, p: &Peer) -> Res<()> {
         QpType::Rc => {
             post_all_recvs(s, o)?;
             let av = AddressVector::global(p.gid, sgid, s.local.port, 0);
-            s.qp.modify_to_rtr(&RtrAttr::rc(s.local.mtu, p.qpn, p.psn, av)).map_err(|e| e.to_string())?;
-            s.qp.modify_to_rts(&RtsAttr::rc(s.psn)).map_err(|e| e.to_string())?;
+            s.qp.modify_to_rtr(&RtrAttr::rc(s.local.mtu, p.qpn, p.psn, av))
+                .map_err(|e| e.to_string())?;
+            s.qp.modify_to_rts(&RtsAttr::rc(s.psn))
+                .map_err(|e| e.to_string())?;
         }
         QpType::Uc => {
             let av = AddressVector::global(p.gid, sgid, s.local.port, p.lid);
-            s.qp.modify_to_rtr(&RtrAttr::uc(s.local.mtu, p.qpn, 0, av)).map_err(|e| e.to_string())?;
-            s.qp.modify_to_rts(&RtsAttr::uc(0)).map_err(|e| e.to_string())?;
+            s.qp.modify_to_rtr(&RtrAttr::uc(s.local.mtu, p.qpn, 0, av))
+                .map_err(|e| e.to_string())?;
+            s.qp.modify_to_rts(&RtsAttr::uc(0))
+                .map_err(|e| e.to_string())?;
             post_all_recvs(s, o)?;
         }
     }
@@ -284,7 +341,9 @@ fn check_msg(b: &[u8], want: u64, full: bool) -> Res<()> {
     let head = u64::from_le_bytes(b[..8].try_into().unwrap());
     let tail = u64::from_le_bytes(b[n - 8..].try_into().unwrap());
     if head != want || tail != want {
-        return Err(format!("sequence mismatch: want {want:#x}, head {head:#x}, tail {tail:#x}"));
+        return Err(format!(
+            "sequence mismatch: want {want:#x}, head {head:#x}, tail {tail:#x}"
+        ));
     }
     if full {
         if let Some(j) = (8..n - 8).find(|&j| b[j] != pattern(j)) {
@@ -295,12 +354,13 @@ fn check_msg(b: &[u8], want: u64, full: bool) -> Res<()> {
 }
 
 /// Next completion from the side's CQs (busy-poll, or sleep on the channel
-/// with `--events`), bounded by `deadline`.
+/// with `--events`), bounded by `deadline`.  A CQ stays armed until its event
+/// fires, so each sleep costs one `req_notify` at most per CQ.
 fn next_wc(s: &Side, deadline: Instant) -> Res<WorkCompletion> {
     let mut wc = [WorkCompletion::default()];
     let mut spins = 0u32;
     loop {
-        for cq in [&s.rcq, &s.scq] {
+        for cq in &s.cqs {
             if cq.poll(&mut wc).map_err(|e| e.to_string())? == 1 {
                 return wc[0].ok();
             }
@@ -311,15 +371,31 @@ fn next_wc(s: &Side, deadline: Instant) -> Res<WorkCompletion> {
         }
         if let Some(ch) = &s.ch {
             // Arm, re-poll (a completion may have arrived before arming), sleep.
-            s.rcq.req_notify(false).map_err(|e| e.to_string())?;
-            s.scq.req_notify(false).map_err(|e| e.to_string())?;
-            for cq in [&s.rcq, &s.scq] {
-                if cq.poll(&mut wc).map_err(|e| e.to_string())? == 1 {
-                    return wc[0].ok();
+            let mut armed_now = false;
+            for (cq, armed) in s.cqs.iter().zip(&s.armed) {
+                if !armed.get() {
+                    cq.req_notify(false).map_err(|e| e.to_string())?;
+                    armed.set(true);
+                    armed_now = true;
+                }
+            }
+            if armed_now {
+                for cq in &s.cqs {
+                    if cq.poll(&mut wc).map_err(|e| e.to_string())? == 1 {
+                        return wc[0].ok();
+                    }
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if let Some(ev) = ch.wait(Some(left.min(Duration::from_millis(500)))).map_err(|e| e.to_string())? {
+            if let Some(ev) = ch
+                .wait(Some(left.min(Duration::from_millis(500))))
+                .map_err(|e| e.to_string())?
+            {
+                for (cq, armed) in s.cqs.iter().zip(&s.armed) {
+                    if ev.is_for(cq) {
+                        armed.set(false);
+                    }
+                }
                 ev.ack();
             }
         }
@@ -327,9 +403,11 @@ fn next_wc(s: &Side, deadline: Instant) -> Res<WorkCompletion> {
 }
 
 fn tcp_sync(t: &mut TcpStream) -> Res<()> {
-    t.write_all(&[0x2A]).map_err(|e| format!("sync write: {e}"))?;
+    t.write_all(&[0x2A])
+        .map_err(|e| format!("sync write: {e}"))?;
     let mut b = [0u8; 1];
-    t.read_exact(&mut b).map_err(|e| format!("sync read: {e}"))?;
+    t.read_exact(&mut b)
+        .map_err(|e| format!("sync read: {e}"))?;
     if b[0] != 0x2A {
         return Err(format!("peer not ready (sync byte {:#x})", b[0]));
     }
@@ -342,7 +420,8 @@ fn send_msg(s: &mut Side, o: &Opts, v: u64) -> Res<()> {
     if s.inline {
         flags |= SendFlags::INLINE;
     }
-    s.qp.post_send(SEND_WR, &s.tx, 0, o.size, flags).map_err(|e| format!("post_send: {e}"))
+    s.qp.post_send(SEND_WR, &s.tx, 0, o.size, flags)
+        .map_err(|e| format!("post_send: {e}"))
 }
 
 struct Stats {
@@ -360,7 +439,11 @@ fn run_loop(s: &mut Side, o: &Opts, client: bool, deadline: Instant) -> Res<Stat
     let mut send_busy = false;
     let t0 = Instant::now();
     // Takes one completion and files it.
-    let step = |s: &Side, recvs: &mut std::collections::VecDeque<WorkCompletion>, send_busy: &mut bool, what: &str| -> Res<()> {
+    let step = |s: &Side,
+                recvs: &mut std::collections::VecDeque<WorkCompletion>,
+                send_busy: &mut bool,
+                what: &str|
+     -> Res<()> {
         let wc = next_wc(s, deadline).map_err(|e| format!("{e} ({what})"))?;
         match wc.opcode() {
             WcOpcode::Send if *send_busy => *send_busy = false,
@@ -373,16 +456,26 @@ fn run_loop(s: &mut Side, o: &Opts, client: bool, deadline: Instant) -> Res<Stat
         let full = i % 64 == 0 || i + 1 == o.iters as u64;
         if client {
             while send_busy {
-                step(s, &mut recvs, &mut send_busy, &format!("iter {i}: previous send"))?;
+                step(
+                    s,
+                    &mut recvs,
+                    &mut send_busy,
+                    &format!("iter {i}: previous send"),
+                )?;
             }
             send_msg(s, o, i)?;
             send_busy = true;
         }
         while recvs.is_empty() {
-            step(s, &mut recvs, &mut send_busy, &format!("iter {i}: waiting for a message"))?;
+            step(
+                s,
+                &mut recvs,
+                &mut send_busy,
+                &format!("iter {i}: waiting for a message"),
+            )?;
         }
         let wc = recvs.pop_front().unwrap();
-        if recvs.len() > 0 {
+        if !recvs.is_empty() {
             return Err(format!("{}: iter {i}: more messages than sent", s.name));
         }
         let slot = wc.wr_id() as usize;
@@ -390,12 +483,22 @@ fn run_loop(s: &mut Side, o: &Opts, client: bool, deadline: Instant) -> Res<Stat
             return Err(format!("{}: bad receive completion {wc:?}", s.name));
         }
         let want = if client { i | PONG } else { i };
-        check_msg(&s.rx.as_slice()[slot * o.size..(slot + 1) * o.size], want, full)
-            .map_err(|e| format!("{} iter {i}: {e}", s.name))?;
-        s.qp.post_recv(slot as u64, &s.rx, slot * o.size, o.size).map_err(|e| format!("re-post_recv: {e}"))?;
+        check_msg(
+            &s.rx.as_slice()[slot * o.size..(slot + 1) * o.size],
+            want,
+            full,
+        )
+        .map_err(|e| format!("{} iter {i}: {e}", s.name))?;
+        s.qp.post_recv(slot as u64, &s.rx, slot * o.size, o.size)
+            .map_err(|e| format!("re-post_recv: {e}"))?;
         if !client {
             while send_busy {
-                step(s, &mut recvs, &mut send_busy, &format!("iter {i}: previous pong's send"))?;
+                step(
+                    s,
+                    &mut recvs,
+                    &mut send_busy,
+                    &format!("iter {i}: previous pong's send"),
+                )?;
             }
             send_msg(s, o, i | PONG)?;
             send_busy = true;
@@ -404,7 +507,9 @@ fn run_loop(s: &mut Side, o: &Opts, client: bool, deadline: Instant) -> Res<Stat
     while send_busy {
         step(s, &mut recvs, &mut send_busy, "last send")?;
     }
-    Ok(Stats { secs: t0.elapsed().as_secs_f64() })
+    Ok(Stats {
+        secs: t0.elapsed().as_secs_f64(),
+    })
 }
 
 fn report(s: &Side, o: &Opts, st: &Stats) {
@@ -416,7 +521,13 @@ fn report(s: &Side, o: &Opts, st: &Stats) {
         st.secs,
         bytes as f64 * 8.0 / st.secs / 1e6
     );
-    println!("{}: {} iters in {:.2} seconds = {:.2} usec/iter", s.name, o.iters, st.secs, st.secs * 1e6 / o.iters as f64);
+    println!(
+        "{}: {} iters in {:.2} seconds = {:.2} usec/iter",
+        s.name,
+        o.iters,
+        st.secs,
+        st.secs * 1e6 / o.iters as f64
+    );
     println!(
         "RESULT side={} qp={:?} size={} iters={} inline={} events={} dev={} gid={} {} mtu={} usec_per_iter={:.2}",
         s.name,
@@ -437,7 +548,9 @@ fn server(o: &Opts, listener: TcpListener) -> Res<()> {
     let deadline = Instant::now() + o.timeout;
     let mut s = setup(o, "server")?;
     // Bounded accept: never wait for a client that failed before connecting.
-    listener.set_nonblocking(true).map_err(|e| format!("listener: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("listener: {e}"))?;
     let mut t = loop {
         match listener.accept() {
             Ok((t, _)) => break t,
@@ -447,13 +560,16 @@ fn server(o: &Opts, listener: TcpListener) -> Res<()> {
             Err(e) => return Err(format!("accept: {e}")),
         }
     };
-    t.set_nonblocking(false).map_err(|e| format!("accept: {e}"))?;
+    t.set_nonblocking(false)
+        .map_err(|e| format!("accept: {e}"))?;
     t.set_nodelay(true).ok();
     t.set_read_timeout(Some(o.timeout)).ok();
     let mut b = [0u8; 24];
-    t.read_exact(&mut b).map_err(|e| format!("read caps: {e}"))?;
+    t.read_exact(&mut b)
+        .map_err(|e| format!("read caps: {e}"))?;
     let peer = parse_caps(&b, o.qp);
-    t.write_all(&caps(&s, o.qp)).map_err(|e| format!("write caps: {e}"))?;
+    t.write_all(&caps(&s, o.qp))
+        .map_err(|e| format!("write caps: {e}"))?;
     activate(&s, o, &peer)?;
     println!(
         "server: dev={} port={} gid={} {} qpn={} -> {} mtu={} inline={} (granted {})",
@@ -488,9 +604,11 @@ fn client(o: &Opts, host: &str) -> Res<()> {
     };
     t.set_nodelay(true).ok();
     t.set_read_timeout(Some(o.timeout)).ok();
-    t.write_all(&caps(&s, o.qp)).map_err(|e| format!("write caps: {e}"))?;
+    t.write_all(&caps(&s, o.qp))
+        .map_err(|e| format!("write caps: {e}"))?;
     let mut b = [0u8; 24];
-    t.read_exact(&mut b).map_err(|e| format!("read caps: {e}"))?;
+    t.read_exact(&mut b)
+        .map_err(|e| format!("read caps: {e}"))?;
     let peer = parse_caps(&b, o.qp);
     activate(&s, o, &peer)?;
     println!(
@@ -532,7 +650,9 @@ fn main() -> ExitCode {
                     // Do not wait for the server thread: it may be blocked on us.
                     return finish(Err(format!("client: {e}")));
                 }
-                let sr = srv.join().unwrap_or_else(|_| Err("server thread panicked".into()));
+                let sr = srv
+                    .join()
+                    .unwrap_or_else(|_| Err("server thread panicked".into()));
                 match (c, sr) {
                     (Ok(()), Ok(())) => Ok(()),
                     (c, sr) => Err(format!("client: {:?}; server: {:?}", c.err(), sr.err())),

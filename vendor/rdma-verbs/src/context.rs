@@ -20,8 +20,13 @@ impl DeviceList {
         let mut list = ptr::null_mut();
         let mut num = 0;
         // SAFETY: out-pointers are valid locals; the library is loaded.
-        check("ibv_get_device_list", unsafe { sys::rv_device_list(&mut list, &mut num) })?;
-        Ok(DeviceList { list, num: if list.is_null() { 0 } else { num.max(0) } })
+        check("ibv_get_device_list", unsafe {
+            sys::rv_device_list(&mut list, &mut num)
+        })?;
+        Ok(DeviceList {
+            list,
+            num: if list.is_null() { 0 } else { num.max(0) },
+        })
     }
 
     fn names(&self) -> Vec<String> {
@@ -43,10 +48,15 @@ impl DeviceList {
     fn open(&self, i: c_int, name: &str) -> Result<Context> {
         let mut ctx = ptr::null_mut();
         // SAFETY: i < num, list alive, out-pointer valid.
-        check("ibv_open_device", unsafe { sys::rv_open_device(self.list, i, &mut ctx) })?;
+        check("ibv_open_device", unsafe {
+            sys::rv_open_device(self.list, i, &mut ctx)
+        })?;
         // The context stays valid after the list is freed (rdma-core
         // reference-counts the device).
-        Ok(Context(Arc::new(ContextInner { ptr: ctx, name: name.to_string() })))
+        Ok(Context(Arc::new(ContextInner {
+            ptr: ctx,
+            name: name.to_string(),
+        })))
     }
 }
 
@@ -147,7 +157,12 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
     let names = list.names();
     let mut out = Vec::with_capacity(names.len());
     for (i, name) in names.iter().enumerate() {
-        let mut info = DeviceInfo { name: name.clone(), attr: None, ports: Vec::new(), error: None };
+        let mut info = DeviceInfo {
+            name: name.clone(),
+            attr: None,
+            ports: Vec::new(),
+            error: None,
+        };
         let r = (|| -> Result<()> {
             let ctx = list.open(i as c_int, name)?;
             let attr = ctx.query_device()?;
@@ -193,8 +208,15 @@ impl Context {
         // SAFETY: all-integer C struct; zeroed is a valid value.
         let mut a: sys::rv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: ctx pointer valid for the lifetime of self; out-pointer valid.
-        check("ibv_query_device", unsafe { sys::rv_query_device(self.0.ptr, &mut a) })?;
-        let fw: Vec<u8> = a.fw_ver.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        check("ibv_query_device", unsafe {
+            sys::rv_query_device(self.0.ptr, &mut a)
+        })?;
+        let fw: Vec<u8> = a
+            .fw_ver
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
         Ok(DeviceAttr {
             fw_ver: String::from_utf8_lossy(&fw).into_owned(),
             node_guid: u64::from_be(a.node_guid),
@@ -217,7 +239,9 @@ impl Context {
     pub fn query_port(&self, port: u8) -> Result<PortInfo> {
         let mut a = sys::rv_port_attr::default();
         // SAFETY: ctx valid; out-pointer valid.
-        check("ibv_query_port", unsafe { sys::rv_query_port(self.0.ptr, port, &mut a) })?;
+        check("ibv_query_port", unsafe {
+            sys::rv_query_port(self.0.ptr, port, &mut a)
+        })?;
         Ok(PortInfo {
             port,
             state: PortState::from_raw(a.state),
@@ -236,25 +260,42 @@ impl Context {
 
     /// Raw GID at `index` (`ibv_query_gid`; zero GID for an empty slot).
     pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
-        let idx = c_int::try_from(index).map_err(|_| VerbsError::InvalidArgument("gid index".into()))?;
+        let idx =
+            c_int::try_from(index).map_err(|_| VerbsError::InvalidArgument("gid index".into()))?;
         let mut g = [0u8; 16];
         // SAFETY: ctx valid; g is a 16-byte buffer as the shim requires.
-        check("ibv_query_gid", unsafe { sys::rv_query_gid(self.0.ptr, port, idx, g.as_mut_ptr()) })?;
+        check("ibv_query_gid", unsafe {
+            sys::rv_query_gid(self.0.ptr, port, idx, g.as_mut_ptr())
+        })?;
         Ok(Gid(g))
     }
 
     /// One GID entry with its type (`ibv_query_gid_ex`, else
     /// `ibv_query_gid` + sysfs type).
     pub fn gid_entry(&self, port: u8, index: u32) -> Result<GidEntry> {
-        let idx = c_int::try_from(index).map_err(|_| VerbsError::InvalidArgument("gid index".into()))?;
+        let idx =
+            c_int::try_from(index).map_err(|_| VerbsError::InvalidArgument("gid index".into()))?;
         let mut e = sys::rv_gid_entry::default();
         // SAFETY: ctx valid; out-pointer valid.
-        match check("ibv_query_gid_ex", unsafe { sys::rv_query_gid_ex(self.0.ptr, port, idx, &mut e) }) {
-            Ok(()) => Ok(GidEntry { port, index, gid: Gid(e.gid), gid_type: GidType::from_raw(e.gid_type) }),
+        match check("ibv_query_gid_ex", unsafe {
+            sys::rv_query_gid_ex(self.0.ptr, port, idx, &mut e)
+        }) {
+            Ok(()) => Ok(GidEntry {
+                port,
+                index,
+                gid: Gid(e.gid),
+                gid_type: GidType::from_raw(e.gid_type),
+            }),
             Err(VerbsError::Unsupported(_)) => {
                 let gid = self.query_gid(port, index)?;
-                let gid_type = platform::sysfs_gid_type(self.name(), port, index).unwrap_or(GidType::Unknown);
-                Ok(GidEntry { port, index, gid, gid_type })
+                let gid_type =
+                    platform::sysfs_gid_type(self.name(), port, index).unwrap_or(GidType::Unknown);
+                Ok(GidEntry {
+                    port,
+                    index,
+                    gid,
+                    gid_type,
+                })
             }
             Err(e) => Err(e),
         }
@@ -263,7 +304,11 @@ impl Context {
     /// Valid GID entries of `port`.
     pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
         let attr = self.query_device()?;
-        Ok(self.all_gids(&attr)?.into_iter().filter(|e| e.port == port).collect())
+        Ok(self
+            .all_gids(&attr)?
+            .into_iter()
+            .filter(|e| e.port == port)
+            .collect())
     }
 
     /// Valid GID entries of every port: `_ibv_query_gid_table` when exported,
@@ -330,7 +375,11 @@ pub struct GidSearch {
 
 impl Default for GidSearch {
     fn default() -> Self {
-        GidSearch { device: None, ports: PortChoice::Any, gid_index: None }
+        GidSearch {
+            device: None,
+            ports: PortChoice::Any,
+            gid_index: None,
+        }
     }
 }
 
@@ -367,7 +416,9 @@ pub fn find_gid_with(ip: IpAddr, search: &GidSearch) -> Result<Option<GidMatch>>
         if search.device.as_deref().is_some_and(|d| d != name) {
             continue;
         }
-        let Ok(ctx) = list.open(i as c_int, name) else { continue };
+        let Ok(ctx) = list.open(i as c_int, name) else {
+            continue;
+        };
         if let Ok(Some(m)) = probe_device(&ctx, target, search) {
             return Ok(Some(m));
         }
@@ -417,7 +468,10 @@ fn probe_device(ctx: &Context, target: Gid, search: &GidSearch) -> Result<Option
     let table = ctx.all_gids(&attr)?;
     let mut best: Option<(u8, u8, &PortInfo, GidEntry)> = None;
     for pi in &ports {
-        for e in table.iter().filter(|e| e.port == pi.port && e.gid == target) {
+        for e in table
+            .iter()
+            .filter(|e| e.port == pi.port && e.gid == target)
+        {
             let key = (e.gid_type.rank(), pi.port);
             if best.as_ref().is_none_or(|b| key < (b.0, b.1)) {
                 best = Some((key.0, key.1, pi, *e));
@@ -456,8 +510,13 @@ impl Pd {
     pub fn new(ctx: &Context) -> Result<Pd> {
         let mut pd = ptr::null_mut();
         // SAFETY: ctx valid; out-pointer valid.
-        check("ibv_alloc_pd", unsafe { sys::rv_alloc_pd(ctx.0.ptr, &mut pd) })?;
-        Ok(Pd(Arc::new(PdInner { ptr: pd, ctx: ctx.clone() })))
+        check("ibv_alloc_pd", unsafe {
+            sys::rv_alloc_pd(ctx.0.ptr, &mut pd)
+        })?;
+        Ok(Pd(Arc::new(PdInner {
+            ptr: pd,
+            ctx: ctx.clone(),
+        })))
     }
 
     pub fn context(&self) -> &Context {

@@ -46,8 +46,15 @@ impl CompChannel {
         let mut ch = ptr::null_mut();
         let mut fd: c_int = -1;
         // SAFETY: ctx valid; out-pointers valid.
-        check("ibv_create_comp_channel", unsafe { sys::rv_create_comp_channel(ctx.0.ptr, &mut ch, &mut fd) })?;
-        Ok(CompChannel(Arc::new(ChannelInner { ptr: ch, fd, _ctx: ctx.clone(), cqs: Mutex::new(Vec::new()) })))
+        check("ibv_create_comp_channel", unsafe {
+            sys::rv_create_comp_channel(ctx.0.ptr, &mut ch, &mut fd)
+        })?;
+        Ok(CompChannel(Arc::new(ChannelInner {
+            ptr: ch,
+            fd,
+            _ctx: ctx.clone(),
+            cqs: Mutex::new(Vec::new()),
+        })))
     }
 
     /// The event fd (owned by the channel; do not close it).
@@ -63,14 +70,17 @@ impl CompChannel {
         // SAFETY: channel valid; out-pointers valid.  The fd is non-blocking,
         // so this cannot hang.
         let rc = unsafe { sys::rv_get_cq_event(self.0.ptr, &mut cq, &mut cq_ctx) };
-        if rc > 0 && std::io::Error::from_raw_os_error(rc).kind() == std::io::ErrorKind::WouldBlock {
+        if rc > 0 && std::io::Error::from_raw_os_error(rc).kind() == std::io::ErrorKind::WouldBlock
+        {
             return Ok(None);
         }
         check("ibv_get_cq_event", rc)?;
         let found = {
             let mut reg = self.0.cqs.lock().unwrap_or_else(|p| p.into_inner());
             reg.retain(|(_, w)| w.strong_count() > 0);
-            reg.iter().find(|(p, _)| *p == cq as usize).and_then(|(_, w)| w.upgrade())
+            reg.iter()
+                .find(|(p, _)| *p == cq as usize)
+                .and_then(|(_, w)| w.upgrade())
         };
         match found {
             Some(inner) => Ok(Some(CqEvent { cq: Some(inner) })),
@@ -104,7 +114,9 @@ impl CompChannel {
             };
             let mut ready = 0;
             // SAFETY: plain poll(2) on our own fd.
-            check("poll", unsafe { sys::rv_poll_fd(self.0.fd, ms, &mut ready) })?;
+            check("poll", unsafe {
+                sys::rv_poll_fd(self.0.fd, ms, &mut ready)
+            })?;
         }
     }
 }
@@ -134,7 +146,13 @@ impl Drop for CqEvent {
 
 impl std::fmt::Debug for CqEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CqEvent({:p})", self.cq.as_ref().map_or(ptr::null(), |c| c.ptr as *const c_void))
+        write!(
+            f,
+            "CqEvent({:p})",
+            self.cq
+                .as_ref()
+                .map_or(ptr::null(), |c| c.ptr as *const c_void)
+        )
     }
 }
 
@@ -163,11 +181,26 @@ impl Drop for CqInner {
 #[derive(Clone)]
 pub struct Cq(pub(crate) Arc<CqInner>);
 
+/// Identity: two handles are equal when they refer to the same CQ.
+impl PartialEq for Cq {
+    fn eq(&self, other: &Cq) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+impl Eq for Cq {}
+
+impl std::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cq({:p}, {} entries)", self.0.ptr, self.0.cqe)
+    }
+}
+
 impl Cq {
     /// `ibv_create_cq` with at least `depth` entries, optionally on a
     /// completion channel.
     pub fn new(ctx: &Context, depth: u32, channel: Option<&CompChannel>) -> Result<Cq> {
-        let cqe = c_int::try_from(depth).map_err(|_| VerbsError::InvalidArgument("cq depth".into()))?;
+        let cqe =
+            c_int::try_from(depth).map_err(|_| VerbsError::InvalidArgument("cq depth".into()))?;
         if cqe < 1 {
             return Err(VerbsError::InvalidArgument("cq depth must be >= 1".into()));
         }
@@ -177,9 +210,22 @@ impl Cq {
         // SAFETY: ctx and channel (if any) valid; out-pointers valid;
         // cq_context unused (NULL).
         check("ibv_create_cq", unsafe {
-            sys::rv_create_cq(ctx.0.ptr, cqe, ptr::null_mut(), chp, 0, &mut cq, &mut actual)
+            sys::rv_create_cq(
+                ctx.0.ptr,
+                cqe,
+                ptr::null_mut(),
+                chp,
+                0,
+                &mut cq,
+                &mut actual,
+            )
         })?;
-        let inner = Arc::new(CqInner { ptr: cq, ctx: ctx.clone(), _channel: channel.cloned(), cqe: actual });
+        let inner = Arc::new(CqInner {
+            ptr: cq,
+            ctx: ctx.clone(),
+            _channel: channel.cloned(),
+            cqe: actual,
+        });
         if let Some(ch) = channel {
             let mut reg = ch.0.cqs.lock().unwrap_or_else(|p| p.into_inner());
             reg.retain(|(_, w)| w.strong_count() > 0);
@@ -200,7 +246,12 @@ impl Cq {
         // SAFETY: WorkCompletion is #[repr(transparent)] over rv_wc, `out`
         // has room for `max` of them; the CQ is valid.
         check("ibv_poll_cq", unsafe {
-            sys::rv_poll_cq(self.0.ptr, out.as_mut_ptr().cast::<sys::rv_wc>(), max, &mut n)
+            sys::rv_poll_cq(
+                self.0.ptr,
+                out.as_mut_ptr().cast::<sys::rv_wc>(),
+                max,
+                &mut n,
+            )
         })?;
         Ok(n.max(0) as usize)
     }
@@ -208,7 +259,9 @@ impl Cq {
     /// Arms the CQ: the next completion raises one event on its channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         // SAFETY: CQ valid.
-        check("ibv_req_notify_cq", unsafe { sys::rv_req_notify_cq(self.0.ptr, solicited_only as c_int) })
+        check("ibv_req_notify_cq", unsafe {
+            sys::rv_req_notify_cq(self.0.ptr, solicited_only as c_int)
+        })
     }
 
     /// Busy-polls for one completion until `timeout` (None: forever).

@@ -43,9 +43,15 @@ impl fmt::Display for VerbsError {
             VerbsError::LibraryMissing(d) => write!(f, "RDMA verbs library unavailable: {d}"),
             VerbsError::NoSuchDevice(n) => write!(f, "no RDMA device {n:?}"),
             VerbsError::Os { op, errno } => {
-                write!(f, "{op} failed: {} (errno {errno})", std::io::Error::from_raw_os_error(*errno))
+                write!(
+                    f,
+                    "{op} failed: {} (errno {errno})",
+                    std::io::Error::from_raw_os_error(*errno)
+                )
             }
-            VerbsError::Unsupported(what) => write!(f, "not supported by this verbs library: {what}"),
+            VerbsError::Unsupported(what) => {
+                write!(f, "not supported by this verbs library: {what}")
+            }
             VerbsError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             VerbsError::Timeout => write!(f, "timed out"),
         }
@@ -57,7 +63,9 @@ impl std::error::Error for VerbsError {}
 impl From<VerbsError> for std::io::Error {
     fn from(e: VerbsError) -> Self {
         let kind = match &e {
-            VerbsError::LibraryMissing(_) | VerbsError::Unsupported(_) => std::io::ErrorKind::Unsupported,
+            VerbsError::LibraryMissing(_) | VerbsError::Unsupported(_) => {
+                std::io::ErrorKind::Unsupported
+            }
             VerbsError::NoSuchDevice(_) => std::io::ErrorKind::NotFound,
             VerbsError::InvalidArgument(_) => std::io::ErrorKind::InvalidInput,
             VerbsError::Timeout => std::io::ErrorKind::TimedOut,
@@ -73,9 +81,14 @@ pub(crate) fn check(op: &'static str, rc: std::ffi::c_int) -> Result<()> {
     match rc {
         0 => Ok(()),
         RV_ERR_NOLIB => Err(VerbsError::LibraryMissing("library not loaded".into())),
-        RV_ERR_UNSUPPORTED => Err(VerbsError::LibraryMissing("built without infiniband/verbs.h".into())),
+        RV_ERR_UNSUPPORTED => Err(VerbsError::LibraryMissing(
+            "built without infiniband/verbs.h".into(),
+        )),
         RV_ERR_NOSYM => Err(VerbsError::Unsupported(op)),
-        RV_ERR_NULL => Err(VerbsError::Os { op, errno: 5 /* EIO: NULL without errno */ }),
+        RV_ERR_NULL => Err(VerbsError::Os {
+            op,
+            errno: 5, /* EIO: NULL without errno */
+        }),
         e if e > 0 => Err(VerbsError::Os { op, errno: e }),
         e => Err(VerbsError::Os { op, errno: -e }),
     }

@@ -55,12 +55,18 @@ mod types;
 use std::ffi::{c_char, CStr, CString};
 use std::sync::OnceLock;
 
-pub use context::{devices, find_gid_for_ip, find_gid_with, Context, DeviceInfo, GidEntry, GidMatch, GidSearch, PortChoice, PortInfo, Pd};
+pub use context::{
+    devices, find_gid_for_ip, find_gid_with, Context, DeviceInfo, GidEntry, GidMatch, GidSearch,
+    Pd, PortChoice, PortInfo,
+};
 pub use cq::{CompChannel, Cq, CqEvent, WorkCompletion};
 pub use error::{Result, VerbsError};
 pub use mr::{AlignedBuf, Mr};
 pub use qp::{AddressVector, InitAttr, Qp, QpCaps, QpInitAttr, RtrAttr, RtsAttr};
-pub use types::{AccessFlags, Gid, GidType, LinkLayer, Mtu, PortState, QpState, QpType, SendFlags, WcOpcode, WcStatus};
+pub use types::{
+    AccessFlags, Gid, GidType, LinkLayer, Mtu, PortState, QpState, QpType, SendFlags, WcOpcode,
+    WcStatus,
+};
 
 /// Environment variable that overrides the library path passed to `dlopen`.
 pub const LIBRARY_ENV: &str = "RDMA_VERBS_LIBRARY";
@@ -75,7 +81,10 @@ pub fn load() -> Result<()> {
         .get_or_init(|| {
             let path = std::env::var_os(LIBRARY_ENV)
                 .filter(|p| !p.is_empty())
-                .map(|p| CString::new(p.into_encoded_bytes()).map_err(|_| "library path contains NUL".to_string()))
+                .map(|p| {
+                    CString::new(p.into_encoded_bytes())
+                        .map_err(|_| "library path contains NUL".to_string())
+                })
                 .transpose()?;
             let mut err = [0 as c_char; 512];
             let p = path.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
@@ -88,8 +97,14 @@ pub fn load() -> Result<()> {
             } else {
                 // SAFETY: the shim always NUL-terminates `err` within its length
                 // (snprintf), and it was zero-initialised.
-                let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-                Err(if msg.is_empty() { "dlopen failed".to_string() } else { msg })
+                let msg = unsafe { CStr::from_ptr(err.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned();
+                Err(if msg.is_empty() {
+                    "dlopen failed".to_string()
+                } else {
+                    msg
+                })
             }
         })
         .clone()

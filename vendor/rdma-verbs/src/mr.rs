@@ -41,7 +41,10 @@ impl AlignedBuf {
             .map_err(|e| VerbsError::InvalidArgument(format!("AlignedBuf layout: {e}")))?;
         // SAFETY: layout has a non-zero size.
         let p = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(p).ok_or(VerbsError::Os { op: "alloc", errno: 12 /* ENOMEM */ })?;
+        let ptr = NonNull::new(p).ok_or(VerbsError::Os {
+            op: "alloc",
+            errno: 12, /* ENOMEM */
+        })?;
         Ok(AlignedBuf { ptr, len, layout })
     }
 
@@ -113,9 +116,23 @@ impl Mr {
         // SAFETY: pd valid; addr/len describe memory owned by `buf`, which
         // the returned Mr keeps alive until after ibv_dereg_mr.
         check("ibv_reg_mr", unsafe {
-            sys::rv_reg_mr(pd.0.ptr, addr, buf.len(), access.raw(), &mut mr, &mut lkey, &mut rkey)
+            sys::rv_reg_mr(
+                pd.0.ptr,
+                addr,
+                buf.len(),
+                access.raw(),
+                &mut mr,
+                &mut lkey,
+                &mut rkey,
+            )
         })?;
-        Ok(Mr { ptr: mr, lkey, rkey, buf, pd: pd.0.clone() })
+        Ok(Mr {
+            ptr: mr,
+            lkey,
+            rkey,
+            buf,
+            pd: pd.0.clone(),
+        })
     }
 
     pub fn lkey(&self) -> u32 {
@@ -175,6 +192,12 @@ impl Drop for Mr {
 
 impl std::fmt::Debug for Mr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Mr(lkey={:#x}, rkey={:#x}, {} bytes)", self.lkey, self.rkey, self.buf.len())
+        write!(
+            f,
+            "Mr(lkey={:#x}, rkey={:#x}, {} bytes)",
+            self.lkey,
+            self.rkey,
+            self.buf.len()
+        )
     }
 }

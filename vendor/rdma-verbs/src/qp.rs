@@ -28,7 +28,13 @@ pub struct QpInitAttr<'a> {
 
 impl<'a> QpInitAttr<'a> {
     /// One SGE per WR, no inline data, selective signalling.
-    pub fn new(qp_type: QpType, send_cq: &'a Cq, recv_cq: &'a Cq, max_send_wr: u32, max_recv_wr: u32) -> Self {
+    pub fn new(
+        qp_type: QpType,
+        send_cq: &'a Cq,
+        recv_cq: &'a Cq,
+        max_send_wr: u32,
+        max_recv_wr: u32,
+    ) -> Self {
         QpInitAttr {
             qp_type,
             send_cq,
@@ -137,11 +143,25 @@ impl RtrAttr {
     /// Upstream Linux RC flavor (rdma-transports.md §3.4):
     /// `max_dest_rd_atomic 1, min_rnr_timer 1`.
     pub fn rc(path_mtu: Mtu, dest_qpn: u32, rq_psn: u32, av: AddressVector) -> RtrAttr {
-        RtrAttr { path_mtu, dest_qpn, rq_psn, av, max_dest_rd_atomic: Some(1), min_rnr_timer: Some(1) }
+        RtrAttr {
+            path_mtu,
+            dest_qpn,
+            rq_psn,
+            av,
+            max_dest_rd_atomic: Some(1),
+            min_rnr_timer: Some(1),
+        }
     }
     /// Upstream Apple UC flavor (§4.5): no RC-only attributes.
     pub fn uc(path_mtu: Mtu, dest_qpn: u32, rq_psn: u32, av: AddressVector) -> RtrAttr {
-        RtrAttr { path_mtu, dest_qpn, rq_psn, av, max_dest_rd_atomic: None, min_rnr_timer: None }
+        RtrAttr {
+            path_mtu,
+            dest_qpn,
+            rq_psn,
+            av,
+            max_dest_rd_atomic: None,
+            min_rnr_timer: None,
+        }
     }
 }
 
@@ -159,11 +179,23 @@ impl RtsAttr {
     /// Upstream Linux RC flavor (§3.4): `timeout 14, retry_cnt 7,
     /// rnr_retry 7, max_rd_atomic 1`.
     pub fn rc(sq_psn: u32) -> RtsAttr {
-        RtsAttr { sq_psn, timeout: Some(14), retry_cnt: Some(7), rnr_retry: Some(7), max_rd_atomic: Some(1) }
+        RtsAttr {
+            sq_psn,
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(1),
+        }
     }
     /// Upstream Apple UC flavor (§4.5): `sq_psn` only.
     pub fn uc(sq_psn: u32) -> RtsAttr {
-        RtsAttr { sq_psn, timeout: None, retry_cnt: None, rnr_retry: None, max_rd_atomic: None }
+        RtsAttr {
+            sq_psn,
+            timeout: None,
+            retry_cnt: None,
+            rnr_retry: None,
+            max_rd_atomic: None,
+        }
     }
 }
 
@@ -199,8 +231,12 @@ impl Qp {
     /// `EBUSY` means the per-device QP budget (10) is exhausted.
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Qp> {
         let ctx = &pd.context().0;
-        if !Arc::ptr_eq(ctx, &init.send_cq.context().0) || !Arc::ptr_eq(ctx, &init.recv_cq.context().0) {
-            return Err(VerbsError::InvalidArgument("CQ and PD belong to different contexts".into()));
+        if !Arc::ptr_eq(ctx, &init.send_cq.context().0)
+            || !Arc::ptr_eq(ctx, &init.recv_cq.context().0)
+        {
+            return Err(VerbsError::InvalidArgument(
+                "CQ and PD belong to different contexts".into(),
+            ));
         }
         let raw = sys::rv_qp_init {
             qp_type: init.qp_type.raw(),
@@ -217,7 +253,15 @@ impl Qp {
         // SAFETY: pd and both CQs are valid and of one context; all
         // pointers point to live locals.
         check("ibv_create_qp", unsafe {
-            sys::rv_create_qp(pd.0.ptr, init.send_cq.0.ptr, init.recv_cq.0.ptr, &raw, &mut qp, &mut qp_num, &mut cap)
+            sys::rv_create_qp(
+                pd.0.ptr,
+                init.send_cq.0.ptr,
+                init.recv_cq.0.ptr,
+                &raw,
+                &mut qp,
+                &mut qp_num,
+                &mut cap,
+            )
         })?;
         Ok(Qp {
             ptr: qp,
@@ -250,7 +294,9 @@ impl Qp {
         let mut state = 0u32;
         let mut cap = sys::rv_qp_cap::default();
         // SAFETY: qp valid; out-pointers valid.
-        check("ibv_query_qp", unsafe { sys::rv_query_qp(self.ptr, &mut state, &mut cap) })?;
+        check("ibv_query_qp", unsafe {
+            sys::rv_query_qp(self.ptr, &mut state, &mut cap)
+        })?;
         Ok((QpState::from_raw(state), cap.into()))
     }
 
@@ -299,7 +345,11 @@ impl Qp {
             grh_dgid: av.dgid.0,
             ..Default::default()
         };
-        let mut mask = sys::RV_QP_STATE | sys::RV_QP_AV | sys::RV_QP_PATH_MTU | sys::RV_QP_DEST_QPN | sys::RV_QP_RQ_PSN;
+        let mut mask = sys::RV_QP_STATE
+            | sys::RV_QP_AV
+            | sys::RV_QP_PATH_MTU
+            | sys::RV_QP_DEST_QPN
+            | sys::RV_QP_RQ_PSN;
         if let Some(v) = attr.max_dest_rd_atomic {
             a.max_dest_rd_atomic = v;
             mask |= sys::RV_QP_MAX_DEST_RD_ATOMIC;
@@ -313,7 +363,11 @@ impl Qp {
 
     /// RTR → RTS.
     pub fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
-        let mut a = sys::rv_qp_attr { qp_state: QpState::Rts.raw(), sq_psn: attr.sq_psn, ..Default::default() };
+        let mut a = sys::rv_qp_attr {
+            qp_state: QpState::Rts.raw(),
+            sq_psn: attr.sq_psn,
+            ..Default::default()
+        };
         let mut mask = sys::RV_QP_STATE | sys::RV_QP_SQ_PSN;
         if let Some(v) = attr.timeout {
             a.timeout = v;
@@ -337,25 +391,41 @@ impl Qp {
     /// Any state → ERR (flushes outstanding WRs).  **Never on Apple**: its
     /// provider then fails every region unmap; just drop the QP there.
     pub fn modify_to_error(&self) -> Result<()> {
-        let a = sys::rv_qp_attr { qp_state: QpState::Err.raw(), ..Default::default() };
+        let a = sys::rv_qp_attr {
+            qp_state: QpState::Err.raw(),
+            ..Default::default()
+        };
         self.modify("modify_qp(ERR)", &a, sys::RV_QP_STATE)
     }
 
     /// Any state → RESET.
     pub fn modify_to_reset(&self) -> Result<()> {
-        let a = sys::rv_qp_attr { qp_state: QpState::Reset.raw(), ..Default::default() };
+        let a = sys::rv_qp_attr {
+            qp_state: QpState::Reset.raw(),
+            ..Default::default()
+        };
         self.modify("modify_qp(RESET)", &a, sys::RV_QP_STATE)
     }
 
     /// Posts one two-sided SEND of `mr[offset..offset+len]`.  With
     /// `SendFlags::INLINE`, `len` must be ≤ [`Qp::max_inline`] and the bytes
     /// are copied at post time.
-    pub fn post_send(&self, wr_id: u64, mr: &Mr, offset: usize, len: usize, flags: SendFlags) -> Result<()> {
+    pub fn post_send(
+        &self,
+        wr_id: u64,
+        mr: &Mr,
+        offset: usize,
+        len: usize,
+        flags: SendFlags,
+    ) -> Result<()> {
         if !Arc::ptr_eq(&mr.pd, &self.pd) {
-            return Err(VerbsError::InvalidArgument("MR belongs to another PD".into()));
+            return Err(VerbsError::InvalidArgument(
+                "MR belongs to another PD".into(),
+            ));
         }
         let r = mr.range(offset, len)?;
-        let len32 = u32::try_from(len).map_err(|_| VerbsError::InvalidArgument("send > 4 GiB".into()))?;
+        let len32 =
+            u32::try_from(len).map_err(|_| VerbsError::InvalidArgument("send > 4 GiB".into()))?;
         if flags.contains(SendFlags::INLINE) && len32 > self.caps.max_inline_data {
             return Err(VerbsError::InvalidArgument(format!(
                 "inline send of {len} bytes > granted max_inline {}",
@@ -368,7 +438,9 @@ impl Qp {
         // WR as long as the caller keeps `mr` until the completion (the
         // documented contract; a dereg'd lkey fails the WR, it cannot touch
         // freed memory since Mr deregisters before freeing).
-        check("ibv_post_send", unsafe { sys::rv_post_send(self.ptr, wr_id, addr, len32, mr.lkey(), flags.raw()) })
+        check("ibv_post_send", unsafe {
+            sys::rv_post_send(self.ptr, wr_id, addr, len32, mr.lkey(), flags.raw())
+        })
     }
 
     /// Posts one SEND whose payload is copied inline from `data` at post
@@ -386,7 +458,14 @@ impl Qp {
         // into the WQE before ibv_post_send returns, so the borrow suffices;
         // lkey is ignored for inline data.
         check("ibv_post_send", unsafe {
-            sys::rv_post_send(self.ptr, wr_id, data.as_ptr() as u64, len, 0, (flags | SendFlags::INLINE).raw())
+            sys::rv_post_send(
+                self.ptr,
+                wr_id,
+                data.as_ptr() as u64,
+                len,
+                0,
+                (flags | SendFlags::INLINE).raw(),
+            )
         })
     }
 
@@ -394,19 +473,28 @@ impl Qp {
     /// rejects receives before RTS.
     pub fn post_recv(&self, wr_id: u64, mr: &Mr, offset: usize, len: usize) -> Result<()> {
         if !Arc::ptr_eq(&mr.pd, &self.pd) {
-            return Err(VerbsError::InvalidArgument("MR belongs to another PD".into()));
+            return Err(VerbsError::InvalidArgument(
+                "MR belongs to another PD".into(),
+            ));
         }
         let r = mr.range(offset, len)?;
-        let len32 = u32::try_from(len).map_err(|_| VerbsError::InvalidArgument("recv > 4 GiB".into()))?;
+        let len32 =
+            u32::try_from(len).map_err(|_| VerbsError::InvalidArgument("recv > 4 GiB".into()))?;
         let addr = mr.addr() + r.start as u64;
         // SAFETY: qp valid; the range lies inside the registered region of
         // `mr` (checked above) and its lkey is passed.
-        check("ibv_post_recv", unsafe { sys::rv_post_recv(self.ptr, wr_id, addr, len32, mr.lkey()) })
+        check("ibv_post_recv", unsafe {
+            sys::rv_post_recv(self.ptr, wr_id, addr, len32, mr.lkey())
+        })
     }
 }
 
 impl std::fmt::Debug for Qp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Qp").field("qp_num", &self.qp_num).field("type", &self.qp_type).field("caps", &self.caps).finish()
+        f.debug_struct("Qp")
+            .field("qp_num", &self.qp_num)
+            .field("type", &self.qp_type)
+            .field("caps", &self.caps)
+            .finish()
     }
 }

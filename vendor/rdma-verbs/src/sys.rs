@@ -195,7 +195,12 @@ extern "C" {
     pub fn rv_query_device(ctx: *mut c_void, out: *mut rv_device_attr) -> c_int;
     pub fn rv_query_port(ctx: *mut c_void, port: u8, out: *mut rv_port_attr) -> c_int;
     pub fn rv_query_gid(ctx: *mut c_void, port: u8, index: c_int, gid: *mut u8) -> c_int;
-    pub fn rv_query_gid_ex(ctx: *mut c_void, port: u8, index: c_int, out: *mut rv_gid_entry) -> c_int;
+    pub fn rv_query_gid_ex(
+        ctx: *mut c_void,
+        port: u8,
+        index: c_int,
+        out: *mut rv_gid_entry,
+    ) -> c_int;
     pub fn rv_query_gid_table(
         ctx: *mut c_void,
         out: *mut rv_gid_entry,
@@ -207,7 +212,11 @@ extern "C" {
     pub fn rv_dealloc_pd(pd: *mut c_void) -> c_int;
     pub fn rv_create_comp_channel(ctx: *mut c_void, ch: *mut *mut c_void, fd: *mut c_int) -> c_int;
     pub fn rv_destroy_comp_channel(ch: *mut c_void) -> c_int;
-    pub fn rv_get_cq_event(ch: *mut c_void, cq: *mut *mut c_void, cq_context: *mut *mut c_void) -> c_int;
+    pub fn rv_get_cq_event(
+        ch: *mut c_void,
+        cq: *mut *mut c_void,
+        cq_context: *mut *mut c_void,
+    ) -> c_int;
     pub fn rv_ack_cq_events(cq: *mut c_void, n: c_uint);
     pub fn rv_poll_fd(fd: c_int, timeout_ms: c_int, ready: *mut c_int) -> c_int;
     pub fn rv_create_cq(
@@ -246,7 +255,14 @@ extern "C" {
     pub fn rv_destroy_qp(qp: *mut c_void) -> c_int;
     pub fn rv_modify_qp(qp: *mut c_void, attr: *const rv_qp_attr, mask: u32) -> c_int;
     pub fn rv_query_qp(qp: *mut c_void, state: *mut u32, cap: *mut rv_qp_cap) -> c_int;
-    pub fn rv_post_send(qp: *mut c_void, wr_id: u64, addr: u64, len: u32, lkey: u32, flags: u32) -> c_int;
+    pub fn rv_post_send(
+        qp: *mut c_void,
+        wr_id: u64,
+        addr: u64,
+        len: u32,
+        lkey: u32,
+        flags: u32,
+    ) -> c_int;
     pub fn rv_post_recv(qp: *mut c_void, wr_id: u64, addr: u64, len: u32, lkey: u32) -> c_int;
     pub fn rv_wc_status_str(status: u32) -> *const c_char;
 }

@@ -44,7 +44,10 @@ fn sysfs_gid_type_parse() {
 fn wc_status_names() {
     assert!(WcStatus::SUCCESS.is_success());
     assert_eq!(WcStatus::WR_FLUSH_ERR.name(), "Work Request Flushed Error");
-    assert_eq!(WcStatus::RETRY_EXC_ERR.name(), "transport retry counter exceeded");
+    assert_eq!(
+        WcStatus::RETRY_EXC_ERR.name(),
+        "transport retry counter exceeded"
+    );
     assert_eq!(WcStatus(999).name(), "unknown");
     let wc = WorkCompletion::default();
     assert!(wc.is_success());
@@ -70,14 +73,23 @@ fn aligned_buf_is_page_aligned_and_zeroed() {
     assert!(b.as_slice().iter().all(|&x| x == 0));
     b.as_mut_slice()[5] = 7;
     assert_eq!(b.as_slice()[5], 7);
-    assert!(matches!(AlignedBuf::new(0), Err(VerbsError::InvalidArgument(_))));
-    assert!(matches!(AlignedBuf::new(usize::MAX - 10), Err(VerbsError::InvalidArgument(_))));
+    assert!(matches!(
+        AlignedBuf::new(0),
+        Err(VerbsError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        AlignedBuf::new(usize::MAX - 10),
+        Err(VerbsError::InvalidArgument(_))
+    ));
 }
 
 #[test]
 fn rdma_upstream_attr_presets() {
     let rts = RtsAttr::rc(5);
-    assert_eq!((rts.timeout, rts.retry_cnt, rts.rnr_retry, rts.max_rd_atomic), (Some(14), Some(7), Some(7), Some(1)));
+    assert_eq!(
+        (rts.timeout, rts.retry_cnt, rts.rnr_retry, rts.max_rd_atomic),
+        (Some(14), Some(7), Some(7), Some(1))
+    );
     let uc = RtsAttr::uc(0);
     assert_eq!((uc.timeout, uc.retry_cnt), (None, None));
     let av = AddressVector::global(Gid::default(), 1, 1, 0);
@@ -85,7 +97,10 @@ fn rdma_upstream_attr_presets() {
     let rtr = RtrAttr::uc(Mtu::Mtu1024, 17, 0, av);
     assert_eq!((rtr.max_dest_rd_atomic, rtr.min_rnr_timer), (None, None));
     let rtr = RtrAttr::rc(Mtu::Mtu1024, 17, 17, av);
-    assert_eq!((rtr.max_dest_rd_atomic, rtr.min_rnr_timer), (Some(1), Some(1)));
+    assert_eq!(
+        (rtr.max_dest_rd_atomic, rtr.min_rnr_timer),
+        (Some(1), Some(1))
+    );
 }
 
 /// Whatever this machine has (no library, library without kernel RDMA,
@@ -128,15 +143,26 @@ fn missing_library_is_a_typed_error() {
         assert!(e.is_library_missing(), "{e}");
         assert!(e.to_string().contains("unavailable"), "{e}");
         assert!(matches!(devices(), Err(VerbsError::LibraryMissing(_))));
-        assert!(matches!(Context::open("rxe0"), Err(VerbsError::LibraryMissing(_))));
-        assert!(matches!(find_gid_for_ip("10.77.0.1".parse().unwrap()), Err(VerbsError::LibraryMissing(_))));
+        assert!(matches!(
+            Context::open("rxe0"),
+            Err(VerbsError::LibraryMissing(_))
+        ));
+        assert!(matches!(
+            find_gid_for_ip("10.77.0.1".parse().unwrap()),
+            Err(VerbsError::LibraryMissing(_))
+        ));
         let io: std::io::Error = e.into();
         assert_eq!(io.kind(), std::io::ErrorKind::Unsupported);
         return;
     }
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
-        .args(["--exact", "tests::missing_library_is_a_typed_error", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "tests::missing_library_is_a_typed_error",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("RDMA_VERBS_CHILD", "1")
         .env(LIBRARY_ENV, "/nonexistent/libibverbs-rdma-verbs-test.so.1")
         .output()

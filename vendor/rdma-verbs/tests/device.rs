@@ -23,7 +23,10 @@ fn device() -> Option<String> {
 }
 
 fn test_ip() -> std::net::IpAddr {
-    std::env::var("RDMA_VERBS_TEST_IP").unwrap_or_else(|_| "10.77.0.1".into()).parse().unwrap()
+    std::env::var("RDMA_VERBS_TEST_IP")
+        .unwrap_or_else(|_| "10.77.0.1".into())
+        .parse()
+        .unwrap()
 }
 
 /// Two QPs of one type on one device, connected to each other (loopback).
@@ -41,9 +44,15 @@ struct Pair {
 const BUF: usize = 64 << 10;
 
 fn pair(dev: &str, qt: QpType, ch: Option<&CompChannel>, ctx: &Context) -> Pair {
-    let m = find_gid_with(test_ip(), &GidSearch { device: Some(dev.into()), ..Default::default() })
-        .unwrap()
-        .expect("no GID for the test IP");
+    let m = find_gid_with(
+        test_ip(),
+        &GidSearch {
+            device: Some(dev.into()),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .expect("no GID for the test IP");
     let pd = Pd::new(ctx).unwrap();
     let acq = Cq::new(ctx, 64, ch).unwrap();
     let bcq = Cq::new(ctx, 64, ch).unwrap();
@@ -71,18 +80,29 @@ fn pair(dev: &str, qt: QpType, ch: Option<&CompChannel>, ctx: &Context) -> Pair 
     for (q, peer, rq, sq) in [(&a, &b, bpsn, apsn), (&b, &a, apsn, bpsn)] {
         match qt {
             QpType::Rc => {
-                q.modify_to_rtr(&RtrAttr::rc(m.active_mtu, peer.qp_num(), rq, av)).unwrap();
+                q.modify_to_rtr(&RtrAttr::rc(m.active_mtu, peer.qp_num(), rq, av))
+                    .unwrap();
                 assert_eq!(q.state().unwrap(), QpState::Rtr);
                 q.modify_to_rts(&RtsAttr::rc(sq)).unwrap();
             }
             QpType::Uc => {
-                q.modify_to_rtr(&RtrAttr::uc(m.active_mtu, peer.qp_num(), rq, av)).unwrap();
+                q.modify_to_rtr(&RtrAttr::uc(m.active_mtu, peer.qp_num(), rq, av))
+                    .unwrap();
                 q.modify_to_rts(&RtsAttr::uc(sq)).unwrap();
             }
         }
         assert_eq!(q.state().unwrap(), QpState::Rts);
     }
-    Pair { a, b, amr, bmr, acq, bcq, pd, m }
+    Pair {
+        a,
+        b,
+        amr,
+        bmr,
+        acq,
+        bcq,
+        pd,
+        m,
+    }
 }
 
 fn fill(mr: &mut Mr, off: usize, len: usize, seed: u8) {
@@ -105,7 +125,10 @@ fn transfer(p: &mut Pair, len: usize, inline: bool, seed: u8) {
     assert_eq!((s.wr_id(), s.opcode()), (9, WcOpcode::Send));
     let r = p.bcq.poll_one_blocking(T).unwrap();
     assert!(r.is_success(), "{r:?}");
-    assert_eq!((r.wr_id(), r.opcode(), r.byte_len() as usize), (7, WcOpcode::Recv, len));
+    assert_eq!(
+        (r.wr_id(), r.opcode(), r.byte_len() as usize),
+        (7, WcOpcode::Recv, len)
+    );
     assert_eq!(p.bmr.as_slice()[4096..4096 + len], p.amr.as_slice()[..len]);
 }
 
@@ -125,18 +148,40 @@ fn probe_finds_the_test_gid() {
     assert_eq!(m.gid_type, GidType::RoceV2);
     // Upstream flavors' port selections find the same entry.
     for ports in [PortChoice::Fixed(1), PortChoice::FirstActive] {
-        let s = GidSearch { device: Some(dev.clone()), ports, gid_index: None };
-        assert_eq!(find_gid_with(test_ip(), &s).unwrap().unwrap().gid_index, m.gid_index);
+        let s = GidSearch {
+            device: Some(dev.clone()),
+            ports,
+            gid_index: None,
+        };
+        assert_eq!(
+            find_gid_with(test_ip(), &s).unwrap().unwrap().gid_index,
+            m.gid_index
+        );
     }
     // GGML_RDMA_GID-style forced index.
-    let s = GidSearch { gid_index: Some(m.gid_index), ..Default::default() };
-    assert_eq!(find_gid_with("192.0.2.1".parse().unwrap(), &s).unwrap().unwrap().gid, want);
-    assert_eq!(find_gid_with("192.0.2.1".parse().unwrap(), &GidSearch::default()).unwrap(), None);
+    let s = GidSearch {
+        gid_index: Some(m.gid_index),
+        ..Default::default()
+    };
+    assert_eq!(
+        find_gid_with("192.0.2.1".parse().unwrap(), &s)
+            .unwrap()
+            .unwrap()
+            .gid,
+        want
+    );
+    assert_eq!(
+        find_gid_with("192.0.2.1".parse().unwrap(), &GidSearch::default()).unwrap(),
+        None
+    );
     let ctx = Context::open(&dev).unwrap();
     let e = ctx.gid_entry(m.port, m.gid_index).unwrap();
     assert_eq!((e.gid, e.gid_type), (want, GidType::RoceV2));
     assert_eq!(ctx.query_gid(m.port, m.gid_index).unwrap(), want);
-    assert!(matches!(Context::open("no-such-rdma-dev"), Err(VerbsError::NoSuchDevice(_))));
+    assert!(matches!(
+        Context::open("no-such-rdma-dev"),
+        Err(VerbsError::NoSuchDevice(_))
+    ));
 }
 
 #[test]
@@ -181,7 +226,8 @@ fn completion_channel_events() {
     p.bcq.req_notify(false).unwrap();
     p.b.post_recv(3, &p.bmr, 0, 64).unwrap();
     fill(&mut p.amr, 0, 64, 9);
-    p.a.post_send(4, &p.amr, 0, 64, SendFlags::SIGNALED).unwrap();
+    p.a.post_send(4, &p.amr, 0, 64, SendFlags::SIGNALED)
+        .unwrap();
     let ev = ch.wait(T).unwrap().expect("CQ event");
     assert!(ev.is_for(&p.bcq));
     assert!(!ev.is_for(&p.acq));
@@ -193,7 +239,8 @@ fn completion_channel_events() {
     // An un-acked event is acked by its drop; the CQ can then be destroyed.
     p.acq.req_notify(false).unwrap();
     p.b.post_recv(5, &p.bmr, 0, 64).unwrap();
-    p.a.post_send(6, &p.amr, 0, 64, SendFlags::SIGNALED).unwrap();
+    p.a.post_send(6, &p.amr, 0, 64, SendFlags::SIGNALED)
+        .unwrap();
     let ev = ch.wait(T).unwrap().expect("CQ event");
     assert!(ev.is_for(&p.acq));
     assert!(p.acq.poll_one_blocking(T).unwrap().is_success());
@@ -208,22 +255,41 @@ fn errors_are_typed_not_panics() {
     let ctx = Context::open(&dev).unwrap();
     let p = pair(&dev, QpType::Rc, None, &ctx);
     // Bounds, inline size, foreign PD, foreign context.
-    let e = p.a.post_send(1, &p.amr, BUF - 8, 16, SendFlags::SIGNALED).unwrap_err();
+    let e =
+        p.a.post_send(1, &p.amr, BUF - 8, 16, SendFlags::SIGNALED)
+            .unwrap_err();
     assert!(matches!(e, VerbsError::InvalidArgument(_)), "{e}");
-    let e = p.a.post_send(1, &p.amr, 0, 4096, SendFlags::SIGNALED | SendFlags::INLINE).unwrap_err();
+    let e =
+        p.a.post_send(1, &p.amr, 0, 4096, SendFlags::SIGNALED | SendFlags::INLINE)
+            .unwrap_err();
     assert!(matches!(e, VerbsError::InvalidArgument(_)), "{e}");
-    assert!(p.a.post_send_inline(1, &vec![0u8; 4096], SendFlags::SIGNALED).is_err());
+    assert!(p
+        .a
+        .post_send_inline(1, &vec![0u8; 4096], SendFlags::SIGNALED)
+        .is_err());
     let pd2 = Pd::new(&ctx).unwrap();
-    let mr2 = Mr::new(&pd2, AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE).unwrap();
-    assert!(matches!(p.a.post_recv(1, &mr2, 0, 64), Err(VerbsError::InvalidArgument(_))));
+    let mr2 = Mr::new(
+        &pd2,
+        AlignedBuf::new(4096).unwrap(),
+        AccessFlags::LOCAL_WRITE,
+    )
+    .unwrap();
+    assert!(matches!(
+        p.a.post_recv(1, &mr2, 0, 64),
+        Err(VerbsError::InvalidArgument(_))
+    ));
     let ctx2 = Context::open(&dev).unwrap();
     let cq2 = Cq::new(&ctx2, 4, None).unwrap();
-    let e = Qp::new(&p.pd, &QpInitAttr::new(QpType::Rc, &cq2, &cq2, 1, 1)).err().unwrap();
+    let e = Qp::new(&p.pd, &QpInitAttr::new(QpType::Rc, &cq2, &cq2, 1, 1))
+        .err()
+        .unwrap();
     assert!(matches!(e, VerbsError::InvalidArgument(_)), "{e}");
     // A transition the QP state machine rejects: errno from the kernel.
     let q = Qp::new(&p.pd, &QpInitAttr::new(QpType::Rc, &p.acq, &p.acq, 1, 1)).unwrap();
     let av = AddressVector::global(p.m.gid, p.m.gid_index as u8, p.m.port, 0);
-    let e = q.modify_to_rtr(&RtrAttr::rc(Mtu::Mtu1024, 1, 0, av)).unwrap_err();
+    let e = q
+        .modify_to_rtr(&RtrAttr::rc(Mtu::Mtu1024, 1, 0, av))
+        .unwrap_err();
     assert!(e.errno().is_some(), "{e}");
     assert!(e.to_string().contains("modify_qp(RTR)"), "{e}");
 }
@@ -238,7 +304,8 @@ fn oversize_message_and_flush_complete_with_error_status() {
     // remote error; nothing overflows.  Only wr_id and status are defined
     // for error completions (opcode/byte_len are not).
     p.b.post_recv(11, &p.bmr, 0, 64).unwrap();
-    p.a.post_send(12, &p.amr, 0, 128, SendFlags::SIGNALED).unwrap();
+    p.a.post_send(12, &p.amr, 0, 128, SendFlags::SIGNALED)
+        .unwrap();
     let r = p.bcq.poll_one_blocking(T).unwrap();
     assert_eq!(r.wr_id(), 11);
     assert!(
@@ -273,7 +340,16 @@ fn parents_outlive_children_whatever_the_drop_order() {
     let ctx = Context::open(&dev).unwrap();
     let p = pair(&dev, QpType::Rc, None, &ctx);
     drop(ctx); // context, PD and CQs stay alive through the QP/MR references
-    let Pair { a, b, amr, bmr, acq, bcq, pd, m: _ } = p;
+    let Pair {
+        a,
+        b,
+        amr,
+        bmr,
+        acq,
+        bcq,
+        pd,
+        m: _,
+    } = p;
     drop(pd);
     b.post_recv(1, &bmr, 0, 64).unwrap();
     a.post_send(2, &amr, 0, 64, SendFlags::SIGNALED).unwrap();
