@@ -90,6 +90,24 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16G")]
     pub max_request_size: u64,
 
+    /// Largest total size of the buffers one connection may hold (ALLOC_BUFFER beyond it answers
+    /// a failed allocation). Default: the devices' total memory.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_alloc_per_connection: Option<u64>,
+
+    /// Largest total size of the buffers all connections together may hold. Default: the
+    /// devices' total memory.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_alloc_total: Option<u64>,
+
+    /// Close a connection that sends no request for this many seconds (0: never).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub idle_timeout: u64,
+
+    /// Largest number of nodes and of tensors in one GRAPH_COMPUTE.
+    #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+    pub max_graph_size: u32,
+
     /// Transport: `auto` switches a connection to RDMA when the client offers it in HELLO and a
     /// local RDMA device owns the connection's address (else TCP); `tcp` never uses RDMA (also
     /// set by GGML_RPC_NO_RDMA); `rdma` is `auto` but refuses to start without an RDMA device.

@@ -5,6 +5,7 @@
 //! reads strictly by framing, never in request/response lockstep.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rpc_proto::{check_frame, Command, DecodeError, FrameHeader, Limits, Request, Response, SetTensorHeader};
 use rpc_transport::rdma::RdmaTransport;
@@ -13,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::rdma::{Activated, RdmaConfig};
-use crate::session::{Session, SessionConfig, SessionError};
+use crate::session::{MemoryBudget, Session, SessionConfig, SessionError};
 use crate::stats::Stats;
 
 /// SET_TENSOR payloads are always read straight into tensor memory (one copy from the wire).
@@ -33,6 +34,8 @@ pub enum ConnectionError {
     ExpectedHello(u8),
     #[error("request of {0} bytes does not fit in memory")]
     OutOfMemory(u64),
+    #[error("idle for {0} s; closing")]
+    Idle(u64),
 }
 
 /// Reads a frame header; `Ok(None)` on a clean end of stream before its first byte.
@@ -46,6 +49,45 @@ async fn read_header<R: Transport>(rd: &mut R) -> Result<Option<FrameHeader>, st
     Ok(Some(FrameHeader::decode(&b)))
 }
 
+/// Per-connection resource settings (memory budget shared by the server, idle timeout).
+#[derive(Debug, Clone)]
+pub struct ConnectionOptions {
+    pub budget: Arc<MemoryBudget>,
+    /// Close the connection when no request starts within this time (`None`: never).
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Default for ConnectionOptions {
+    fn default() -> Self {
+        ConnectionOptions { budget: Arc::new(MemoryBudget::unlimited()), idle_timeout: None }
+    }
+}
+
+/// Longest wait for the HELLO of a new connection (when an idle timeout is set).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads a frame header, giving up after `idle` without a request.
+async fn read_header_idle<R: Transport>(rd: &mut R, idle: Option<Duration>) -> Result<Option<FrameHeader>, ConnectionError> {
+    match idle {
+        None => Ok(read_header(rd).await?),
+        Some(t) => match tokio::time::timeout(t, read_header(rd)).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(ConnectionError::Idle(t.as_secs())),
+        },
+    }
+}
+
+/// Reads a request body with the same deadline as the idle timeout.
+async fn read_body_idle<R: Transport>(rd: &mut R, buf: &mut [u8], idle: Option<Duration>) -> Result<(), ConnectionError> {
+    match idle {
+        None => Ok(rd.read_exact(buf).await?),
+        Some(t) => match tokio::time::timeout(t, rd.read_exact(buf)).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(ConnectionError::Idle(t.as_secs())),
+        },
+    }
+}
+
 /// Serves one TCP connection: HELLO (transport negotiation), then the command loop over TCP or
 /// RDMA.
 pub async fn serve(
@@ -54,35 +96,40 @@ pub async fn serve(
     limits: Limits,
     stats: Arc<Stats>,
     rdma: Arc<RdmaConfig>,
+    conn: ConnectionOptions,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
     let local_ip = stream.local_addr()?.ip();
     let mut tcp = TcpTransport::new(stream)?;
     let mut out = Vec::with_capacity(64);
+    let idle = conn.idle_timeout;
+    // A client sends HELLO right after connecting; one that does not must not hold a connection
+    // slot for the whole idle timeout.
+    let hello_deadline = idle.map(|t| t.min(HELLO_TIMEOUT));
 
     // HELLO: exactly 24 bytes of transport caps.
-    let Some(h) = read_header(&mut tcp).await? else { return Ok(()) };
+    let Some(h) = read_header_idle(&mut tcp, hello_deadline).await? else { return Ok(()) };
     if h.cmd != Command::Hello as u8 {
         return Err(ConnectionError::ExpectedHello(h.cmd));
     }
     check_frame(&h, &limits)?;
     let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
-    tcp.read_exact(&mut caps).await?;
+    read_body_idle(&mut tcp, &mut caps, hello_deadline).await?;
     let (reply_caps, activated) = tokio::task::block_in_place(|| crate::rdma::negotiate(&rdma, local_ip, &caps));
     Response::Hello { major: rpc_proto::PROTO_MAJOR, minor: rpc_proto::PROTO_MINOR, patch: rpc_proto::PROTO_PATCH, caps: reply_caps }
         .encode(&mut out);
     tcp.send_message(&[&out[..8], &out[8..]]).await?;
     stats.command(Command::Hello, h.size, out.len() as u64);
-    let session = Session::new(config);
+    let session = Session::with_budget(config, conn.budget.clone());
     let Some(activated) = activated else {
-        return run(&mut tcp, session, limits, stats, shutdown).await;
+        return run(&mut tcp, session, limits, stats, idle, shutdown).await;
     };
     match activated {
         Activated::Rc(link, _permit) => {
             let anchor = into_anchor(tcp)?;
             let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/RC");
             tracing::info!("RDMA activated (Linux RC flavor)");
-            let r = run(&mut t, session, limits, stats, shutdown).await;
+            let r = run(&mut t, session, limits, stats, idle, shutdown).await;
             finish_rdma(&rdma, t.counters());
             r
         }
@@ -95,7 +142,7 @@ pub async fn serve(
                 Ok(Ok(())) => {
                     tracing::warn!("client could not activate RDMA (readiness byte {:#x}); staying on TCP", b[0]);
                     drop(link);
-                    return run(&mut tcp, session, limits, stats, shutdown).await;
+                    return run(&mut tcp, session, limits, stats, idle, shutdown).await;
                 }
                 Ok(Err(e)) => return Err(e.into()),
                 Err(_) => return Err(ConnectionError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no RDMA readiness byte from the client"))),
@@ -103,7 +150,7 @@ pub async fn serve(
             let anchor = into_anchor(tcp)?;
             let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/UC");
             tracing::info!("RDMA activated (Apple UC flavor)");
-            let r = run(&mut t, session, limits, stats, shutdown).await;
+            let r = run(&mut t, session, limits, stats, idle, shutdown).await;
             finish_rdma(&rdma, t.counters());
             r
         }
@@ -134,6 +181,7 @@ pub async fn run<T: Transport>(
     mut session: Session,
     limits: Limits,
     stats: Arc<Stats>,
+    idle: Option<Duration>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
     let mut out = Vec::with_capacity(64);
@@ -141,7 +189,7 @@ pub async fn run<T: Transport>(
     loop {
         let h = tokio::select! {
             biased;
-            r = read_header(rd) => r?,
+            r = read_header_idle(rd, idle) => r?,
             _ = shutdown.changed() => { tracing::debug!("closing connection for shutdown"); None }
         };
         let Some(h) = h else { break };
@@ -155,7 +203,7 @@ pub async fn run<T: Transport>(
         payload.clear();
         payload.try_reserve(size).map_err(|_| ConnectionError::OutOfMemory(h.size))?;
         payload.resize(size, 0);
-        rd.read_exact(&mut payload).await?;
+        read_body_idle(rd, &mut payload, idle).await?;
         let req = Request::decode(cmd, &payload, &limits)?;
         // GET_TENSOR from host memory: send straight from the tensor (one copy to the wire).
         if let Request::GetTensor { tensor, offset, size } = &req {

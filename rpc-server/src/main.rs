@@ -10,7 +10,7 @@ use rpc_server::ggml::{Device, DeviceKind};
 use rpc_server::rdma::{RdmaConfig, TransportMode};
 use rpc_transport::rdma::real::RdmaOptions;
 use rpc_server::server::{self, ServerOptions};
-use rpc_server::session::SessionConfig;
+use rpc_server::session::{MemoryLimits, SessionConfig};
 use rpc_server::stats::Stats;
 
 const MIB: u64 = 1024 * 1024;
@@ -140,12 +140,28 @@ fn real_main() -> anyhow::Result<()> {
         println!("  threads        : {}", args.threads);
         println!("  transport      : {}", rdma.describe());
         println!("  connections    : up to {} at once", args.max_connections);
+        // Default memory limits: what the devices have (a larger ALLOC_BUFFER would only succeed
+        // through overcommit and end in the OOM killer).
+        let device_memory: u64 = devices.iter().map(|d| d.memory().1).sum::<u64>().max(1);
+        println!(
+            "  limits         : {} MiB per connection, {} MiB in total, idle timeout {}",
+            args.max_alloc_per_connection.unwrap_or(device_memory) / MIB,
+            args.max_alloc_total.unwrap_or(device_memory) / MIB,
+            if args.idle_timeout > 0 { format!("{} s", args.idle_timeout) } else { "off".into() }
+        );
         use std::io::Write;
         let _ = std::io::stdout().flush();
 
         let config = Arc::new(SessionConfig { devices, n_threads: args.threads, cache });
         let mut opts = ServerOptions { max_connections: args.max_connections, rdma, ..Default::default() };
         opts.limits.max_request_size = args.max_request_size;
+        opts.limits.max_graph_nodes = args.max_graph_size;
+        opts.limits.max_graph_tensors = args.max_graph_size;
+        opts.memory = MemoryLimits {
+            per_connection: args.max_alloc_per_connection.unwrap_or(device_memory),
+            total: args.max_alloc_total.unwrap_or(device_memory),
+        };
+        opts.idle_timeout = (args.idle_timeout > 0).then(|| std::time::Duration::from_secs(args.idle_timeout));
         let stats = Arc::new(Stats::default());
         server::serve(listener, config, opts, stats, shutdown_signal()).await;
         Ok(())

@@ -12,9 +12,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::connection;
+use crate::connection::{self, ConnectionOptions};
 use crate::rdma::{RdmaConfig, TransportMode};
-use crate::session::SessionConfig;
+use crate::session::{MemoryBudget, MemoryLimits, SessionConfig};
 use crate::stats::Stats;
 
 /// Listener settings.
@@ -25,6 +25,10 @@ pub struct ServerOptions {
     pub max_connections: usize,
     /// RDMA negotiation settings.
     pub rdma: Arc<RdmaConfig>,
+    /// ALLOC_BUFFER limits, per connection and for all connections together.
+    pub memory: MemoryLimits,
+    /// Close a connection that starts no request for this long (`None`: never).
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for ServerOptions {
@@ -33,6 +37,8 @@ impl Default for ServerOptions {
             limits: Limits::default(),
             max_connections: 128,
             rdma: Arc::new(RdmaConfig::new(TransportMode::Auto, Default::default(), 8)),
+            memory: MemoryLimits::default(),
+            idle_timeout: None,
         }
     }
 }
@@ -59,6 +65,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(opts.max_connections.max(1)));
+    let conn = ConnectionOptions { budget: Arc::new(MemoryBudget::new(opts.memory)), idle_timeout: opts.idle_timeout };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
@@ -84,9 +91,10 @@ pub async fn serve(
         let stats = stats.clone();
         let stop = stop_rx.clone();
         let rdma = opts.rdma.clone();
+        let conn = conn.clone();
         tasks.spawn(async move {
             let _permit = permit;
-            handle(stream, peer, config, limits, stats, rdma, stop).await;
+            handle(stream, peer, config, limits, stats, rdma, conn, stop).await;
         });
     }
     tracing::info!("shutting down: no new connections, waiting for running commands");
@@ -98,6 +106,7 @@ pub async fn serve(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn handle(
     stream: TcpStream,
     peer: SocketAddr,
@@ -105,6 +114,7 @@ async fn handle(
     limits: Limits,
     stats: Arc<Stats>,
     rdma: Arc<RdmaConfig>,
+    conn: ConnectionOptions,
     stop: watch::Receiver<bool>,
 ) {
     if let Err(e) = stream.set_nodelay(true) {
@@ -114,7 +124,7 @@ async fn handle(
     stats.connections.fetch_add(1, Relaxed);
     stats.active.fetch_add(1, Relaxed);
     tracing::info!(%peer, "accepted client connection");
-    match connection::serve(stream, config, limits, stats.clone(), rdma, stop).await {
+    match connection::serve(stream, config, limits, stats.clone(), rdma, conn, stop).await {
         Ok(()) => tracing::info!(%peer, "client connection closed"),
         Err(e) => tracing::error!(%peer, "closing connection: {e}"),
     }

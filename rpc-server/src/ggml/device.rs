@@ -159,6 +159,7 @@ impl Device {
 
 /// Loads dynamically built backends (no-op in a static build), once per process.
 pub fn load_backends() {
+    super::abort::install();
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if std::env::var_os("GGML_BACKEND_PATH").is_some() {

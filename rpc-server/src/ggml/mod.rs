@@ -5,6 +5,7 @@
 //! Inputs reaching this layer are already validated by the session (types, shapes, extents inside
 //! their buffer), so nothing here can trip one of ggml's `GGML_ASSERT`s from the network.
 
+pub mod abort;
 mod buffer;
 mod device;
 mod graph;

@@ -6,6 +6,7 @@
 
 mod error;
 mod graph;
+mod limits;
 mod tensor;
 mod validate;
 
@@ -16,6 +17,7 @@ use rand::Rng;
 use rpc_proto::{Request, Response, RpcTensor, SetTensorHeader};
 
 pub use error::SessionError;
+pub use limits::{MemoryBudget, MemoryLimits};
 pub use tensor::nbytes;
 use tensor::UnknownBuffer;
 
@@ -43,6 +45,9 @@ pub struct Session {
     buffers: HashMap<u64, BufferEntry>,
     backends: Vec<Option<Backend>>,
     graphs: Vec<Option<StoredGraph>>,
+    /// Server-wide memory account; `held` is this session's share of it.
+    budget: Arc<MemoryBudget>,
+    held: u64,
 }
 
 /// Virtual base addresses are drawn from [2^40, 2^47): far from 0, no overflow for any size a
@@ -51,13 +56,21 @@ const VBASE_MIN: u64 = 1 << 40;
 const VBASE_SPAN: u64 = (1 << 47) - (1 << 40);
 
 impl Session {
+    /// A session without memory limits.
     pub fn new(config: Arc<SessionConfig>) -> Session {
+        Session::with_budget(config, Arc::new(MemoryBudget::unlimited()))
+    }
+
+    /// A session whose buffers count against `budget` (shared by the server's sessions).
+    pub fn with_budget(config: Arc<SessionConfig>, budget: Arc<MemoryBudget>) -> Session {
         let n = config.devices.len();
         Session {
             config,
             buffers: HashMap::new(),
             backends: (0..n).map(|_| None).collect(),
             graphs: (0..n).map(|_| None).collect(),
+            budget,
+            held: 0,
         }
     }
 
@@ -96,6 +109,8 @@ impl Session {
             }
             Request::FreeBuffer { remote_ptr } => {
                 let e = self.buffers.remove(&remote_ptr).ok_or(SessionError::UnknownBuffer(remote_ptr))?;
+                self.budget.release(e.buffer.size());
+                self.held = self.held.saturating_sub(e.buffer.size());
                 // A stored graph pointing into this buffer can never be recomputed (#25703).
                 for g in self.graphs.iter_mut() {
                     if g.as_ref().is_some_and(|g| g.graph.uses(&e.buffer)) {
@@ -190,11 +205,31 @@ impl Session {
     fn alloc_buffer(&mut self, device: u32, size: u64) -> Result<Response, SessionError> {
         let dev = self.device(device)?;
         let align = dev.alignment().clamp(1, 1 << 30).next_power_of_two().max(4096);
+        let null = Response::AllocBuffer { remote_ptr: 0, remote_size: 0 };
+        if !self.budget.try_reserve(self.held, size) {
+            let l = self.budget.limits();
+            tracing::warn!(
+                device, size, held = self.held, server_used = self.budget.used(), per_connection = l.per_connection, total = l.total,
+                "ALLOC_BUFFER beyond the memory limit; answering a null handle"
+            );
+            return Ok(null);
+        }
         let Some(buffer) = dev.alloc_buffer(size) else {
+            self.budget.release(size);
             tracing::warn!(device, size, "ALLOC_BUFFER failed; answering a null handle");
-            return Ok(Response::AllocBuffer { remote_ptr: 0, remote_size: 0 });
+            return Ok(null);
         };
         let remote_size = buffer.size();
+        // Account for the size ggml actually allocated.
+        if remote_size > size {
+            if !self.budget.try_reserve(self.held + size, remote_size - size) {
+                self.budget.release(size);
+                return Ok(null);
+            }
+        } else {
+            self.budget.release(size - remote_size);
+        }
+        self.held += remote_size;
         let mut rng = rand::thread_rng();
         let handle = loop {
             let h: u64 = rng.gen();
@@ -264,5 +299,12 @@ impl Session {
     /// The weight cache, if enabled (`-c`).
     pub fn cache(&self) -> Option<&WeightCache> {
         self.config.cache.as_ref()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // The buffers are freed with the session (and its stored graphs).
+        self.budget.release(self.held);
     }
 }

@@ -1,0 +1,93 @@
+//! Memory limits for ALLOC_BUFFER: per connection and for the whole server.
+//!
+//! An allocation beyond a limit is answered like a failed allocation (a null handle, spec §5.1),
+//! which the stock client handles; nothing is closed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Configured limits, in bytes. `u64::MAX` = unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryLimits {
+    /// Total size of the buffers one connection may hold at once.
+    pub per_connection: u64,
+    /// Total size of the buffers all connections together may hold at once.
+    pub total: u64,
+}
+
+impl Default for MemoryLimits {
+    /// Unlimited (the binary sets the defaults from the devices' memory, see `cli.rs`).
+    fn default() -> Self {
+        MemoryLimits { per_connection: u64::MAX, total: u64::MAX }
+    }
+}
+
+/// The server-wide account of allocated buffer memory, shared by all sessions.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limits: MemoryLimits,
+    used: AtomicU64,
+}
+
+impl MemoryBudget {
+    pub fn new(limits: MemoryLimits) -> MemoryBudget {
+        MemoryBudget { limits, used: AtomicU64::new(0) }
+    }
+
+    pub fn unlimited() -> MemoryBudget {
+        MemoryBudget::new(MemoryLimits::default())
+    }
+
+    pub fn limits(&self) -> MemoryLimits {
+        self.limits
+    }
+
+    /// Bytes held by all sessions.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Reserves `n` bytes for a session that already holds `held`; false if either limit would
+    /// be exceeded.
+    pub(crate) fn try_reserve(&self, held: u64, n: u64) -> bool {
+        if held.checked_add(n).is_none_or(|x| x > self.limits.per_connection) {
+            return false;
+        }
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = cur.checked_add(n).filter(|&x| x <= self.limits.total) else { return false };
+            match self.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    pub(crate) fn release(&self, n: u64) {
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            let next = cur.saturating_sub(n);
+            match self.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_enforced() {
+        let b = MemoryBudget::new(MemoryLimits { per_connection: 100, total: 150 });
+        assert!(b.try_reserve(0, 100));
+        assert!(!b.try_reserve(100, 1), "per-connection limit");
+        assert!(b.try_reserve(0, 50));
+        assert!(!b.try_reserve(0, 1), "total limit");
+        b.release(100);
+        assert_eq!(b.used(), 50);
+        assert!(b.try_reserve(0, 100));
+        assert!(!b.try_reserve(0, u64::MAX), "no overflow");
+    }
+}
