@@ -1,0 +1,642 @@
+//! `rpc-bench e2e`: tokens/s and per-token latency of stock `llama-bench` through a worker, over
+//! each link, with the exact network round trips and bytes per token.
+//!
+//! Counting: `llama-bench` runs through the counting relay. One run with `-r 1` and one with
+//! `-r R` differ by exactly `R − 1` repetitions of the test (model load, warmup and context
+//! set-up cancel out), so `(count(R) − count(1)) ÷ (R − 1)` is the traffic of one pp or tg run,
+//! and dividing by its token count gives the traffic per token. This works against any server,
+//! since only the client ↔ server bytes are observed.
+//!
+//! Timing: for `none` the same `-r R` runs; for each emulated link one `-p P -n N -r R` run
+//! through the link emulator; optionally (`--direct`) one run with no relay at all, e.g. with a
+//! llama.cpp built with RDMA on two machines. Projections: `base + round trips × RTT + bytes ÷
+//! bandwidth`, where `base` is the measured `none` time (compute + loopback + relay).
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::latency::progress_bar;
+use crate::links::{LinkKind, LinkProfile};
+use crate::relay::{Relay, RelayOptions, Wire};
+use crate::report::{human_bytes, ms, Table, Target};
+use crate::traffic::Traffic;
+
+/// Default directory of the stock tools (the project's cached stock build).
+pub const DEFAULT_BIN: &str =
+    "/root/.cache/ggml-rpc-rs/llama-cpp-python-0.3.36/src-rdma-OFF/build/bin";
+
+/// Settings of an end-to-end run.
+#[derive(Debug, Clone)]
+pub struct E2eConfig {
+    /// Servers.
+    pub targets: Vec<Target>,
+    /// Directory holding `llama-bench`.
+    pub bin: PathBuf,
+    /// GGUF model.
+    pub model: PathBuf,
+    /// Links (emulated ones are measured, projection-only ones projected).
+    pub links: Vec<LinkProfile>,
+    /// `-p`.
+    pub n_prompt: u32,
+    /// `-n`.
+    pub n_gen: u32,
+    /// `-r` (at least 2: the counting needs two repetition counts).
+    pub reps: u32,
+    /// `-t` of the client.
+    pub threads: u32,
+    /// `-ngl`.
+    pub ngl: String,
+    /// Extra `llama-bench` arguments.
+    pub extra: Vec<String>,
+    /// Also run with the client connected straight to the server.
+    pub direct: bool,
+    /// Per `llama-bench` run.
+    pub timeout: Duration,
+    /// Raw outputs and logs.
+    pub logdir: PathBuf,
+    /// Progress bar.
+    pub progress: bool,
+}
+
+/// Prompt processing or generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Prompt processing of `n` tokens in one batch.
+    Pp(u32),
+    /// Generation of `n` tokens.
+    Tg(u32),
+}
+
+impl Phase {
+    /// `pp64`, `tg32`.
+    pub fn name(&self) -> String {
+        match self {
+            Phase::Pp(n) => format!("pp{n}"),
+            Phase::Tg(n) => format!("tg{n}"),
+        }
+    }
+
+    /// Tokens per run.
+    pub fn tokens(&self) -> u32 {
+        match self {
+            Phase::Pp(n) | Phase::Tg(n) => *n,
+        }
+    }
+}
+
+/// One `llama-bench` test result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BenchResult {
+    /// pp or tg.
+    pub phase: Phase,
+    /// Mean time of one run (all its tokens).
+    pub avg: Duration,
+    /// Sample standard deviation of the run time.
+    pub stddev: Duration,
+    /// Mean tokens/s.
+    pub tps: f64,
+    /// Standard deviation of tokens/s.
+    pub tps_sd: f64,
+}
+
+/// Where an e2e row comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum E2eOrigin {
+    /// Through the counting relay, no delay.
+    Relay,
+    /// Through the link emulator.
+    Emulated,
+    /// Client straight to the server (real link).
+    Direct,
+    /// Computed.
+    Projected,
+}
+
+impl E2eOrigin {
+    /// Label for tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            E2eOrigin::Relay => "measured (relay, no delay)",
+            E2eOrigin::Emulated => "measured (emulated link)",
+            E2eOrigin::Direct => "measured (direct, real link)",
+            E2eOrigin::Projected => "projected",
+        }
+    }
+}
+
+/// One row of results.
+#[derive(Debug, Clone)]
+pub struct E2eRow {
+    /// Server label.
+    pub server: String,
+    /// Link name.
+    pub link: String,
+    /// pp or tg.
+    pub phase: Phase,
+    /// Measured result (`None` for projections).
+    pub measured: Option<BenchResult>,
+    /// Projected time of one run (`None` for the base itself).
+    pub projected: Option<Duration>,
+    /// Traffic of one run.
+    pub traffic: Traffic,
+    /// Link share of one run (projected), for rows with a link profile.
+    pub link_cost: Option<Duration>,
+    /// Origin of the measured numbers.
+    pub origin: E2eOrigin,
+}
+
+impl E2eRow {
+    /// Measured time per token.
+    pub fn measured_per_token(&self) -> Option<Duration> {
+        self.measured.map(|m| m.avg / self.phase.tokens().max(1))
+    }
+
+    /// Projected time per token.
+    pub fn projected_per_token(&self) -> Option<Duration> {
+        self.projected.map(|p| p / self.phase.tokens().max(1))
+    }
+
+    /// The link's own share of a token (projected: round trips × RTT + bytes ÷ bandwidth),
+    /// `None` for rows without a link profile (`none`, `direct`).
+    pub fn link_cost_per_token(&self) -> Option<Duration> {
+        self.link_cost.map(|c| c / self.phase.tokens().max(1))
+    }
+}
+
+/// Parses `llama-bench -o json` output.
+pub fn parse_llama_bench_json(s: &str) -> anyhow::Result<Vec<BenchResult>> {
+    let v: serde_json::Value =
+        serde_json::from_str(s.trim()).context("llama-bench output is not JSON")?;
+    let arr = v.as_array().context("llama-bench JSON is not an array")?;
+    let mut out = Vec::new();
+    for t in arr {
+        let g = |k: &str| {
+            t.get(k)
+                .and_then(serde_json::Value::as_f64)
+                .with_context(|| format!("field {k} missing"))
+        };
+        let (np, ng) = (g("n_prompt")? as u32, g("n_gen")? as u32);
+        let phase = if ng == 0 {
+            Phase::Pp(np)
+        } else {
+            Phase::Tg(ng)
+        };
+        out.push(BenchResult {
+            phase,
+            avg: Duration::from_nanos(g("avg_ns")? as u64),
+            stddev: Duration::from_nanos(g("stddev_ns")? as u64),
+            tps: g("avg_ts")?,
+            tps_sd: g("stddev_ts")?,
+        });
+    }
+    Ok(out)
+}
+
+/// Runs `llama-bench` once against `addr`.
+fn llama_bench(
+    cfg: &E2eConfig,
+    addr: SocketAddr,
+    p: u32,
+    n: u32,
+    reps: u32,
+    tag: &str,
+) -> anyhow::Result<Vec<BenchResult>> {
+    let exe = cfg.bin.join("llama-bench");
+    let mut cmd = Command::new(&exe);
+    cmd.arg("-m").arg(&cfg.model);
+    cmd.args(["--rpc", &addr.to_string(), "-ngl", &cfg.ngl]);
+    cmd.args([
+        "-p",
+        &p.to_string(),
+        "-n",
+        &n.to_string(),
+        "-r",
+        &reps.to_string(),
+    ]);
+    cmd.args(["-t", &cfg.threads.to_string(), "-o", "json"]);
+    cmd.args(&cfg.extra);
+    std::fs::create_dir_all(&cfg.logdir).ok();
+    let err_path = cfg.logdir.join(format!("{tag}.err"));
+    let err_file = std::fs::File::create(&err_path)
+        .with_context(|| format!("cannot create {}", err_path.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(err_file);
+    tracing::debug!(?cmd, "llama-bench");
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {}", exe.display()))?;
+    let mut stdout = child.stdout.take().context("no stdout")?;
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if start.elapsed() > cfg.timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "llama-bench timed out after {:?} ({tag}); log: {}",
+                cfg.timeout,
+                err_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = reader.join().unwrap_or_default();
+    std::fs::write(cfg.logdir.join(format!("{tag}.json")), &out).ok();
+    if !status.success() {
+        let log = std::fs::read_to_string(&err_path).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        bail!(
+            "llama-bench failed ({status}, {tag}):\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    parse_llama_bench_json(&out)
+}
+
+/// Runs `llama-bench` through a relay and returns its results and the traffic it caused.
+fn through_relay(
+    cfg: &E2eConfig,
+    target: &Target,
+    wire: Wire,
+    p: u32,
+    n: u32,
+    reps: u32,
+    tag: &str,
+) -> anyhow::Result<(Vec<BenchResult>, Traffic)> {
+    let relay = Relay::start(target.addr, wire, RelayOptions::default())?;
+    let before = relay.counters().snapshot();
+    let res = llama_bench(cfg, relay.addr(), p, n, reps, tag)?;
+    // The client has exited; let the relay threads forward the last bytes.
+    std::thread::sleep(Duration::from_millis(100));
+    let traffic = relay.counters().snapshot().since(&before);
+    Ok((res, traffic))
+}
+
+fn find(res: &[BenchResult], phase: Phase) -> anyhow::Result<BenchResult> {
+    res.iter()
+        .copied()
+        .find(|r| r.phase == phase)
+        .with_context(|| format!("llama-bench reported no {}", phase.name()))
+}
+
+/// Traffic of `reps − 1` repetitions, divided down to one.
+fn differential(one: &Traffic, many: &Traffic, reps: u32) -> Traffic {
+    let d = many.since(one);
+    let k = u64::from(reps - 1);
+    let mut t = Traffic {
+        round_trips: d.round_trips / k,
+        c2s_bytes: d.c2s_bytes / k,
+        s2c_bytes: d.s2c_bytes / k,
+        c2s_msgs: d.c2s_msgs / k,
+        s2c_msgs: d.s2c_msgs / k,
+        c2s_uc: d.c2s_uc / k,
+        s2c_uc: d.s2c_uc / k,
+        connections: d.connections / k,
+        ..Traffic::default()
+    };
+    for i in 0..t.cmd_count.len() {
+        t.cmd_count[i] = d.cmd_count[i] / k;
+        t.cmd_bytes[i] = d.cmd_bytes[i] / k;
+    }
+    t
+}
+
+/// Notes gathered while running (model load traffic, consistency checks).
+#[derive(Debug, Default, Clone)]
+pub struct E2eNotes {
+    /// Free-form lines.
+    pub lines: Vec<String>,
+}
+
+/// Runs the whole end-to-end benchmark.
+pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
+    if cfg.reps < 2 {
+        bail!("--reps must be at least 2 (the round-trip counting compares 1 and R repetitions)");
+    }
+    let exe = cfg.bin.join("llama-bench");
+    if !exe.is_file() {
+        bail!(
+            "{} not found (--bin DIR: the directory of the stock llama.cpp tools)",
+            exe.display()
+        );
+    }
+    if !cfg.model.is_file() {
+        bail!("model {} not found", cfg.model.display());
+    }
+    let n_emulated = cfg
+        .links
+        .iter()
+        .filter(|l| l.kind == LinkKind::Emulated)
+        .count() as u64;
+    let runs = cfg.targets.len() as u64 * (4 + n_emulated + u64::from(cfg.direct));
+    let pb = progress_bar(runs, cfg.progress);
+    let (pp, tg) = (Phase::Pp(cfg.n_prompt), Phase::Tg(cfg.n_gen));
+    let mut rows = Vec::new();
+    let mut notes = E2eNotes::default();
+    // Every step runs for each server in turn (ours, stock, ours, stock, ...), so load from
+    // elsewhere on a shared machine spreads over all servers alike.
+    let slug = |t: &Target| -> String {
+        t.label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect()
+    };
+    let mut counted: Vec<[(Vec<BenchResult>, Traffic); 4]> =
+        vec![Default::default(); cfg.targets.len()];
+    let count_steps = [
+        (cfg.n_prompt, 0, 1u32, "pp-r1"),
+        (cfg.n_prompt, 0, cfg.reps, "pp-rR"),
+        (0, cfg.n_gen, 1, "tg-r1"),
+        (0, cfg.n_gen, cfg.reps, "tg-rR"),
+    ];
+    for (si, &(p, n, r, name)) in count_steps.iter().enumerate() {
+        for (ti, target) in cfg.targets.iter().enumerate() {
+            pb.set_message(format!(
+                "{}: counting {} -r {r}",
+                target.label,
+                if p > 0 { pp.name() } else { tg.name() }
+            ));
+            let tag = format!(
+                "{}-{}",
+                slug(target),
+                name.replace("rR", &format!("r{}", cfg.reps))
+            );
+            counted[ti][si] = through_relay(cfg, target, Wire::transparent(), p, n, r, &tag)?;
+            pb.inc(1);
+        }
+    }
+    let emulated_links: Vec<&LinkProfile> = cfg
+        .links
+        .iter()
+        .filter(|l| l.kind == LinkKind::Emulated)
+        .collect();
+    let mut emulated: Vec<Vec<Vec<BenchResult>>> = vec![Vec::new(); cfg.targets.len()];
+    for link in &emulated_links {
+        for (ti, target) in cfg.targets.iter().enumerate() {
+            pb.set_message(format!("{}: {} (emulated)", target.label, link.name));
+            let tag = format!("{}-{}", slug(target), link.name);
+            let (res, _) = through_relay(
+                cfg,
+                target,
+                Wire::of(link),
+                cfg.n_prompt,
+                cfg.n_gen,
+                cfg.reps,
+                &tag,
+            )?;
+            emulated[ti].push(res);
+            pb.inc(1);
+        }
+    }
+    let mut direct: Vec<Option<Vec<BenchResult>>> = vec![None; cfg.targets.len()];
+    if cfg.direct {
+        for (ti, target) in cfg.targets.iter().enumerate() {
+            pb.set_message(format!("{}: direct", target.label));
+            let tag = format!("{}-direct", slug(target));
+            direct[ti] = Some(llama_bench(
+                cfg,
+                target.addr,
+                cfg.n_prompt,
+                cfg.n_gen,
+                cfg.reps,
+                &tag,
+            )?);
+            pb.inc(1);
+        }
+    }
+    for (ti, target) in cfg.targets.iter().enumerate() {
+        let label = &target.label;
+        let [(_, pp1), (pp_res, ppr), (_, tg1), (tg_res, tgr)] = &counted[ti];
+        let pp_t = differential(pp1, ppr, cfg.reps);
+        let tg_t = differential(tg1, tgr, cfg.reps);
+        for (name, one, many) in [(pp.name(), pp1, ppr), (tg.name(), tg1, tgr)] {
+            let d = many.since(one);
+            let k = u64::from(cfg.reps - 1);
+            if d.round_trips % k != 0 || d.bytes() % k != 0 {
+                notes.lines.push(format!(
+                    "{label}: {name}: the traffic of {k} extra repetitions ({} round trips, {} B) is not an exact \
+                     multiple of one repetition; per-run figures are rounded down",
+                    d.round_trips,
+                    d.bytes()
+                ));
+            }
+        }
+        let load = *pp1;
+        notes.lines.push(format!(
+            "{label}: a whole llama-bench process (model load + warmup + one pp{} run) made {} connections and {} round trips, \
+             sent {} and received {}; one pp{} run: {} round trips, {} ({}); one tg{} run: {} round trips, {} ({})",
+            cfg.n_prompt,
+            load.connections,
+            load.round_trips,
+            human_bytes(load.c2s_bytes as f64),
+            human_bytes(load.s2c_bytes as f64),
+            cfg.n_prompt,
+            pp_t.round_trips,
+            human_bytes(pp_t.bytes() as f64),
+            pp_t.commands_summary(1.0),
+            cfg.n_gen,
+            tg_t.round_trips,
+            human_bytes(tg_t.bytes() as f64),
+            tg_t.commands_summary(1.0),
+        ));
+        let base_pp = find(pp_res, pp)?;
+        let base_tg = find(tg_res, tg)?;
+        let phases = [(pp, base_pp, pp_t), (tg, base_tg, tg_t)];
+        for &(phase, base, t) in &phases {
+            rows.push(E2eRow {
+                server: label.clone(),
+                link: "none".into(),
+                phase,
+                measured: Some(base),
+                projected: None,
+                traffic: t,
+                link_cost: None,
+                origin: E2eOrigin::Relay,
+            });
+        }
+        let mut emulated_iter = emulated[ti].iter();
+        for link in &cfg.links {
+            let cost = |t: &Traffic| {
+                link.link_cost(t.round_trips as f64, t.bytes() as f64, t.uc_bytes() as f64)
+            };
+            let project = |base: &BenchResult, t: &Traffic| base.avg + cost(t);
+            match link.kind {
+                LinkKind::Native => {}
+                LinkKind::Emulated => {
+                    let Some(res) = emulated_iter.next() else {
+                        continue;
+                    };
+                    for &(phase, base, t) in &phases {
+                        rows.push(E2eRow {
+                            server: label.clone(),
+                            link: link.name.clone(),
+                            phase,
+                            measured: Some(find(res, phase)?),
+                            projected: Some(project(&base, &t)),
+                            traffic: t,
+                            link_cost: Some(cost(&t)),
+                            origin: E2eOrigin::Emulated,
+                        });
+                    }
+                }
+                LinkKind::ProjectedOnly => {
+                    for &(phase, base, t) in &phases {
+                        rows.push(E2eRow {
+                            server: label.clone(),
+                            link: link.name.clone(),
+                            phase,
+                            measured: None,
+                            projected: Some(project(&base, &t)),
+                            traffic: t,
+                            link_cost: Some(cost(&t)),
+                            origin: E2eOrigin::Projected,
+                        });
+                    }
+                }
+            }
+        }
+        if let Some(res) = &direct[ti] {
+            for &(phase, _, t) in &phases {
+                rows.push(E2eRow {
+                    server: label.clone(),
+                    link: "direct".into(),
+                    phase,
+                    measured: Some(find(res, phase)?),
+                    projected: None,
+                    traffic: t,
+                    link_cost: None,
+                    origin: E2eOrigin::Direct,
+                });
+            }
+        }
+    }
+    pb.finish_and_clear();
+    Ok((rows, notes))
+}
+
+/// The results as a table (times per token; traffic per token).
+pub fn table(rows: &[E2eRow]) -> Table {
+    let mut t = Table::new(&[
+        "server",
+        "link",
+        "test",
+        "t/s",
+        "ms/token measured",
+        "ms/token projected",
+        "link ms/token",
+        "round trips/token",
+        "bytes/token up",
+        "bytes/token down",
+        "numbers",
+    ]);
+    for r in rows {
+        let n = f64::from(r.phase.tokens().max(1));
+        t.push(vec![
+            r.server.clone(),
+            r.link.clone(),
+            r.phase.name(),
+            match (r.measured, r.projected) {
+                (Some(m), _) => format!("{:.2} ± {:.2}", m.tps, m.tps_sd),
+                (None, Some(p)) => format!("({:.2})", n / p.as_secs_f64().max(1e-12)),
+                _ => "-".into(),
+            },
+            r.measured_per_token().map_or("-".into(), ms),
+            r.projected_per_token().map_or("-".into(), ms),
+            r.link_cost_per_token().map_or("-".into(), ms),
+            fmt_ratio(r.traffic.round_trips as f64 / n),
+            format!("{:.0}", r.traffic.c2s_bytes as f64 / n),
+            format!("{:.0}", r.traffic.s2c_bytes as f64 / n),
+            r.origin.label().into(),
+        ]);
+    }
+    t
+}
+
+/// Commands of each server per generated token and per prompt batch (from the `none` rows).
+pub fn commands_table(rows: &[E2eRow]) -> Table {
+    let mut t = Table::new(&[
+        "server",
+        "unit",
+        "commands",
+        "round trips",
+        "bytes up",
+        "bytes down",
+    ]);
+    for r in rows.iter().filter(|r| r.link == "none") {
+        let (unit, n) = match r.phase {
+            Phase::Tg(n) => ("per generated token".to_string(), f64::from(n.max(1))),
+            Phase::Pp(n) => (format!("per prompt batch of {n} tokens"), 1.0),
+        };
+        t.push(vec![
+            r.server.clone(),
+            unit,
+            r.traffic.commands_summary(n),
+            fmt_ratio(r.traffic.round_trips as f64 / n),
+            human_bytes(r.traffic.c2s_bytes as f64 / n),
+            human_bytes(r.traffic.s2c_bytes as f64 / n),
+        ]);
+    }
+    t
+}
+
+fn fmt_ratio(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round() as u64)
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// Default log directory.
+pub fn default_logdir() -> PathBuf {
+    Path::new("target").join("rpc-bench-logs")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_llama_bench_json() {
+        let s = r#"[
+          {"n_prompt": 64, "n_gen": 0, "avg_ns": 200000000, "stddev_ns": 1000, "avg_ts": 320.5, "stddev_ts": 3.1, "samples_ns": [1]},
+          {"n_prompt": 0, "n_gen": 32, "avg_ns": 1600000000, "stddev_ns": 2000, "avg_ts": 20.0, "stddev_ts": 0.5}
+        ]"#;
+        let r = parse_llama_bench_json(s).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].phase, Phase::Pp(64));
+        assert_eq!(r[1].phase, Phase::Tg(32));
+        assert_eq!(r[1].avg, Duration::from_millis(1600));
+        assert!(parse_llama_bench_json("nope").is_err());
+    }
+
+    #[test]
+    fn differential_divides_extra_repetitions() {
+        let one = Traffic {
+            round_trips: 100,
+            c2s_bytes: 1000,
+            ..Traffic::default()
+        };
+        let many = Traffic {
+            round_trips: 164,
+            c2s_bytes: 3000,
+            ..Traffic::default()
+        };
+        let d = differential(&one, &many, 3);
+        assert_eq!(d.round_trips, 32);
+        assert_eq!(d.c2s_bytes, 1000);
+    }
+}

@@ -1,0 +1,629 @@
+//! `rpc-bench latency`: round-trip latency per command and size, against any server.
+//!
+//! Cases, for each size N (default 4 KiB, 28 KiB = a DeepSeek hidden state, 1 MiB = logits):
+//! - `empty`: DEVICE_COUNT (no payload either way beyond the 4-byte count);
+//! - `set N`: SET_TENSOR of N bytes (no reply) followed by DEVICE_COUNT: the time until the server
+//!   has taken the bytes and answered;
+//! - `get N`: GET_TENSOR of N bytes.
+//!
+//! Links: `none` connects straight to the server; any emulated or projected profile adds a
+//! `relay` lane (the counting relay without delay), which is the base of the projections and
+//! gives the exact bytes per case; each emulated profile runs through the relay with its delay and
+//! bandwidth; projection-only profiles (`tb5-rdma`) are computed, never measured. The lanes of a
+//! server are measured interleaved, one iteration each in turn, so load from elsewhere on a shared
+//! machine hits them alike; a server that takes one connection at a time (the stock
+//! `ggml-rpc-server`) gets its lanes one after another instead.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::conn::{bench_tensor, BenchConn, ConnError, RdmaSettings};
+use crate::links::{LinkKind, LinkProfile};
+use crate::relay::{Relay, RelayOptions, Wire};
+use crate::report::{human_bytes, us, Table, Target};
+use crate::stats::Summary;
+use crate::traffic::Traffic;
+
+/// What one iteration does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaseKind {
+    /// DEVICE_COUNT.
+    Empty,
+    /// SET_TENSOR of N bytes, then DEVICE_COUNT.
+    Set,
+    /// GET_TENSOR of N bytes.
+    Get,
+}
+
+/// One measured case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Case {
+    /// What to do.
+    pub kind: CaseKind,
+    /// Payload bytes (0 for empty).
+    pub bytes: usize,
+}
+
+impl Case {
+    /// `empty`, `set 28.0 KiB`, `get 1.00 MiB`.
+    pub fn name(&self) -> String {
+        match self.kind {
+            CaseKind::Empty => "empty (DEVICE_COUNT)".into(),
+            CaseKind::Set => format!(
+                "SET_TENSOR {} + DEVICE_COUNT",
+                human_bytes(self.bytes as f64)
+            ),
+            CaseKind::Get => format!("GET_TENSOR {}", human_bytes(self.bytes as f64)),
+        }
+    }
+
+    /// The cases for these sizes: empty first, then set and get per size.
+    pub fn all(sizes: &[usize]) -> Vec<Case> {
+        let mut v = vec![Case {
+            kind: CaseKind::Empty,
+            bytes: 0,
+        }];
+        for &b in sizes {
+            v.push(Case {
+                kind: CaseKind::Set,
+                bytes: b,
+            });
+            v.push(Case {
+                kind: CaseKind::Get,
+                bytes: b,
+            });
+        }
+        v
+    }
+}
+
+/// Settings of a latency run.
+#[derive(Debug, Clone)]
+pub struct LatencyConfig {
+    /// Servers to measure.
+    pub targets: Vec<Target>,
+    /// Links (see module docs).
+    pub links: Vec<LinkProfile>,
+    /// Payload sizes.
+    pub sizes: Vec<usize>,
+    /// Measured iterations per case.
+    pub iterations: usize,
+    /// Unmeasured iterations before them.
+    pub warmup: usize,
+    /// Device index on the server.
+    pub device: u32,
+    /// `Some`: connect over RDMA.
+    pub rdma: Option<RdmaSettings>,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// Where a row's numbers come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Measured directly against the server.
+    Measured,
+    /// Measured through the counting relay without delay.
+    MeasuredRelay,
+    /// Measured through the user-space link emulator.
+    MeasuredEmulated,
+    /// Computed from published figures.
+    Projected,
+}
+
+impl Origin {
+    /// Label for tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Origin::Measured => "measured",
+            Origin::MeasuredRelay => "measured (relay, no delay)",
+            Origin::MeasuredEmulated => "measured (emulated link)",
+            Origin::Projected => "projected",
+        }
+    }
+}
+
+/// One row of results.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    /// Server label.
+    pub server: String,
+    /// Link name (`relay` for the counting relay without delay).
+    pub link: String,
+    /// Transport used (TCP, RDMA/RC, RDMA/UC).
+    pub transport: String,
+    /// The case.
+    pub case: Case,
+    /// Samples (`None` for projections).
+    pub summary: Option<Summary>,
+    /// Projected round-trip time (`None` where there is no projection).
+    pub projected: Option<Duration>,
+    /// Bytes on the wire per iteration (both directions), when counted.
+    pub bytes: Option<u64>,
+    /// Where the numbers come from.
+    pub origin: Origin,
+}
+
+/// How one lane reaches the server.
+#[derive(Clone)]
+struct LaneSpec {
+    link: String,
+    origin: Origin,
+    profile: Option<LinkProfile>,
+    /// `None`: straight to the server (TCP or RDMA); `Some`: through a relay.
+    wire: Option<Wire>,
+}
+
+/// What a lane measured.
+struct LaneResult {
+    spec: LaneSpec,
+    transport: String,
+    samples: Vec<Vec<Duration>>,
+    traffic: Vec<Option<Traffic>>,
+}
+
+impl LaneResult {
+    fn merge(&mut self, other: LaneResult) {
+        for (a, b) in self.samples.iter_mut().zip(other.samples) {
+            a.extend(b);
+        }
+        for (a, b) in self.traffic.iter_mut().zip(other.traffic) {
+            *a = match (a.take(), b) {
+                (Some(x), Some(y)) => Some(x.plus(&y)),
+                (x, y) => x.or(y),
+            };
+        }
+    }
+}
+
+/// Rounds over the lanes for a server that takes one connection at a time.
+const SEQUENTIAL_ROUNDS: usize = 5;
+
+/// One open way of reaching a server: straight, through the counting relay, or through an
+/// emulated link.
+struct Lane {
+    conn: BenchConn,
+    relay: Option<Relay>,
+    handle: u64,
+    base: u64,
+    result: LaneResult,
+}
+
+impl Lane {
+    async fn open(
+        spec: &LaneSpec,
+        target: SocketAddr,
+        cfg: &LatencyConfig,
+        ncases: usize,
+    ) -> anyhow::Result<Lane> {
+        let (mut conn, relay) = match spec.wire {
+            Some(w) => {
+                let relay = Relay::start(target, w, RelayOptions::default())?;
+                (BenchConn::tcp(relay.addr()).await?, Some(relay))
+            }
+            None => (connect(target, &cfg.rdma).await?, None),
+        };
+        let max = cfg.sizes.iter().copied().max().unwrap_or(4).max(4);
+        let (handle, base) = conn.alloc(cfg.device, max as u64).await?;
+        let transport = if spec.wire.is_some() {
+            "TCP".to_string()
+        } else {
+            conn.transport_name().to_string()
+        };
+        Ok(Lane {
+            conn,
+            relay,
+            handle,
+            base,
+            result: LaneResult {
+                spec: spec.clone(),
+                transport,
+                samples: vec![Vec::with_capacity(cfg.iterations); ncases],
+                traffic: vec![None; ncases],
+            },
+        })
+    }
+
+    async fn once(
+        &mut self,
+        ci: usize,
+        case: &Case,
+        data: &[u8],
+        out: &mut [u8],
+    ) -> Result<Duration, ConnError> {
+        let t = bench_tensor(100 + ci as u64, self.handle, self.base, case.bytes.max(4));
+        let start = Instant::now();
+        match case.kind {
+            CaseKind::Empty => {
+                self.conn.device_count().await?;
+            }
+            CaseKind::Set => {
+                self.conn.set_tensor(&t, &data[..case.bytes]).await?;
+                self.conn.device_count().await?;
+            }
+            CaseKind::Get => {
+                self.conn
+                    .get_tensor_into(&t, &mut out[..case.bytes])
+                    .await?
+            }
+        }
+        Ok(start.elapsed())
+    }
+}
+
+async fn connect(addr: SocketAddr, rdma: &Option<RdmaSettings>) -> Result<BenchConn, ConnError> {
+    match rdma {
+        Some(s) => BenchConn::rdma(addr, s).await,
+        None => BenchConn::tcp(addr).await,
+    }
+}
+
+/// How long opening a lane may take before the server is taken to serve one connection at a
+/// time (the stock `ggml-rpc-server` does).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Measures `lanes` interleaved: per case, the warm-up of each, then one iteration of each in
+/// turn.
+async fn measure(
+    lanes: &mut [Lane],
+    cases: &[Case],
+    cfg: &LatencyConfig,
+    (iterations, warmup): (usize, usize),
+    pb: &ProgressBar,
+    label: &str,
+) -> Result<(), ConnError> {
+    let max = cfg.sizes.iter().copied().max().unwrap_or(4).max(4);
+    let data: Vec<u8> = (0..max).map(|i| (i % 251) as u8).collect();
+    let mut out = vec![0u8; max];
+    for (ci, case) in cases.iter().enumerate() {
+        pb.set_message(format!("{label}: {}", case.name()));
+        for lane in lanes.iter_mut() {
+            for _ in 0..warmup {
+                lane.once(ci, case, &data, &mut out).await?;
+                pb.inc(1);
+            }
+        }
+        let before: Vec<Option<Traffic>> = lanes
+            .iter()
+            .map(|l| l.relay.as_ref().map(|r| r.counters().snapshot()))
+            .collect();
+        for _ in 0..iterations {
+            for lane in lanes.iter_mut() {
+                let dt = lane.once(ci, case, &data, &mut out).await?;
+                lane.result.samples[ci].push(dt);
+                pb.inc(1);
+            }
+        }
+        for (lane, b) in lanes.iter_mut().zip(before) {
+            if let (Some(r), Some(b)) = (&lane.relay, b) {
+                lane.result.traffic[ci] = Some(r.counters().snapshot().since(&b));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the server answers a second connection while `first` is open: `Some(first)` if it
+/// does. The stock `ggml-rpc-server` serves one connection at a time, and dies of SIGPIPE when a
+/// client leaves before its reply, so the probe never abandons a request: if no HELLO reply comes
+/// in time, it closes `first`, waits for the (now accepted) probe's reply, and only then closes
+/// the probe (`None`).
+async fn concurrent_probe(target: SocketAddr, first: Lane) -> anyhow::Result<Option<Lane>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut probe = tokio::net::TcpStream::connect(target).await?;
+    let mut hello = vec![rpc_proto::Command::Hello.as_u8()];
+    hello.extend_from_slice(&(rpc_proto::CONN_CAPS_SIZE as u64).to_le_bytes());
+    hello.extend_from_slice(&[0u8; rpc_proto::CONN_CAPS_SIZE]);
+    probe.write_all(&hello).await?;
+    let mut reply = [0u8; 8 + 28];
+    let kept = match tokio::time::timeout(OPEN_TIMEOUT, probe.read_exact(&mut reply)).await {
+        Ok(r) => {
+            r?;
+            Some(first)
+        }
+        Err(_) => {
+            drop(first);
+            tokio::time::timeout(Duration::from_secs(60), probe.read_exact(&mut reply))
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "{target} did not answer a second connection after the first closed"
+                    )
+                })??;
+            None
+        }
+    };
+    probe.shutdown().await?;
+    Ok(kept)
+}
+
+/// Runs the whole latency benchmark.
+pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
+    let cases = Case::all(&cfg.sizes);
+    let needs_relay = cfg.links.iter().any(|l| l.kind != LinkKind::Native) && cfg.rdma.is_none();
+    let emulated: Vec<&LinkProfile> = cfg
+        .links
+        .iter()
+        .filter(|l| l.kind == LinkKind::Emulated)
+        .collect();
+    if cfg.rdma.is_some() && !emulated.is_empty() {
+        anyhow::bail!(
+            "link emulation is a TCP relay: with --transport rdma use --links none (plus projected profiles such as tb5-rdma)"
+        );
+    }
+    let mut specs = Vec::new();
+    if cfg.links.iter().any(|l| l.kind == LinkKind::Native) {
+        specs.push(LaneSpec {
+            link: "none".into(),
+            origin: Origin::Measured,
+            profile: None,
+            wire: None,
+        });
+    }
+    if needs_relay {
+        specs.push(LaneSpec {
+            link: "relay".into(),
+            origin: Origin::MeasuredRelay,
+            profile: None,
+            wire: Some(Wire::transparent()),
+        });
+    }
+    for link in &emulated {
+        specs.push(LaneSpec {
+            link: link.name.clone(),
+            origin: Origin::MeasuredEmulated,
+            profile: Some((*link).clone()),
+            wire: Some(Wire::of(link)),
+        });
+    }
+    let total =
+        (cfg.targets.len() * specs.len() * cases.len() * (cfg.iterations + cfg.warmup)) as u64;
+    let pb = progress_bar(total, cfg.progress);
+    let mut rows = Vec::new();
+    for target in &cfg.targets {
+        pb.set_message(format!("{}: connecting", target.label));
+        let first = Lane::open(&specs[0], target.addr, cfg, cases.len()).await?;
+        let results: Vec<LaneResult> = if specs.len() == 1 {
+            let mut lanes = vec![first];
+            measure(
+                &mut lanes,
+                &cases,
+                cfg,
+                (cfg.iterations, cfg.warmup),
+                &pb,
+                &target.label,
+            )
+            .await?;
+            lanes.into_iter().map(|l| l.result).collect()
+        } else {
+            if let Some(first) = concurrent_probe(target.addr, first).await? {
+                let mut lanes = vec![first];
+                for spec in &specs[1..] {
+                    lanes.push(Lane::open(spec, target.addr, cfg, cases.len()).await?);
+                }
+                measure(
+                    &mut lanes,
+                    &cases,
+                    cfg,
+                    (cfg.iterations, cfg.warmup),
+                    &pb,
+                    &target.label,
+                )
+                .await?;
+                lanes.into_iter().map(|l| l.result).collect()
+            } else {
+                // One connection at a time (stock server): lanes one after another, each closed
+                // before the next opens, in rounds so that load from elsewhere spreads over all.
+                tracing::info!(
+                    "{} serves one connection at a time: measuring links in turn",
+                    target.label
+                );
+                let rounds = cfg.iterations.clamp(1, SEQUENTIAL_ROUNDS);
+                let warmup = cfg.warmup.div_ceil(rounds).max(cfg.warmup.min(3));
+                pb.inc_length(
+                    (specs.len() * cases.len() * (rounds * warmup).saturating_sub(cfg.warmup))
+                        as u64,
+                );
+                let mut out: Vec<Option<LaneResult>> = specs.iter().map(|_| None).collect();
+                for r in 0..rounds {
+                    let iters = cfg.iterations / rounds + usize::from(r < cfg.iterations % rounds);
+                    for (si, spec) in specs.iter().enumerate() {
+                        let mut lane = [Lane::open(spec, target.addr, cfg, cases.len()).await?];
+                        let label = format!(
+                            "{} via {} (round {}/{rounds})",
+                            target.label,
+                            spec.link,
+                            r + 1
+                        );
+                        measure(&mut lane, &cases, cfg, (iters, warmup), &pb, &label).await?;
+                        let [lane] = lane;
+                        match &mut out[si] {
+                            None => out[si] = Some(lane.result),
+                            Some(acc) => acc.merge(lane.result),
+                        }
+                    }
+                }
+                out.into_iter().flatten().collect()
+            }
+        };
+        rows.extend(rows_for(target, &results, &cases, cfg));
+    }
+    pb.finish_and_clear();
+    Ok(rows)
+}
+
+/// Result rows of one server (measured lanes, then projection-only links).
+fn rows_for(
+    target: &Target,
+    lanes: &[LaneResult],
+    cases: &[Case],
+    cfg: &LatencyConfig,
+) -> Vec<CaseResult> {
+    let mut rows = Vec::new();
+    let summaries: Vec<Vec<Summary>> = lanes
+        .iter()
+        .map(|l| l.samples.iter().map(|s| Summary::of(s)).collect())
+        .collect();
+    let direct_i = lanes.iter().position(|l| l.spec.origin == Origin::Measured);
+    let relay_i = lanes
+        .iter()
+        .position(|l| l.spec.origin == Origin::MeasuredRelay);
+    for (li, lane) in lanes.iter().enumerate() {
+        for (ci, case) in cases.iter().enumerate() {
+            let per = lane.traffic[ci]
+                .as_ref()
+                .map(|t| per_iter(t, cfg.iterations));
+            let projected = match (&lane.spec.profile, relay_i, per) {
+                (Some(p), Some(ri), Some((bytes, rt, uc))) => {
+                    Some(p.project(summaries[ri][ci].p50, rt, bytes, uc))
+                }
+                _ => None,
+            };
+            rows.push(CaseResult {
+                server: target.label.clone(),
+                link: lane.spec.link.clone(),
+                transport: lane.transport.clone(),
+                case: *case,
+                summary: Some(summaries[li][ci].clone()),
+                projected,
+                bytes: per.map(|p| p.0 as u64),
+                origin: lane.spec.origin,
+            });
+        }
+    }
+    for link in cfg
+        .links
+        .iter()
+        .filter(|l| l.kind == LinkKind::ProjectedOnly)
+    {
+        // Base: the direct measurement when there is one, else the relay's.
+        let Some(bi) = direct_i.or(relay_i) else {
+            continue;
+        };
+        for (ci, case) in cases.iter().enumerate() {
+            let (bytes, rt, uc) = match relay_i.and_then(|ri| lanes[ri].traffic[ci].as_ref()) {
+                Some(t) => per_iter(t, cfg.iterations),
+                None => analytic_traffic(case),
+            };
+            rows.push(CaseResult {
+                server: target.label.clone(),
+                link: link.name.clone(),
+                transport: "RDMA (projected)".into(),
+                case: *case,
+                summary: None,
+                projected: Some(link.project(summaries[bi][ci].p50, rt, bytes, uc)),
+                bytes: Some(bytes as u64),
+                origin: Origin::Projected,
+            });
+        }
+    }
+    rows
+}
+
+/// (bytes, round trips, UC-padded bytes) per iteration.
+fn per_iter(t: &Traffic, iterations: usize) -> (f64, f64, f64) {
+    let n = iterations.max(1) as f64;
+    (
+        t.bytes() as f64 / n,
+        t.round_trips as f64 / n,
+        t.uc_bytes() as f64 / n,
+    )
+}
+
+/// Bytes per iteration from the protocol's sizes (used when nothing was counted, e.g. RDMA).
+fn analytic_traffic(case: &Case) -> (f64, f64, f64) {
+    let uc = |len: u64| LinkProfile::tb5_rdma().wire_bytes(len) as f64;
+    let dc = (9.0 + 8.0 + 4.0, uc(9) + uc(12)); // DEVICE_COUNT: request 9 B, reply 8 + 4
+    let n = case.bytes as u64;
+    match case.kind {
+        CaseKind::Empty => (dc.0, 1.0, dc.1),
+        CaseKind::Set => ((9 + 305 + n) as f64 + dc.0, 1.0, uc(9 + 305 + n) + dc.1),
+        CaseKind::Get => ((9 + 312 + 8 + n) as f64, 1.0, uc(9 + 312) + uc(8 + n)),
+    }
+}
+
+pub(crate) fn progress_bar(total: u64, show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb
+}
+
+/// The results as a table.
+pub fn table(rows: &[CaseResult]) -> Table {
+    let mut t = Table::new(&[
+        "server",
+        "link",
+        "transport",
+        "case",
+        "wire bytes",
+        "p50 us",
+        "p99 us",
+        "mean us",
+        "min us",
+        "projected us",
+        "numbers",
+    ]);
+    for r in rows {
+        let s = r.summary.as_ref();
+        let f = |g: fn(&Summary) -> Duration| s.map_or("-".to_string(), |s| us(g(s)));
+        t.push(vec![
+            r.server.clone(),
+            r.link.clone(),
+            r.transport.clone(),
+            r.case.name(),
+            r.bytes.map_or("-".into(), |b| b.to_string()),
+            f(|s| s.p50),
+            f(|s| s.p99),
+            f(|s| s.mean),
+            f(|s| s.min),
+            r.projected.map_or("-".into(), us),
+            r.origin.label().into(),
+        ]);
+    }
+    t
+}
+
+/// CSV with the histogram of each measured row.
+pub fn csv_table(rows: &[CaseResult]) -> Table {
+    let mut t = table(rows);
+    t.headers.push("n".into());
+    t.headers.push("histogram".into());
+    for (row, r) in t.rows.iter_mut().zip(rows) {
+        row.push(r.summary.as_ref().map_or("0".into(), |s| s.n.to_string()));
+        row.push(
+            r.summary
+                .as_ref()
+                .map_or(String::new(), Summary::histogram_compact),
+        );
+    }
+    t
+}
+
+/// Text histograms of the measured rows.
+pub fn histograms(rows: &[CaseResult]) -> String {
+    let mut out = String::new();
+    for r in rows {
+        let Some(s) = &r.summary else { continue };
+        out.push_str(&format!(
+            "{} / {} / {}: p50 {} us, p99 {} us\n",
+            r.server,
+            r.link,
+            r.case.name(),
+            us(s.p50),
+            us(s.p99)
+        ));
+        for l in s.histogram_lines(40) {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
+    out
+}

@@ -1,0 +1,585 @@
+//! `rpc-bench`: latency comparison of ggml RPC links (see the crate docs and README section
+//! "Latency comparison (rpc-bench)").
+
+#![forbid(unsafe_code)]
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use rpc_bench::chart::{self, BarSeries, Panel, PALETTE};
+use rpc_bench::conn::{FlavorArg, RdmaSettings, TransportKind};
+use rpc_bench::e2e::{self, E2eConfig, E2eOrigin, E2eRow};
+use rpc_bench::emucheck::{self, CheckConfig};
+use rpc_bench::latency::{self, CaseKind, CaseResult, LatencyConfig};
+use rpc_bench::links::{self, fmt_dur, LinkKind, LinkProfile, PROFILES_HELP};
+use rpc_bench::report::{Table, Target};
+use rpc_transport::rdma::real::RdmaOptions;
+
+const ABOUT: &str = "Latency comparison for ggml RPC (protocol 7.0.0) links: per-command round trips, \
+end-to-end tokens/s through stock llama.cpp with exact round trips and bytes per token, and user-space \
+emulation of 2.5 GbE, 10 GbE and Thunderbolt 5 TCP links, next to analytic projections (incl. \
+Thunderbolt 5 RDMA).";
+
+#[derive(Parser, Debug)]
+#[command(name = "rpc-bench", version, about = ABOUT, after_help = PROFILES_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Per-command round-trip latency (p50, p99, histogram): empty command, SET_TENSOR and
+    /// GET_TENSOR of 4 KiB, 28 KiB (DeepSeek hidden state) and 1 MiB (logits).
+    #[command(after_help = PROFILES_HELP)]
+    Latency(LatencyArgs),
+    /// Tokens/s and per-token latency of stock llama-bench through a worker over each link, with
+    /// the exact network round trips and bytes per token.
+    #[command(after_help = PROFILES_HELP)]
+    E2e(E2eArgs),
+    /// Validates the link emulator against its configured figures (ping RTT, bulk throughput,
+    /// timer precision).
+    #[command(after_help = PROFILES_HELP)]
+    EmulatorCheck(CheckArgs),
+    /// Prints the link profiles and the sources of their figures.
+    Links,
+}
+
+#[derive(Args, Debug)]
+struct Common {
+    /// Link profiles, comma-separated: none, 2.5gbe, 10gbe, tb5-tcp, tb5-rdma (projected only),
+    /// custom:RTT_US:GBIT_S, or all.
+    #[arg(long, default_value = "all", value_parser = parse_links)]
+    links: LinkList,
+    /// Also write the table as CSV.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
+    /// Also write the markdown report to a file.
+    #[arg(long, value_name = "FILE")]
+    md: Option<PathBuf>,
+    /// No progress bar (default: shown when stderr is a terminal).
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// A parsed `--links` value.
+#[derive(Debug, Clone)]
+struct LinkList(Vec<LinkProfile>);
+
+fn parse_links(s: &str) -> Result<LinkList, String> {
+    links::parse_links(s)
+        .map(LinkList)
+        .map_err(|e| e.to_string())
+}
+
+#[derive(Args, Debug)]
+struct LatencyArgs {
+    /// Server to measure, `[LABEL=]HOST:PORT` (repeat for several: `--server ours=127.0.0.1:50052
+    /// --server stock=127.0.0.1:50053`).
+    #[arg(long, required = true, value_name = "[LABEL=]HOST:PORT")]
+    server: Vec<Target>,
+    /// Transport. rdma negotiates upstream's RDMA inside HELLO (fails if it does not engage).
+    #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
+    transport: TransportKind,
+    /// RDMA flavor to offer (native: Apple UC on macOS, Linux RC elsewhere).
+    #[arg(long, value_enum, default_value_t = FlavorArg::Native)]
+    rdma_flavor: FlavorArg,
+    /// RDMA device (default: the one whose GID matches the TCP socket's local address).
+    #[arg(long)]
+    rdma_device: Option<String>,
+    /// RDMA GID index (default: matched from the local address).
+    #[arg(long)]
+    rdma_gid_index: Option<u32>,
+    /// Payload sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "4096,28672,1048576")]
+    sizes: Vec<usize>,
+    /// Measured iterations per case.
+    #[arg(long, default_value_t = 300)]
+    iterations: usize,
+    /// Warm-up iterations per case (not measured).
+    #[arg(long, default_value_t = 30)]
+    warmup: usize,
+    /// Server device index.
+    #[arg(long, default_value_t = 0)]
+    device: u32,
+    /// Print a text histogram of every measured case.
+    #[arg(long)]
+    histograms: bool,
+    /// Write a PNG chart (p50 per link: empty command and GET_TENSOR of each size).
+    #[arg(long, value_name = "FILE")]
+    png: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct E2eArgs {
+    /// Server (worker) to measure, `[LABEL=]HOST:PORT`; repeat for several.
+    #[arg(long, required = true, value_name = "[LABEL=]HOST:PORT")]
+    server: Vec<Target>,
+    /// GGUF model (e.g. the output of scripts/test-model.sh).
+    #[arg(long)]
+    model: PathBuf,
+    /// Directory of the stock llama.cpp tools (llama-bench).
+    #[arg(long, default_value = e2e::DEFAULT_BIN)]
+    bin: PathBuf,
+    /// Prompt tokens (llama-bench -p).
+    #[arg(short = 'p', long, default_value_t = 64)]
+    n_prompt: u32,
+    /// Generated tokens (llama-bench -n).
+    #[arg(short = 'n', long, default_value_t = 32)]
+    n_gen: u32,
+    /// Repetitions (llama-bench -r, at least 2).
+    #[arg(short = 'r', long, default_value_t = 3)]
+    reps: u32,
+    /// Client threads (llama-bench -t).
+    #[arg(short = 't', long, default_value_t = 1)]
+    threads: u32,
+    /// llama-bench -ngl.
+    #[arg(long, default_value = "99")]
+    ngl: String,
+    /// Extra llama-bench arguments (one string, split on whitespace), e.g. "-fa 1 -ub 256".
+    #[arg(long, default_value = "")]
+    bench_args: String,
+    /// Also run with llama-bench connected straight to the server (no relay): the real link,
+    /// e.g. RDMA with a llama.cpp built with GGML_RPC_RDMA between two machines.
+    #[arg(long)]
+    direct: bool,
+    /// Timeout per llama-bench run, seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout: u64,
+    /// Where llama-bench's raw JSON and logs go.
+    #[arg(long, default_value = "target/rpc-bench-logs")]
+    logdir: PathBuf,
+    /// Write a PNG chart of per-token latency per link.
+    #[arg(long, value_name = "FILE")]
+    png: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct CheckArgs {
+    /// Ping-pongs per profile.
+    #[arg(long, default_value_t = 500)]
+    pings: usize,
+    /// Ping size in bytes.
+    #[arg(long, default_value_t = 64)]
+    ping_bytes: usize,
+    /// Target duration of each bulk transfer, milliseconds.
+    #[arg(long, default_value_t = 300)]
+    bulk_ms: u64,
+    /// Rounds over all links; the least disturbed round of each link counts.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    #[command(flatten)]
+    common: Common,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RPC_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = real_main() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Latency(a) => cmd_latency(a),
+        Cmd::E2e(a) => cmd_e2e(a),
+        Cmd::EmulatorCheck(a) => cmd_check(a),
+        Cmd::Links => {
+            let mut t = Table::new(&["link", "figures", "kind", "source"]);
+            for l in LinkProfile::all_named() {
+                t.push(vec![
+                    l.name.clone(),
+                    l.figures(),
+                    kind_label(l.kind).into(),
+                    l.source.into(),
+                ]);
+            }
+            print!("{}", t.markdown());
+            Ok(())
+        }
+    }
+}
+
+fn kind_label(k: LinkKind) -> &'static str {
+    match k {
+        LinkKind::Native => "native",
+        LinkKind::Emulated => "emulated",
+        LinkKind::ProjectedOnly => "projected only",
+    }
+}
+
+fn flat(links: &LinkList) -> Vec<LinkProfile> {
+    let mut v: Vec<LinkProfile> = Vec::new();
+    for l in &links.0 {
+        if !v.iter().any(|x| x.name == l.name) {
+            v.push(l.clone());
+        }
+    }
+    v
+}
+
+fn progress(common: &Common) -> bool {
+    !common.no_progress && std::io::stderr().is_terminal()
+}
+
+/// The link list as markdown bullet lines with their sources.
+fn links_section(links: &[LinkProfile]) -> String {
+    let mut s = String::from("Links (figures and sources):\n\n");
+    for l in links {
+        s.push_str(&format!(
+            "- `{}` ({}, {}): {}\n",
+            l.name,
+            l.figures(),
+            kind_label(l.kind),
+            l.source
+        ));
+    }
+    s
+}
+
+fn emit(common: &Common, md: &str, csv: &Table) -> anyhow::Result<()> {
+    print!("{md}");
+    if let Some(p) = &common.csv {
+        csv.write_csv(p)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+        eprintln!("CSV written to {}", p.display());
+    }
+    if let Some(p) = &common.md {
+        std::fs::write(p, md).with_context(|| format!("cannot write {}", p.display()))?;
+        eprintln!("markdown written to {}", p.display());
+    }
+    Ok(())
+}
+
+fn cmd_latency(a: LatencyArgs) -> anyhow::Result<()> {
+    let links = flat(&a.common.links);
+    let rdma = (a.transport == TransportKind::Rdma).then(|| RdmaSettings {
+        flavor: a.rdma_flavor.flavor(),
+        opts: RdmaOptions {
+            device: a.rdma_device.clone(),
+            gid_index: a.rdma_gid_index,
+        },
+    });
+    let cfg = LatencyConfig {
+        targets: a.server.clone(),
+        links: links.clone(),
+        sizes: a.sizes.clone(),
+        iterations: a.iterations.max(1),
+        warmup: a.warmup,
+        device: a.device,
+        rdma,
+        progress: progress(&a.common),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let rows = rt.block_on(latency::run(&cfg))?;
+    let mut md = String::new();
+    md.push_str(&format!(
+        "## rpc-bench latency\n\n{} measured iterations per case after {} warm-up; servers: {}.\n\
+         `numbers`: *measured* = client straight to the server; *measured (relay, no delay)* = through the \
+         counting relay, the base of the projections; *measured (emulated link)* = through the user-space \
+         link emulator; *projected* = relay p50 (direct p50 for projection-only links) + round trips × RTT + \
+         wire bytes ÷ bandwidth.\n\n",
+        cfg.iterations,
+        cfg.warmup,
+        cfg.targets.iter().map(|t| format!("{} ({})", t.label, t.addr)).collect::<Vec<_>>().join(", ")
+    ));
+    md.push_str(&latency::table(&rows).markdown());
+    md.push('\n');
+    md.push_str(&links_section(&links));
+    if a.histograms {
+        md.push_str("\nHistograms:\n\n```\n");
+        md.push_str(&latency::histograms(&rows));
+        md.push_str("```\n");
+    }
+    emit(&a.common, &md, &latency::csv_table(&rows))?;
+    if let Some(png) = &a.png {
+        latency_chart(png, &rows, &cfg)?;
+        eprintln!("chart written to {}", png.display());
+    }
+    Ok(())
+}
+
+fn latency_chart(
+    path: &std::path::Path,
+    rows: &[CaseResult],
+    cfg: &LatencyConfig,
+) -> anyhow::Result<()> {
+    let mut cats: Vec<String> = Vec::new();
+    for r in rows {
+        if !cats.contains(&r.link) {
+            cats.push(r.link.clone());
+        }
+    }
+    let mut cases = vec![latency::Case {
+        kind: CaseKind::Empty,
+        bytes: 0,
+    }];
+    cases.extend(cfg.sizes.iter().map(|&b| latency::Case {
+        kind: CaseKind::Get,
+        bytes: b,
+    }));
+    let mut panels = Vec::new();
+    for case in cases {
+        let mut series = Vec::new();
+        for (ti, t) in cfg.targets.iter().enumerate() {
+            let color = PALETTE[ti % PALETTE.len()];
+            let pick = |f: &dyn Fn(&CaseResult) -> Option<f64>| -> Vec<Option<f64>> {
+                cats.iter()
+                    .map(|l| {
+                        rows.iter()
+                            .find(|r| r.server == t.label && &r.link == l && r.case == case)
+                            .and_then(f)
+                    })
+                    .collect()
+            };
+            series.push(BarSeries {
+                name: format!("{} measured p50", t.label),
+                values: pick(&|r| r.summary.as_ref().map(|s| s.p50.as_secs_f64() * 1e6)),
+                color,
+                hollow: false,
+            });
+            series.push(BarSeries {
+                name: format!("{} projected", t.label),
+                values: pick(&|r| r.projected.map(|p| p.as_secs_f64() * 1e6)),
+                color,
+                hollow: true,
+            });
+        }
+        panels.push(Panel {
+            title: case.name(),
+            y_label: "round trip, us".into(),
+            categories: cats.clone(),
+            series,
+        });
+    }
+    chart::draw(
+        path,
+        "rpc-bench latency: p50 round trip per link (solid: measured, light: projected)",
+        &panels,
+        &["Emulated links run through rpc-bench's user-space link emulator; tb5-rdma is projected from published figures.".into()],
+    )
+}
+
+fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
+    let links = flat(&a.common.links);
+    let cfg = E2eConfig {
+        targets: a.server.clone(),
+        bin: a.bin.clone(),
+        model: a.model.clone(),
+        links: links.clone(),
+        n_prompt: a.n_prompt,
+        n_gen: a.n_gen,
+        reps: a.reps,
+        threads: a.threads,
+        ngl: a.ngl.clone(),
+        extra: a.bench_args.split_whitespace().map(String::from).collect(),
+        direct: a.direct,
+        timeout: Duration::from_secs(a.timeout),
+        logdir: a.logdir.clone(),
+        progress: progress(&a.common),
+    };
+    let (rows, notes) = e2e::run(&cfg)?;
+    let mut md = String::new();
+    md.push_str(&format!(
+        "## rpc-bench e2e\n\nClient: stock `llama-bench -ngl {} -p {} -n {} -r {} -t {} {}` ({}), model `{}`; servers: {}.\n\
+         Per token: pp = one {}-token batch ÷ {}, tg = one generated token. Round trips and bytes are counted \
+         exactly by the relay (difference between -r 1 and -r {} runs). `numbers`: *measured (relay, no delay)* \
+         is the base; *measured (emulated link)* ran through the user-space link emulator; *projected* = base + \
+         round trips × RTT + bytes ÷ bandwidth (t/s in parentheses are projected).\n\n",
+        cfg.ngl,
+        cfg.n_prompt,
+        cfg.n_gen,
+        cfg.reps,
+        cfg.threads,
+        a.bench_args,
+        cfg.bin.display(),
+        cfg.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        cfg.targets.iter().map(|t| format!("{} ({})", t.label, t.addr)).collect::<Vec<_>>().join(", "),
+        cfg.n_prompt,
+        cfg.n_prompt,
+        cfg.reps,
+    ));
+    md.push_str(&e2e::table(&rows).markdown());
+    md.push_str("\nCommands on the wire (counted through the relay):\n\n");
+    md.push_str(&e2e::commands_table(&rows).markdown());
+    md.push('\n');
+    for l in &notes.lines {
+        md.push_str(&format!("- {l}\n"));
+    }
+    md.push('\n');
+    md.push_str(&links_section(&links));
+    emit(&a.common, &md, &e2e::table(&rows))?;
+    if let Some(png) = &a.png {
+        e2e_chart(png, &rows, &cfg)?;
+        eprintln!("chart written to {}", png.display());
+    }
+    Ok(())
+}
+
+fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<()> {
+    let mut cats: Vec<String> = Vec::new();
+    for r in rows {
+        if !cats.contains(&r.link) {
+            cats.push(r.link.clone());
+        }
+    }
+    let mut panels = Vec::new();
+    for (phase, title) in [
+        (
+            e2e::Phase::Tg(cfg.n_gen),
+            format!("generation (tg{}): ms per token", cfg.n_gen),
+        ),
+        (
+            e2e::Phase::Pp(cfg.n_prompt),
+            format!("prompt processing (pp{}): ms per token", cfg.n_prompt),
+        ),
+    ] {
+        let mut series = Vec::new();
+        for (ti, t) in cfg.targets.iter().enumerate() {
+            let color = PALETTE[ti % PALETTE.len()];
+            let pick = |f: &dyn Fn(&E2eRow) -> Option<f64>| -> Vec<Option<f64>> {
+                cats.iter()
+                    .map(|l| {
+                        rows.iter()
+                            .find(|r| r.server == t.label && &r.link == l && r.phase == phase)
+                            .and_then(f)
+                    })
+                    .collect()
+            };
+            series.push(BarSeries {
+                name: format!("{} measured", t.label),
+                values: pick(&|r| r.measured_per_token().map(|d| d.as_secs_f64() * 1e3)),
+                color,
+                hollow: false,
+            });
+            series.push(BarSeries {
+                name: format!("{} projected", t.label),
+                values: pick(&|r| {
+                    if r.origin == E2eOrigin::Relay {
+                        None
+                    } else {
+                        r.projected_per_token().map(|d| d.as_secs_f64() * 1e3)
+                    }
+                }),
+                color,
+                hollow: true,
+            });
+        }
+        panels.push(Panel {
+            title,
+            y_label: "ms per token".into(),
+            categories: cats.clone(),
+            series,
+        });
+    }
+    // The link's own share per generated token: deterministic, from the counted traffic.
+    let link_cats: Vec<String> = cats
+        .iter()
+        .filter(|c| c.as_str() != "none" && c.as_str() != "direct")
+        .cloned()
+        .collect();
+    let tg = e2e::Phase::Tg(cfg.n_gen);
+    let mut series = Vec::new();
+    for (ti, t) in cfg.targets.iter().enumerate() {
+        series.push(BarSeries {
+            name: format!("{} projected", t.label),
+            values: link_cats
+                .iter()
+                .map(|l| {
+                    rows.iter()
+                        .find(|r| r.server == t.label && &r.link == l && r.phase == tg)
+                        .and_then(E2eRow::link_cost_per_token)
+                        .map(|d| d.as_secs_f64() * 1e3)
+                })
+                .collect(),
+            color: PALETTE[ti % PALETTE.len()],
+            hollow: true,
+        });
+    }
+    panels.push(Panel {
+        title: format!(
+            "link share of a generated token (tg{}): round trips x RTT + bytes / bandwidth",
+            cfg.n_gen
+        ),
+        y_label: "ms per token".into(),
+        categories: link_cats,
+        series,
+    });
+    let mut footer = vec![format!(
+        "Stock llama-bench -ngl {} through each link to the worker; solid = measured (none: loopback + counting relay; \
+         others: user-space link emulator), light = projected.",
+        cfg.ngl
+    )];
+    for l in cfg.links.iter().filter(|l| l.kind != LinkKind::Native) {
+        footer.push(format!(
+            "{}: {} ({}){}",
+            l.name,
+            l.figures(),
+            kind_label(l.kind),
+            if l.name == "tb5-rdma" {
+                "; messages padded to 128 KiB strides (upstream Apple UC flavor)"
+            } else {
+                ""
+            }
+        ));
+    }
+    chart::draw(
+        path,
+        "rpc-bench e2e: per-token latency per link",
+        &panels,
+        &footer,
+    )
+}
+
+fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
+    let links = flat(&a.common.links);
+    let cfg = CheckConfig {
+        links: links.clone(),
+        pings: a.pings.max(1),
+        ping_bytes: a.ping_bytes.max(1),
+        bulk_time: Duration::from_millis(a.bulk_ms),
+        rounds: a.rounds,
+        progress: progress(&a.common),
+    };
+    let (rows, timer) = emucheck::run(&cfg)?;
+    let mut md = String::from("## rpc-bench emulator-check\n\n");
+    md.push_str(&format!(
+        "{} rounds; per round and link {} ping-pongs of {} B through the relay (the round with the lowest \
+         p50 counts) and a one-way bulk transfer of about {} ms at the \
+         configured rate (the best round counts), throughput = bytes ÷ (time to the receiver's ack − RTT p50). Emulated part = ping p50 − \
+         baseline p50. Tolerances: RTT ±max(10 %, 25 us), bandwidth 90–105 %.\n\n",
+        cfg.rounds,
+        cfg.pings,
+        cfg.ping_bytes,
+        a.bulk_ms
+    ));
+    let t = emucheck::table(&rows);
+    md.push_str(&t.markdown());
+    md.push_str(&format!(
+        "\nTimer (sleep, then spin for the last {}): overshoot of 2000 deadlines 20–1000 us away: p50 {}, p99 {}, max {}.\n",
+        fmt_dur(rpc_bench::relay::SPIN_MARGIN),
+        fmt_dur(timer.p50),
+        fmt_dur(timer.p99),
+        fmt_dur(timer.max)
+    ));
+    emit(&a.common, &md, &t)?;
+    Ok(())
+}
