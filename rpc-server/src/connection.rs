@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rpc_proto::{check_frame, Command, DecodeError, FrameHeader, Limits, Request, Response, SetTensorHeader};
-use rpc_transport::rdma::RdmaTransport;
+use rpc_transport::rdma::negotiate::lean_name;
+use rpc_transport::rdma::{Flavor, RdmaTransport};
 use rpc_transport::{TcpTransport, Transport};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -151,6 +152,39 @@ pub async fn serve(
             let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/UC");
             tracing::info!("RDMA activated (Apple UC flavor)");
             let r = run(&mut t, session, limits, stats, idle, shutdown).await;
+            finish_rdma(&rdma, t.counters());
+            r
+        }
+        Activated::Lean(link, flavor, _permit) => {
+            // Our own client: the lean framing. Over UC the readiness exchange comes first, as
+            // for upstream's UC flavor (receives are posted on both sides before any frame).
+            if flavor == Flavor::AppleUc {
+                tcp.send_message(&[&[READY]]).await?;
+                let mut b = [0u8; 1];
+                match tokio::time::timeout(READY_TIMEOUT, tcp.read_exact(&mut b)).await {
+                    Ok(Ok(())) if b[0] == READY => {}
+                    Ok(Ok(())) => {
+                        tracing::warn!("client could not activate RDMA (readiness byte {:#x}); staying on TCP", b[0]);
+                        drop(link);
+                        return run(&mut tcp, session, limits, stats, idle, shutdown).await;
+                    }
+                    Ok(Err(e)) => return Err(e.into()),
+                    Err(_) => return Err(ConnectionError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no RDMA readiness byte from the client"))),
+                }
+            }
+            let anchor = into_anchor(tcp)?;
+            let mut t = RdmaTransport::new(link, Some(anchor), lean_name(flavor));
+            tracing::info!("RDMA activated (lean framing over {})", if flavor == Flavor::AppleUc { "UC" } else { "RC" });
+            let r = run(&mut t, session, limits, stats, idle, shutdown).await;
+            let lean = t.link().stats();
+            tracing::info!(
+                data_frames = lean.data_frames,
+                credit_frames = lean.credit_frames,
+                inline_frames = lean.inline_frames,
+                bytes_sent = lean.bytes_sent,
+                frames_received = lean.frames_received,
+                "lean framing stats"
+            );
             finish_rdma(&rdma, t.counters());
             r
         }

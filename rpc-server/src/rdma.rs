@@ -4,13 +4,18 @@
 //! side can fully activate (device found for the socket's local address, queue pair created and
 //! moved to RTS, receives posted, budget available) do we answer with our caps. Otherwise we
 //! answer all-zero caps and the client stays on TCP: no one-sided activation, no hang.
+//!
+//! A client that is ours offers the lean framing with a marker in its caps (see
+//! `rpc_transport::rdma::caps`); we accept it by answering our caps with the marker. Stock
+//! clients never send the marker and get upstream's framing of their flavor, byte for byte.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use rpc_transport::rdma::negotiate::{server_choice, Choice};
 use rpc_transport::rdma::real::{self, RdmaOptions, RealQp};
-use rpc_transport::rdma::{gid_to_string, Caps, Flavor, RcLink, UcLink};
+use rpc_transport::rdma::{gid_to_string, Flavor, LeanLink, RcLink, UcLink};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// `--transport`.
@@ -30,7 +35,10 @@ pub struct RdmaConfig {
     pub opts: RdmaOptions,
     budget: Arc<Semaphore>,
     pub max_connections: usize,
+    /// Accept the lean framing from clients that offer it (`RPC_RDMA_LEAN=0` turns it off).
+    pub lean: bool,
     pub activated: AtomicU64,
+    pub lean_activated: AtomicU64,
     pub sends: AtomicU64,
     pub recvs: AtomicU64,
 }
@@ -57,7 +65,9 @@ impl RdmaConfig {
             opts,
             budget: Arc::new(Semaphore::new(max_connections)),
             max_connections,
+            lean: lean_from_env(),
             activated: AtomicU64::new(0),
+            lean_activated: AtomicU64::new(0),
             sends: AtomicU64::new(0),
             recvs: AtomicU64::new(0),
         }
@@ -71,7 +81,8 @@ impl RdmaConfig {
                 Err(e) => format!("TCP (no RDMA: {e})"),
                 Ok(()) => match rdma_verbs::devices() {
                     Ok(d) if !d.is_empty() => format!(
-                        "TCP + RDMA auto-negotiated in HELLO (Linux RC and Apple UC flavors; devices: {}; up to {} RDMA connections)",
+                        "TCP + RDMA auto-negotiated in HELLO (Linux RC and Apple UC flavors{}; devices: {}; up to {} RDMA connections)",
+                        if self.lean { ", lean framing for our clients" } else { "" },
                         d.iter().map(|d| d.name.clone()).collect::<Vec<_>>().join(", "),
                         self.max_connections
                     ),
@@ -87,10 +98,21 @@ impl RdmaConfig {
     }
 }
 
+/// `RPC_RDMA_LEAN`: `0`, `off`, `false` or `no` turn the lean framing off (clients offering it
+/// then get upstream's framing of their flavor).
+fn lean_from_env() -> bool {
+    match std::env::var("RPC_RDMA_LEAN") {
+        Ok(v) => !matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "off" | "false" | "no"),
+        Err(_) => true,
+    }
+}
+
 /// An activated RDMA link, holding its slot of the budget.
 pub enum Activated {
     Rc(RcLink<RealQp>, OwnedSemaphorePermit),
     Uc(UcLink<RealQp>, OwnedSemaphorePermit),
+    /// Our lean framing over the flavor's queue-pair type (UC: the readiness byte follows).
+    Lean(LeanLink<RealQp>, Flavor, OwnedSemaphorePermit),
 }
 
 /// Decides the transport for a connection from the client's HELLO caps. Returns our reply caps
@@ -99,17 +121,21 @@ pub fn negotiate(cfg: &RdmaConfig, local_ip: IpAddr, client: &[u8; 24]) -> ([u8;
     if cfg.mode == TransportMode::Tcp {
         return ([0; 24], None);
     }
-    let Some(peer) = Caps::decode(client, native_flavor()) else {
-        if client.iter().any(|&b| b != 0) {
-            tracing::warn!("client caps fit neither upstream RDMA layout; staying on TCP");
+    let (peer, lean) = match server_choice(client, native_flavor(), cfg.lean) {
+        Choice::Tcp => {
+            if client.iter().any(|&b| b != 0) {
+                tracing::warn!("client caps fit neither upstream RDMA layout; staying on TCP");
+            }
+            return ([0; 24], None);
         }
-        return ([0; 24], None);
+        Choice::Upstream(peer) => (peer, false),
+        Choice::Lean(peer) => (peer, true),
     };
     let Ok(permit) = cfg.budget.clone().try_acquire_owned() else {
         tracing::info!(max = cfg.max_connections, "RDMA connection budget used up; this client stays on TCP");
         return ([0; 24], None);
     };
-    let prepared = match real::prepare(local_ip, peer.flavor, &cfg.opts) {
+    let prepared = match real::prepare_with(local_ip, peer.flavor, &cfg.opts, lean) {
         Ok(p) => p,
         Err(e) => {
             tracing::info!("RDMA cannot engage ({e}); staying on TCP");
@@ -118,8 +144,9 @@ pub fn negotiate(cfg: &RdmaConfig, local_ip: IpAddr, client: &[u8; 24]) -> ([u8;
     };
     let ours = prepared.caps();
     tracing::info!(
-        "RDMA probed: flavor={} dev={} gid_index={} mtu={} qpn={} peer qpn={} peer gid={}",
+        "RDMA probed: flavor={}{} dev={} gid_index={} mtu={} qpn={} peer qpn={} peer gid={}",
         peer.flavor.name(),
+        if lean { " +lean" } else if peer.lean { " (lean offered, declined)" } else { "" },
         prepared.device,
         prepared.gid_index,
         prepared.mtu,
@@ -127,13 +154,17 @@ pub fn negotiate(cfg: &RdmaConfig, local_ip: IpAddr, client: &[u8; 24]) -> ([u8;
         peer.qpn,
         gid_to_string(&peer.gid)
     );
-    let activated = match peer.flavor {
-        Flavor::LinuxRc => prepared.activate_rc(&peer).map(|l| Activated::Rc(l, permit)),
-        Flavor::AppleUc => prepared.activate_uc(&peer).map(|l| Activated::Uc(l, permit)),
+    let activated = match (peer.flavor, lean) {
+        (flavor, true) => prepared.activate_lean(&peer).map(|l| Activated::Lean(l, flavor, permit)),
+        (Flavor::LinuxRc, false) => prepared.activate_rc(&peer).map(|l| Activated::Rc(l, permit)),
+        (Flavor::AppleUc, false) => prepared.activate_uc(&peer).map(|l| Activated::Uc(l, permit)),
     };
     match activated {
         Ok(a) => {
             cfg.activated.fetch_add(1, Relaxed);
+            if lean {
+                cfg.lean_activated.fetch_add(1, Relaxed);
+            }
             (ours.encode(), Some(a))
         }
         Err(e) => {

@@ -7,6 +7,9 @@
 //!   receive fails; a dead peer is silent: sends complete, nothing arrives.
 //! - A device allows a bounded number of queue pairs (Apple: 10); more fail with EBUSY.
 //! - Faults can be injected on the next SEND: drop it (UC), corrupt one byte, fail it.
+//! - A SEND that finds no receive posted is counted ([`FakeQp::unmatched`]: an RNR wait on RC,
+//!   a hardware credit wait on Apple's UC); with [`FakeQp::drop_unmatched`] a UC SEND that finds
+//!   none is lost instead, as rxe's UC does, so software credits can be tested.
 
 use std::collections::VecDeque;
 use std::io;
@@ -49,10 +52,15 @@ struct Endpoint {
     fault: Option<Fault>,
     sends: u64,
     bytes_sent: u64,
+    inline_sends: u64,
+    /// SENDs of the peer that found no receive posted here.
+    unmatched: u64,
 }
 
 struct Wire {
     rules: Rules,
+    /// UC: a SEND that finds no receive posted is dropped (rxe), instead of waiting (Apple).
+    drop_unmatched: bool,
     eps: [Endpoint; 2],
 }
 
@@ -106,7 +114,7 @@ pub struct FakeQp {
 
 /// Creates two connected queue pairs with the given region sizes.
 pub fn pair(rules: Rules, send_size: usize, recv_size: usize, max_inline: usize) -> (FakeQp, FakeQp) {
-    let wire = Arc::new(Mutex::new(Wire { rules, eps: [Endpoint::default(), Endpoint::default()] }));
+    let wire = Arc::new(Mutex::new(Wire { rules, drop_unmatched: false, eps: [Endpoint::default(), Endpoint::default()] }));
     let mk = |me| FakeQp {
         wire: wire.clone(),
         me,
@@ -143,6 +151,23 @@ impl FakeQp {
     pub fn sent(&self) -> (u64, u64) {
         let w = self.lock();
         (w.eps[self.me].sends, w.eps[self.me].bytes_sent)
+    }
+
+    /// SENDs posted by this endpoint as inline.
+    pub fn sent_inline(&self) -> u64 {
+        self.lock().eps[self.me].inline_sends
+    }
+
+    /// SENDs of this endpoint that found no receive posted at the peer when they arrived.
+    pub fn unmatched(&self) -> u64 {
+        let w = self.lock();
+        w.eps[1 - self.me].unmatched
+    }
+
+    /// UC, both directions: a SEND that finds no receive posted is lost (rxe) instead of
+    /// waiting for one (Apple's hardware credits).
+    pub fn drop_unmatched(&self, on: bool) {
+        self.lock().drop_unmatched = on;
     }
 
     /// Matches queued incoming messages with posted receives, applying the rules.
@@ -201,6 +226,9 @@ impl Verbs for FakeQp {
         let fault = w.eps[me].fault.take();
         w.eps[me].sends += 1;
         w.eps[me].bytes_sent += len as u64;
+        if inline {
+            w.eps[me].inline_sends += 1;
+        }
         match fault {
             Some(Fault::Error) => {
                 w.eps[me].completions.push_back(Wc { wr_id, recv: false, byte_len: 0, error: Some(STATUS_GENERAL_ERR) });
@@ -221,6 +249,14 @@ impl Verbs for FakeQp {
             let error = if rules == Rules::Rc { Some(STATUS_RETRY_EXC_ERR) } else { None };
             w.eps[me].completions.push_back(Wc { wr_id, recv: false, byte_len: 0, error });
             return Ok(());
+        }
+        let free_receives = w.eps[peer].posted.len().saturating_sub(w.eps[peer].incoming.len());
+        if free_receives == 0 {
+            w.eps[peer].unmatched += 1;
+            if rules == Rules::Uc && w.drop_unmatched {
+                w.eps[me].completions.push_back(Wc { wr_id, recv: false, byte_len: 0, error: None });
+                return Ok(());
+            }
         }
         w.eps[peer].incoming.push_back((wr_id, msg));
         if rules == Rules::Uc {

@@ -3,12 +3,18 @@
 //! - [`caps`]: the 24-byte HELLO blob in both layouts, and flavor detection from a peer's blob.
 //! - [`rc`] / [`uc`]: the flavors' framing as state machines over the [`verbs::Verbs`] trait
 //!   (one connected queue pair with its registered memory), with no I/O of their own.
+//! - [`lean`]: our own framing (sequence numbers, checksums, credits, frames sized to the
+//!   message) over an RC or UC queue pair, used only when both ends are ours.
+//! - [`negotiate`]: who speaks what, from the HELLO caps (both roles), and the client role over
+//!   real verbs ([`negotiate::negotiate_client`]).
 //! - [`RdmaTransport`]: drives a flavor asynchronously as a [`crate::Transport`], and watches the
 //!   TCP socket that stays open as the liveness anchor (UC reports nothing when a peer dies).
 //! - [`fake`]: an in-process fabric that enforces both flavors' hardware rules, for fast tests.
 
 pub mod caps;
 pub mod fake;
+pub mod lean;
+pub mod negotiate;
 pub mod rc;
 pub mod real;
 pub mod uc;
@@ -19,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-pub use caps::{gid_for_ip, gid_to_string, Caps, Flavor, CAPS_SIZE};
+pub use caps::{gid_for_ip, gid_to_string, lean_rc_psn, Caps, Flavor, CAPS_SIZE, LEAN_UC_MARK};
+pub use lean::{Geometry, LeanLink};
 pub use rc::RcLink;
 pub use uc::UcLink;
 
@@ -33,6 +40,11 @@ pub trait Flavored: Send {
     fn write_part(&mut self, part: &[u8]) -> io::Result<usize>;
     /// End of a message: post what is buffered.
     fn end_message(&mut self) -> io::Result<()>;
+    /// Everything written so far is posted (a flavor with flow control may hold frames until
+    /// the peer has room; [`RdmaTransport`] waits for this before a send returns).
+    fn flushed(&self) -> bool {
+        true
+    }
     /// A SEND is still waiting for its completion.
     fn sends_pending(&self) -> bool;
     /// SENDs posted and receives completed so far.
@@ -72,6 +84,11 @@ impl<F: Flavored> RdmaTransport<F> {
 
     pub fn link(&mut self) -> &mut F {
         &mut self.link
+    }
+
+    /// The flavor state, without the anchor.
+    pub fn into_link(self) -> F {
+        self.link
     }
 
     /// SENDs posted and receives completed on this connection.
@@ -178,7 +195,15 @@ impl<F: Flavored> crate::Transport for RdmaTransport<F> {
                 self.step(&mut spins).await?;
             }
         }
-        self.link.end_message()
+        self.link.end_message()?;
+        let since = Instant::now();
+        while !self.link.flushed() {
+            if since.elapsed() > SEND_TIMEOUT {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "RDMA send: the peer returned no credits within 30 s"));
+            }
+            self.step(&mut spins).await?;
+        }
+        Ok(())
     }
 
     fn name(&self) -> &'static str {

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use rdma_verbs as rv;
 
 use super::caps::{Caps, Flavor};
+use super::lean::{Geometry, LeanLink};
 use super::rc::{RcLink, RC_RX_DEPTH, RC_RX_SIZE, RC_TX_SIZE};
 use super::uc::{UcLink, UC_NBUF, UC_RING_SIZE};
 use super::verbs::{Verbs, Wc};
@@ -24,6 +25,8 @@ pub enum RdmaError {
     Verbs { what: &'static str, err: rv::VerbsError },
     #[error("posting receives: {0}")]
     PostRecv(io::Error),
+    #[error("the lean framing needs a queue pair prepared for it (prepare_with(.., lean = true))")]
+    NotPreparedForLean,
 }
 
 fn verr(what: &'static str) -> impl FnOnce(rv::VerbsError) -> RdmaError {
@@ -33,6 +36,12 @@ fn verr(what: &'static str) -> impl FnOnce(rv::VerbsError) -> RdmaError {
 fn io_err(e: rv::VerbsError) -> io::Error {
     io::Error::other(e.to_string())
 }
+
+// The lean framing fits in the memory and work-request budgets of the upstream flavors' queue
+// pairs (RC: the send region grows to 4 slots when prepared for lean).
+const _: () = assert!(Geometry::UC.rx_size() <= UC_RING_SIZE && Geometry::UC.tx_size() <= UC_RING_SIZE);
+const _: () = assert!(Geometry::UC.rx_slots <= UC_NBUF * 32 && Geometry::UC.tx_slots <= UC_NBUF * 32);
+const _: () = assert!(Geometry::RC.rx_size() <= RC_RX_SIZE && Geometry::RC.rx_slots <= RC_RX_DEPTH + 4 && Geometry::RC.tx_slots <= 4);
 
 /// Tags receive work requests so completions on a shared CQ can be told apart.
 const RECV_TAG: u64 = 1 << 63;
@@ -115,6 +124,8 @@ pub struct Prepared {
     port: u8,
     active_mtu: rv::Mtu,
     caps: Caps,
+    /// Memory sized for the lean framing too (the caps carry the lean marker).
+    lean: bool,
 }
 
 /// Options for device selection.
@@ -128,6 +139,13 @@ pub struct RdmaOptions {
 
 /// Finds the device whose GID is `local_ip` and creates the flavor's queue pair and memory.
 pub fn prepare(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions) -> Result<Prepared, RdmaError> {
+    prepare_with(local_ip, flavor, opts, false)
+}
+
+/// [`prepare`], optionally for the lean framing as well: the memory then fits both the flavor's
+/// upstream framing and the lean one, and [`Prepared::caps`] carry the lean marker. Either
+/// activation can follow, depending on the peer's answer.
+pub fn prepare_with(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions, lean: bool) -> Result<Prepared, RdmaError> {
     rv::load().map_err(|e| RdmaError::Library(e.to_string()))?;
     let search = rv::GidSearch { device: opts.device.clone(), gid_index: opts.gid_index, ..Default::default() };
     let m = rv::find_gid_with(local_ip, &search).map_err(verr("GID lookup"))?.ok_or(RdmaError::NoDevice(local_ip))?;
@@ -146,7 +164,8 @@ pub fn prepare(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions) -> Result<P
             let mut init = rv::QpInitAttr::new(rv::QpType::Rc, &send_cq, &recv_cq, 4, RC_RX_DEPTH as u32 + 4);
             init.max_inline_data = 256;
             let qp = rv::Qp::new(&pd, &init).map_err(verr("ibv_create_qp"))?;
-            let send_mr = rv::Mr::new(&pd, rv::AlignedBuf::new(RC_TX_SIZE).map_err(verr("alloc"))?, rv::AccessFlags::LOCAL_WRITE)
+            let tx_size = if lean { RC_TX_SIZE.max(Geometry::RC.tx_size()) } else { RC_TX_SIZE };
+            let send_mr = rv::Mr::new(&pd, rv::AlignedBuf::new(tx_size).map_err(verr("alloc"))?, rv::AccessFlags::LOCAL_WRITE)
                 .map_err(verr("ibv_reg_mr"))?;
             let recv_mr = rv::Mr::new(
                 &pd,
@@ -175,7 +194,8 @@ pub fn prepare(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions) -> Result<P
     let caps = match flavor {
         Flavor::LinuxRc => Caps::rc(qp.qp_num(), gid),
         Flavor::AppleUc => Caps::uc(qp.qp_num(), m.lid, gid),
-    };
+    }
+    .with_lean(lean);
     Ok(Prepared {
         flavor,
         device: m.device.clone(),
@@ -184,6 +204,7 @@ pub fn prepare(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions) -> Result<P
         port: m.port,
         active_mtu: m.active_mtu,
         caps,
+        lean,
         qp: RealQp {
             qp,
             send_mr,
@@ -202,6 +223,44 @@ impl Prepared {
     /// Our HELLO caps for this connection.
     pub fn caps(&self) -> Caps {
         self.caps
+    }
+
+    /// Whether this queue pair was prepared for the lean framing too.
+    pub fn lean(&self) -> bool {
+        self.lean
+    }
+
+    /// The lean framing over this queue pair, with the flavor's queue-pair sequence:
+    /// RC: INIT → post receives → RTR → RTS (own psn = the lean psn of our caps);
+    /// UC: RTR → RTS → post receives (the readiness byte exchange follows over TCP).
+    pub fn activate_lean(self, peer: &Caps) -> Result<LeanLink<RealQp>, RdmaError> {
+        if !self.lean {
+            return Err(RdmaError::NotPreparedForLean);
+        }
+        let g = Geometry::for_flavor(self.flavor);
+        debug_assert!(g.tx_size() <= self.qp.send_mr.as_slice().len() && g.rx_size() <= self.qp.recv_mr.as_slice().len());
+        match self.flavor {
+            Flavor::LinuxRc => {
+                let av = self.av(peer, 0);
+                let (port, mtu, own_psn) = (self.port, self.active_mtu, self.caps.psn);
+                let mut link = LeanLink::new(self.qp, g);
+                link.verbs().qp.modify_to_init(&rv::InitAttr::upstream(port)).map_err(verr("QP INIT"))?;
+                link.post_all_receives().map_err(RdmaError::PostRecv)?;
+                let qp = &link.verbs().qp;
+                qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av)).map_err(verr("QP RTR"))?;
+                qp.modify_to_rts(&rv::RtsAttr::rc(own_psn)).map_err(verr("QP RTS"))?;
+                Ok(link)
+            }
+            Flavor::AppleUc => {
+                let av = self.av(peer, peer.lid);
+                let mtu = self.active_mtu;
+                self.qp.qp.modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av)).map_err(verr("QP RTR"))?;
+                self.qp.qp.modify_to_rts(&rv::RtsAttr::uc(0)).map_err(verr("QP RTS"))?;
+                let mut link = LeanLink::new(self.qp, g);
+                link.post_all_receives().map_err(RdmaError::PostRecv)?;
+                Ok(link)
+            }
+        }
     }
 
     fn av(&self, peer: &Caps, dlid: u16) -> rv::AddressVector {
