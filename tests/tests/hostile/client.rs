@@ -264,6 +264,26 @@ impl Server {
         true
     }
 
+    /// Sends a signal (`TERM`, `INT`) to the process.
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill").args(["-s", sig, &self.child.id().to_string()]).status().expect("kill");
+        assert!(st.success(), "kill -s {sig} failed");
+    }
+
+    /// Waits up to `t` for the process to exit.
+    pub fn wait_exit(&mut self, t: Duration) -> Option<std::process::ExitStatus> {
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            if t0.elapsed() > t {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn kill_and_restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -294,3 +294,48 @@ fn hostile_inputs_against_stock() {
     let rows = run_suite(Kind::Stock, &bin);
     write_report(Kind::Stock, &rows);
 }
+
+/// SIGTERM and SIGINT: the server stops accepting, lets the command that is running (and the
+/// requests already sent on that connection) finish, closes every connection and exits 0.
+#[test]
+fn graceful_shutdown_on_sigterm_and_sigint() {
+    let bin = ours_bin();
+    for sig in ["TERM", "INT"] {
+        let log = workspace_root().join("target").join(format!("hostile-shutdown-{sig}.log"));
+        let _ = std::fs::remove_file(&log);
+        let mut server = Server::start(Kind::Ours, &bin, &log);
+        let addr = server.addr;
+        // An idle session with buffers and a stored graph.
+        let mut idle = Workload::setup(addr).expect("idle session");
+        idle.verify().expect("idle session works");
+        // A session in the middle of a heavy compute: 2048x2048 by 2048x128 ones.
+        let mut c = Conn::open(addr).expect("busy session");
+        let (h, base) = c.buffer(24 << 20).expect("buffer");
+        let n: u32 = 2048;
+        let m: u32 = 128;
+        let a = t4(1, F32, [n, n, 1, 1], h, base);
+        let b = t4(2, F32, [n, m, 1, 1], h, base + (16 << 20));
+        let out = t4(3, F32, [n, m, 1, 1], h, base + (20 << 20)).with_op(29, &[]).with_srcs(&[1, 2]).with_flags(FLAG_COMPUTE);
+        c.set_tensor(&a, 0, &f32_bytes(&vec![1.0; (n * n) as usize])).expect("a");
+        c.set_tensor(&b, 0, &f32_bytes(&vec![1.0; (n * m) as usize])).expect("b");
+        c.ping().expect("in sync");
+        c.graph(0, &[3], &[a, b, out]).expect("graph");
+        let mut get = out.to_wire().to_vec();
+        get.extend_from_slice(&0u64.to_le_bytes());
+        get.extend_from_slice(&16u64.to_le_bytes());
+        c.send(GET_TENSOR, &get).expect("pipelined GET_TENSOR");
+        std::thread::sleep(Duration::from_millis(30));
+        let t0 = Instant::now();
+        server.signal(sig);
+        // The request sent before the signal is still answered, correctly.
+        let r = c.recv(16).unwrap_or_else(|e| panic!("SIG{sig}: pipelined GET_TENSOR not answered: {e}"));
+        assert_eq!(to_f32(&r), vec![n as f32; 4], "SIG{sig}: wrong result");
+        // Then every connection is closed and the process exits cleanly.
+        assert!(c.closed_within(Duration::from_secs(35)), "SIG{sig}: busy connection not closed");
+        assert!(idle.c.closed_within(Duration::from_secs(35)), "SIG{sig}: idle connection not closed");
+        let st = server.wait_exit(Duration::from_secs(35)).unwrap_or_else(|| panic!("SIG{sig}: server did not exit"));
+        assert!(st.success(), "SIG{sig}: exit status {st}");
+        assert!(Conn::connect(addr).is_err(), "SIG{sig}: still accepting after exit");
+        eprintln!("SIG{sig}: clean exit {:.2}s after the signal", t0.elapsed().as_secs_f32());
+    }
+}
