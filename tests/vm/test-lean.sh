@@ -3,7 +3,8 @@
 # lean_relay example and, when present, rpc-shim for the VM's CPU; stock llama.cpp with RDMA;
 # the Apple-flavor libggml-rpc; a small synthetic model), then runs tests/vm/lean-e2e.sh in the
 # soft-RoCE VM. The per-token table lands in $LEAN_OUT (default target/lean-vm) too.
-#   E2E_RELAY_ONLY=1: measure (b) with the lean_relay example even if rpc-shim is built.
+#   E2E_RELAY_ONLY=1: measure (b) with the lean_relay example even if rpc-shim is built;
+#   E2E_SHIM=<path>: use that rpc-shim binary (built for the VM's CPU).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -12,8 +13,8 @@ export RVM_CARGO_TARGET_DIR=${RVM_CARGO_TARGET_DIR:-${RPC_CACHE_DIR:-$HOME/.cach
 echo "test-lean: building rpc-server and lean_relay for the VM" >&2
 tests/vm/cargo-vm.sh build --release -q -p rpc-server >&2
 tests/vm/cargo-vm.sh build --release -q -p rpc-transport --example lean_relay >&2
-SHIM=
-if [ -z "${E2E_RELAY_ONLY:-}" ] && [ -f rpc-shim/Cargo.toml ] && grep -q "lean" rpc-shim/src/upstream.rs 2>/dev/null; then
+SHIM=${E2E_SHIM:-}   # a prebuilt rpc-shim for the VM (outside /tmp: the VM mounts a tmpfs there)
+if [ -z "$SHIM" ] && [ -z "${E2E_RELAY_ONLY:-}" ] && [ -f rpc-shim/Cargo.toml ] && grep -q "lean" rpc-shim/src/upstream.rs 2>/dev/null; then
     echo "test-lean: building rpc-shim for the VM" >&2
     tests/vm/cargo-vm.sh build --release -q -p rpc-shim >&2 && SHIM="$RVM_CARGO_TARGET_DIR/release/rpc-shim"
 fi
