@@ -264,6 +264,10 @@ impl Server {
         true
     }
 
+    pub fn child_id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends a signal (`TERM`, `INT`) to the process.
     pub fn signal(&self, sig: &str) {
         let st = Command::new("kill").args(["-s", sig, &self.child.id().to_string()]).status().expect("kill");

@@ -339,3 +339,128 @@ fn graceful_shutdown_on_sigterm_and_sigint() {
         eprintln!("SIG{sig}: clean exit {:.2}s after the signal", t0.elapsed().as_secs_f32());
     }
 }
+
+/// Resident memory of a process, from /proc (Linux).
+fn rss_kib(pid: u32) -> u64 {
+    proc_status(pid, "VmRSS:")
+}
+
+fn proc_status(pid: u32, key: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+/// One short connection: HELLO, a few commands, and an abrupt close (no FREE_BUFFER), rotating
+/// through what a real client does at start-up and what a broken one leaves behind.
+fn churn_once(addr: SocketAddr, i: usize) -> std::io::Result<()> {
+    let mut c = Conn::open(addr)?;
+    match i % 4 {
+        0 => {
+            c.ping()?;
+        }
+        1 => {
+            let (h, base) = c.buffer(1 << 20)?;
+            let t = t4(1, F32, [256, 1, 1, 1], h, base);
+            c.set_tensor(&t, 0, &[1u8; 1024])?;
+            c.get_tensor(&t, 0, 1024)?;
+        }
+        2 => {
+            // A stored graph left behind.
+            let (h, base) = c.buffer(4096)?;
+            let a = t4(1, F32, [4, 1, 1, 1], h, base);
+            let b = t4(2, F32, [4, 1, 1, 1], h, base + 64);
+            let s = t4(3, F32, [4, 1, 1, 1], h, base + 128).with_op(2, &[]).with_srcs(&[1, 2]).with_flags(FLAG_COMPUTE);
+            c.graph(0, &[3], &[a, b, s])?;
+            c.ping()?;
+        }
+        _ => {
+            // Dies in the middle of a frame.
+            let (h, base) = c.buffer(1 << 16)?;
+            let t = t4(1, F32, [1024, 1, 1, 1], h, base);
+            let mut p = t.to_wire().to_vec();
+            p.push(0);
+            p.extend_from_slice(&0u64.to_le_bytes());
+            let mut f = vec![SET_TENSOR];
+            f.extend_from_slice(&((p.len() + 4096) as u64).to_le_bytes());
+            f.extend_from_slice(&p);
+            f.extend_from_slice(&[7u8; 100]);
+            c.send_raw(&f)?;
+        }
+    }
+    c.close();
+    Ok(())
+}
+
+/// 1000 short connections (HELLO, a few commands, abrupt close) while a long session keeps
+/// recomputing: the long session never sees an error or a wrong result, and the server's resident
+/// memory after the churn is what it was before (within allocator noise). The long session runs
+/// from before three warm-up rounds (1200 connections that settle the allocator's arenas) until
+/// after the measured 1000.
+#[test]
+fn churn_1000_connections_memory_flat() {
+    let log = workspace_root().join("target").join("hostile-churn.log");
+    let _ = std::fs::remove_file(&log);
+    let mut server = Server::start(Kind::Ours, &ours_bin(), &log);
+    let addr = server.addr;
+    let pid = server.child_id();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let long = {
+        let stop = stop.clone();
+        std::thread::spawn(move || -> Result<u32, String> {
+            let mut w = Workload::setup(addr).map_err(|e| format!("long session setup: {e}"))?;
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                w.verify().map_err(|e| format!("long session failed after {n} rounds: {e}"))?;
+                n += 1;
+                // Paced like token generation (hundreds of tokens per second at most).
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok(n)
+        })
+    };
+    // Warm-up with the same concurrency: allocator arenas, tokio workers, first graphs.
+    let churn = |n: usize| {
+        let workers: Vec<_> = (0..4)
+            .map(|k| {
+                std::thread::spawn(move || -> Result<(), String> {
+                    for i in (k..n).step_by(4) {
+                        churn_once(addr, i).map_err(|e| format!("churn connection {i}: {e}"))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("churn thread").expect("churn");
+        }
+    };
+    for round in 0..3 {
+        churn(400);
+        std::thread::sleep(Duration::from_millis(300));
+        eprintln!("warm-up round {round}: RSS {} KiB, {} threads", rss_kib(pid), proc_status(pid, "Threads:"));
+    }
+    let before = rss_kib(pid);
+    let threads_before = proc_status(pid, "Threads:");
+
+    let t0 = Instant::now();
+    churn(1000);
+    let churn_secs = t0.elapsed().as_secs_f32();
+    std::thread::sleep(Duration::from_millis(300));
+    let after = rss_kib(pid);
+    let threads_after = proc_status(pid, "Threads:");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = long.join().expect("long session thread").expect("long session");
+    assert!(healthy(addr), "server not serving after the churn");
+    assert!(server.alive());
+    let grown = after as i64 - before as i64;
+    let msg = format!(
+        "churn: 1000 connections in {churn_secs:.1}s; long session {rounds} recompute rounds, all correct; \
+         server RSS {before} KiB before, {after} KiB after ({grown:+} KiB); threads {threads_before} -> {threads_after}"
+    );
+    println!("{msg}");
+    std::fs::write(workspace_root().join("target").join("hostile-churn.txt"), &msg).ok();
+    assert!(rounds > 0, "the long session made no progress");
+    assert!(grown < 8 * 1024, "resident memory grew by {grown} KiB over 1000 connections");
+}
