@@ -7,8 +7,8 @@
 //! and dividing by its token count gives the traffic per token. This works against any server,
 //! since only the client ↔ server bytes are observed.
 //!
-//! Timing: for `none` the same `-r R` runs; for each emulated link one `-p P -n N -r R` run
-//! through the link emulator; optionally (`--direct`) one run with no relay at all, e.g. with a
+//! Timing: `-p P -n N -r R` runs through the relay without delay (`none`) and through each
+//! emulated link, in rounds that visit every link and server in turn (averaged); optionally (`--direct`) one run with no relay at all, e.g. with a
 //! llama.cpp built with RDMA on two machines. Projections: `base + round trips × RTT + bytes ÷
 //! bandwidth`, where `base` is the measured `none` time (compute + loopback + relay).
 
@@ -59,6 +59,8 @@ pub struct E2eConfig {
     pub timeout: Duration,
     /// Raw outputs and logs.
     pub logdir: PathBuf,
+    /// Timing rounds: each round runs `none` and every emulated link for every server in turn.
+    pub rounds: u32,
     /// Progress bar.
     pub progress: bool,
 }
@@ -285,6 +287,29 @@ fn through_relay(
     Ok((res, traffic))
 }
 
+/// The mean of one phase over several `llama-bench` runs (standard deviations combine the
+/// within-run spread and the spread between runs).
+fn averaged(runs: &[Vec<BenchResult>], phase: Phase) -> anyhow::Result<BenchResult> {
+    let all: Vec<BenchResult> = runs
+        .iter()
+        .map(|r| find(r, phase))
+        .collect::<anyhow::Result<_>>()?;
+    let n = all.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&BenchResult) -> f64| all.iter().map(f).sum::<f64>() / n;
+    let avg = mean(&|r| r.avg.as_secs_f64());
+    let tps = mean(&|r| r.tps);
+    let var_avg =
+        mean(&|r| r.stddev.as_secs_f64().powi(2)) + mean(&|r| (r.avg.as_secs_f64() - avg).powi(2));
+    let var_tps = mean(&|r| r.tps_sd.powi(2)) + mean(&|r| (r.tps - tps).powi(2));
+    Ok(BenchResult {
+        phase,
+        avg: Duration::from_secs_f64(avg),
+        stddev: Duration::from_secs_f64(var_avg.sqrt()),
+        tps,
+        tps_sd: var_tps.sqrt(),
+    })
+}
+
 fn find(res: &[BenchResult], phase: Phase) -> anyhow::Result<BenchResult> {
     res.iter()
         .copied()
@@ -341,7 +366,8 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
         .iter()
         .filter(|l| l.kind == LinkKind::Emulated)
         .count() as u64;
-    let runs = cfg.targets.len() as u64 * (4 + n_emulated + u64::from(cfg.direct));
+    let runs = cfg.targets.len() as u64
+        * (4 + u64::from(cfg.rounds.max(1)) * (1 + n_emulated) + u64::from(cfg.direct));
     let pb = progress_bar(runs, cfg.progress);
     let (pp, tg) = (Phase::Pp(cfg.n_prompt), Phase::Tg(cfg.n_gen));
     let mut rows = Vec::new();
@@ -383,22 +409,29 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
         .iter()
         .filter(|l| l.kind == LinkKind::Emulated)
         .collect();
-    let mut emulated: Vec<Vec<Vec<BenchResult>>> = vec![Vec::new(); cfg.targets.len()];
-    for link in &emulated_links {
-        for (ti, target) in cfg.targets.iter().enumerate() {
-            pb.set_message(format!("{}: {} (emulated)", target.label, link.name));
-            let tag = format!("{}-{}", slug(target), link.name);
-            let (res, _) = through_relay(
-                cfg,
-                target,
-                Wire::of(link),
-                cfg.n_prompt,
-                cfg.n_gen,
-                cfg.reps,
-                &tag,
-            )?;
-            emulated[ti].push(res);
-            pb.inc(1);
+    // Timing: `none` (the relay without delay) and every emulated link, in rounds that visit
+    // every link and server in turn; results are averaged over the rounds.
+    let timing: Vec<(String, Wire)> = std::iter::once(("none".to_string(), Wire::transparent()))
+        .chain(emulated_links.iter().map(|l| (l.name.clone(), Wire::of(l))))
+        .collect();
+    let rounds = cfg.rounds.max(1);
+    // [target][timing link] -> results of each round
+    let mut timed: Vec<Vec<Vec<Vec<BenchResult>>>> =
+        vec![vec![Vec::new(); timing.len()]; cfg.targets.len()];
+    for r in 0..rounds {
+        for (li, (name, wire)) in timing.iter().enumerate() {
+            for (ti, target) in cfg.targets.iter().enumerate() {
+                pb.set_message(format!(
+                    "{}: {name} (round {}/{rounds})",
+                    target.label,
+                    r + 1
+                ));
+                let tag = format!("{}-{name}-round{}", slug(target), r + 1);
+                let (res, _) =
+                    through_relay(cfg, target, *wire, cfg.n_prompt, cfg.n_gen, cfg.reps, &tag)?;
+                timed[ti][li].push(res);
+                pb.inc(1);
+            }
         }
     }
     let mut direct: Vec<Option<Vec<BenchResult>>> = vec![None; cfg.targets.len()];
@@ -452,8 +485,9 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
             human_bytes(tg_t.bytes() as f64),
             tg_t.commands_summary(1.0),
         ));
-        let base_pp = find(pp_res, pp)?;
-        let base_tg = find(tg_res, tg)?;
+        let _ = (pp_res, tg_res);
+        let base_pp = averaged(&timed[ti][0], pp)?;
+        let base_tg = averaged(&timed[ti][0], tg)?;
         let phases = [(pp, base_pp, pp_t), (tg, base_tg, tg_t)];
         for &(phase, base, t) in &phases {
             rows.push(E2eRow {
@@ -467,7 +501,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
                 origin: E2eOrigin::Relay,
             });
         }
-        let mut emulated_iter = emulated[ti].iter();
+        let mut emulated_iter = timed[ti][1..].iter();
         for link in &cfg.links {
             let cost = |t: &Traffic| {
                 link.link_cost(t.round_trips as f64, t.bytes() as f64, t.uc_bytes() as f64)
@@ -484,7 +518,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
                             server: label.clone(),
                             link: link.name.clone(),
                             phase,
-                            measured: Some(find(res, phase)?),
+                            measured: Some(averaged(res, phase)?),
                             projected: Some(project(&base, &t)),
                             traffic: t,
                             link_cost: Some(cost(&t)),

@@ -10,9 +10,10 @@
 //! `relay` lane (the counting relay without delay), which is the base of the projections and
 //! gives the exact bytes per case; each emulated profile runs through the relay with its delay and
 //! bandwidth; projection-only profiles (`tb5-rdma`) are computed, never measured. The lanes of a
-//! server are measured interleaved, one iteration each in turn, so load from elsewhere on a shared
-//! machine hits them alike; a server that takes one connection at a time (the stock
-//! `ggml-rpc-server`) gets its lanes one after another instead.
+//! server are measured interleaved, one iteration each in turn, and the iterations are split into
+//! rounds that visit every server in turn, so load from elsewhere on a shared machine hits all
+//! servers and links alike; a server that takes one connection at a time (the stock
+//! `ggml-rpc-server`) gets its lanes one after another within a round.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -96,6 +97,8 @@ pub struct LatencyConfig {
     pub device: u32,
     /// `Some`: connect over RDMA.
     pub rdma: Option<RdmaSettings>,
+    /// Rounds the iterations are split into (each round visits every server and link).
+    pub rounds: usize,
     /// Show a progress bar.
     pub progress: bool,
 }
@@ -177,9 +180,6 @@ impl LaneResult {
         }
     }
 }
-
-/// Rounds over the lanes for a server that takes one connection at a time.
-const SEQUENTIAL_ROUNDS: usize = 5;
 
 /// One open way of reaching a server: straight, through the counting relay, or through an
 /// emulated link.
@@ -340,6 +340,13 @@ async fn concurrent_probe(target: SocketAddr, first: Lane) -> anyhow::Result<Opt
 }
 
 /// Runs the whole latency benchmark.
+///
+/// The iterations are split into [`LatencyConfig::rounds`] rounds; each round visits every server
+/// in turn (ours, stock, ours, stock, ...), so load from elsewhere on a shared machine spreads
+/// over all servers and links alike. Within a round, a server that takes concurrent connections
+/// has its lanes interleaved iteration by iteration; one that serves a single connection at a
+/// time (the stock `ggml-rpc-server`) gets its lanes one after another, each closed before the
+/// next opens.
 pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
     let cases = Case::all(&cfg.sizes);
     let needs_relay = cfg.links.iter().any(|l| l.kind != LinkKind::Native) && cfg.rdma.is_none();
@@ -378,77 +385,77 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
             wire: Some(Wire::of(link)),
         });
     }
+    if specs.is_empty() {
+        anyhow::bail!(
+            "nothing to measure: give at least one of none, 2.5gbe, 10gbe, tb5-tcp, custom:..."
+        );
+    }
+    let rounds = cfg.rounds.clamp(1, cfg.iterations.max(1));
+    let warmup = if cfg.warmup == 0 {
+        0
+    } else {
+        cfg.warmup.div_ceil(rounds).max(cfg.warmup.min(3))
+    };
     let total =
-        (cfg.targets.len() * specs.len() * cases.len() * (cfg.iterations + cfg.warmup)) as u64;
+        (cfg.targets.len() * specs.len() * cases.len() * (cfg.iterations + rounds * warmup)) as u64;
     let pb = progress_bar(total, cfg.progress);
-    let mut rows = Vec::new();
+    // Which servers take concurrent connections.
+    let mut concurrent = Vec::new();
     for target in &cfg.targets {
         pb.set_message(format!("{}: connecting", target.label));
         let first = Lane::open(&specs[0], target.addr, cfg, cases.len()).await?;
-        let results: Vec<LaneResult> = if specs.len() == 1 {
-            let mut lanes = vec![first];
-            measure(
-                &mut lanes,
-                &cases,
-                cfg,
-                (cfg.iterations, cfg.warmup),
-                &pb,
-                &target.label,
-            )
-            .await?;
-            lanes.into_iter().map(|l| l.result).collect()
-        } else {
-            if let Some(first) = concurrent_probe(target.addr, first).await? {
-                let mut lanes = vec![first];
-                for spec in &specs[1..] {
+        let c = specs.len() == 1 || concurrent_probe(target.addr, first).await?.is_some();
+        if !c {
+            tracing::info!(
+                "{} serves one connection at a time: its links are measured one after another",
+                target.label
+            );
+        }
+        concurrent.push(c);
+    }
+    let mut results: Vec<Vec<Option<LaneResult>>> = cfg
+        .targets
+        .iter()
+        .map(|_| specs.iter().map(|_| None).collect())
+        .collect();
+    for r in 0..rounds {
+        let iters = cfg.iterations / rounds + usize::from(r < cfg.iterations % rounds);
+        for (ti, target) in cfg.targets.iter().enumerate() {
+            let mut done: Vec<(usize, LaneResult)> = Vec::new();
+            if concurrent[ti] {
+                let mut lanes = Vec::new();
+                for spec in &specs {
                     lanes.push(Lane::open(spec, target.addr, cfg, cases.len()).await?);
                 }
-                measure(
-                    &mut lanes,
-                    &cases,
-                    cfg,
-                    (cfg.iterations, cfg.warmup),
-                    &pb,
-                    &target.label,
-                )
-                .await?;
-                lanes.into_iter().map(|l| l.result).collect()
+                let label = format!("{} (round {}/{rounds})", target.label, r + 1);
+                measure(&mut lanes, &cases, cfg, (iters, warmup), &pb, &label).await?;
+                done.extend(lanes.into_iter().map(|l| l.result).enumerate());
             } else {
-                // One connection at a time (stock server): lanes one after another, each closed
-                // before the next opens, in rounds so that load from elsewhere spreads over all.
-                tracing::info!(
-                    "{} serves one connection at a time: measuring links in turn",
-                    target.label
-                );
-                let rounds = cfg.iterations.clamp(1, SEQUENTIAL_ROUNDS);
-                let warmup = cfg.warmup.div_ceil(rounds).max(cfg.warmup.min(3));
-                pb.inc_length(
-                    (specs.len() * cases.len() * (rounds * warmup).saturating_sub(cfg.warmup))
-                        as u64,
-                );
-                let mut out: Vec<Option<LaneResult>> = specs.iter().map(|_| None).collect();
-                for r in 0..rounds {
-                    let iters = cfg.iterations / rounds + usize::from(r < cfg.iterations % rounds);
-                    for (si, spec) in specs.iter().enumerate() {
-                        let mut lane = [Lane::open(spec, target.addr, cfg, cases.len()).await?];
-                        let label = format!(
-                            "{} via {} (round {}/{rounds})",
-                            target.label,
-                            spec.link,
-                            r + 1
-                        );
-                        measure(&mut lane, &cases, cfg, (iters, warmup), &pb, &label).await?;
-                        let [lane] = lane;
-                        match &mut out[si] {
-                            None => out[si] = Some(lane.result),
-                            Some(acc) => acc.merge(lane.result),
-                        }
-                    }
+                for (si, spec) in specs.iter().enumerate() {
+                    let mut lane = [Lane::open(spec, target.addr, cfg, cases.len()).await?];
+                    let label = format!(
+                        "{} via {} (round {}/{rounds})",
+                        target.label,
+                        spec.link,
+                        r + 1
+                    );
+                    measure(&mut lane, &cases, cfg, (iters, warmup), &pb, &label).await?;
+                    let [lane] = lane;
+                    done.push((si, lane.result));
                 }
-                out.into_iter().flatten().collect()
             }
-        };
-        rows.extend(rows_for(target, &results, &cases, cfg));
+            for (si, res) in done {
+                match &mut results[ti][si] {
+                    Some(acc) => acc.merge(res),
+                    slot => *slot = Some(res),
+                }
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (target, res) in cfg.targets.iter().zip(results) {
+        let res: Vec<LaneResult> = res.into_iter().flatten().collect();
+        rows.extend(rows_for(target, &res, &cases, cfg));
     }
     pb.finish_and_clear();
     Ok(rows)

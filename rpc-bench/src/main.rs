@@ -99,9 +99,12 @@ struct LatencyArgs {
     /// Measured iterations per case.
     #[arg(long, default_value_t = 300)]
     iterations: usize,
-    /// Warm-up iterations per case (not measured).
+    /// Warm-up iterations per case (not measured), spread over the rounds.
     #[arg(long, default_value_t = 30)]
     warmup: usize,
+    /// Rounds the iterations are split into; each round visits every server and link in turn.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
     /// Server device index.
     #[arg(long, default_value_t = 0)]
     device: u32,
@@ -135,6 +138,10 @@ struct E2eArgs {
     /// Repetitions (llama-bench -r, at least 2).
     #[arg(short = 'r', long, default_value_t = 3)]
     reps: u32,
+    /// Timing rounds: each runs none and every emulated link for every server in turn (results
+    /// are averaged), so load from elsewhere on the machine spreads over all of them.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
     /// Client threads (llama-bench -t).
     #[arg(short = 't', long, default_value_t = 1)]
     threads: u32,
@@ -281,6 +288,7 @@ fn cmd_latency(a: LatencyArgs) -> anyhow::Result<()> {
         sizes: a.sizes.clone(),
         iterations: a.iterations.max(1),
         warmup: a.warmup,
+        rounds: a.rounds,
         device: a.device,
         rdma,
         progress: progress(&a.common),
@@ -292,12 +300,14 @@ fn cmd_latency(a: LatencyArgs) -> anyhow::Result<()> {
     let rows = rt.block_on(latency::run(&cfg))?;
     let mut md = String::new();
     md.push_str(&format!(
-        "## rpc-bench latency\n\n{} measured iterations per case after {} warm-up; servers: {}.\n\
+        "## rpc-bench latency\n\n{} measured iterations per case in {} rounds (each round visits every server and \
+         link in turn), after {} warm-up; servers: {}.\n\
          `numbers`: *measured* = client straight to the server; *measured (relay, no delay)* = through the \
          counting relay, the base of the projections; *measured (emulated link)* = through the user-space \
          link emulator; *projected* = relay p50 (direct p50 for projection-only links) + round trips × RTT + \
          wire bytes ÷ bandwidth.\n\n",
         cfg.iterations,
+        cfg.rounds,
         cfg.warmup,
         cfg.targets.iter().map(|t| format!("{} ({})", t.label, t.addr)).collect::<Vec<_>>().join(", ")
     ));
@@ -392,6 +402,7 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
         ngl: a.ngl.clone(),
         extra: a.bench_args.split_whitespace().map(String::from).collect(),
         direct: a.direct,
+        rounds: a.rounds,
         timeout: Duration::from_secs(a.timeout),
         logdir: a.logdir.clone(),
         progress: progress(&a.common),
@@ -399,7 +410,8 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
     let (rows, notes) = e2e::run(&cfg)?;
     let mut md = String::new();
     md.push_str(&format!(
-        "## rpc-bench e2e\n\nClient: stock `llama-bench -ngl {} -p {} -n {} -r {} -t {} {}` ({}), model `{}`; servers: {}.\n\
+        "## rpc-bench e2e\n\nClient: stock `llama-bench -ngl {} -p {} -n {} -r {} -t {} {}` ({}), model `{}`; servers: {}; \
+         timings averaged over {} rounds (each round runs every link for every server in turn).\n\
          Per token: pp = one {}-token batch ÷ {}, tg = one generated token. Round trips and bytes are counted \
          exactly by the relay (difference between -r 1 and -r {} runs). `numbers`: *measured (relay, no delay)* \
          is the base; *measured (emulated link)* ran through the user-space link emulator; *projected* = base + \
@@ -413,6 +425,7 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
         cfg.bin.display(),
         cfg.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
         cfg.targets.iter().map(|t| format!("{} ({})", t.label, t.addr)).collect::<Vec<_>>().join(", "),
+        cfg.rounds,
         cfg.n_prompt,
         cfg.n_prompt,
         cfg.reps,

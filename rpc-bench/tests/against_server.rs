@@ -56,6 +56,7 @@ async fn latency_benchmark_runs_all_lane_kinds() {
         sizes: vec![4096],
         iterations: 5,
         warmup: 1,
+        rounds: 2,
         device: 0,
         rdma: None,
         progress: false,
