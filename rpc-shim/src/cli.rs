@@ -1,0 +1,179 @@
+//! Command line of the `rpc-shim` binary.
+
+use clap::Parser;
+
+use crate::upstream::{FlavorChoice, TransportMode};
+
+/// Default first local port: the stock server's default (50052) plus 100, so a shim and a
+/// local `rpc-server` can run side by side with their defaults.
+pub const DEFAULT_BASE_PORT: u16 = 50152;
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("invalid duration '{s}' (seconds, > 0)")),
+    }
+}
+
+fn parse_endpoint(s: &str) -> Result<String, String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("'{s}' is not host:port"))?;
+    if host.is_empty() {
+        return Err(format!("'{s}' has no host"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(s.to_string()),
+        _ => Err(format!("'{s}' has no valid port")),
+    }
+}
+
+/// Relays ggml RPC (protocol 7.0.0) from an unmodified, TCP-only llama.cpp to remote workers,
+/// over RDMA when it can engage, else TCP.
+///
+/// Run it next to llama.cpp, then point llama.cpp at the local ports:
+///
+///   rpc-shim --worker 10.0.0.2:50052 --worker 10.0.0.3:50052
+///   llama-cli -m model.gguf --rpc 127.0.0.1:50152,127.0.0.1:50153
+///
+/// Local ports: `--listen` once per worker in the same order, or by default `--host` with
+/// consecutive ports from `--base-port` (worker i listens on base-port + i).
+#[derive(Debug, Parser)]
+#[command(name = "rpc-shim", version, verbatim_doc_comment)]
+pub struct Args {
+    /// A remote worker (our rpc-server or a stock ggml-rpc-server), `host:port`. Repeat for
+    /// several workers.
+    #[arg(short = 'w', long = "worker", value_name = "HOST:PORT", required = true, value_parser = parse_endpoint)]
+    pub workers: Vec<String>,
+
+    /// Local address for the worker in the same position (repeat once per worker).
+    #[arg(short = 'l', long = "listen", value_name = "ADDR:PORT", value_parser = parse_endpoint)]
+    pub listen: Vec<String>,
+
+    /// Local address for the default listen ports (without --listen).
+    #[arg(short = 'H', long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// First local port without --listen: worker i listens on base-port + i.
+    #[arg(short = 'p', long, default_value_t = DEFAULT_BASE_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    pub base_port: u16,
+
+    /// Transport to the workers: `auto` offers RDMA in HELLO when a local RDMA device owns the
+    /// route to the worker and uses TCP otherwise (per worker and connection); `tcp` never offers
+    /// RDMA (also set by GGML_RPC_NO_RDMA); `rdma` refuses connections on which RDMA does not engage.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub transport: TransportMode,
+
+    /// Only use this RDMA device (e.g. `rxe0`, `mlx5_0`, `rdma_en2`; also GGML_RDMA_DEV).
+    #[arg(long, value_name = "NAME")]
+    pub rdma_device: Option<String>,
+
+    /// Use this GID table index instead of matching the connection's local address (also
+    /// GGML_RDMA_GID).
+    #[arg(long, value_name = "INDEX")]
+    pub rdma_gid_index: Option<u32>,
+
+    /// RDMA flavor offered: `native` is what a stock client of this platform offers (Apple UC on
+    /// macOS, Linux RC elsewhere).
+    #[arg(long, value_enum, default_value = "native")]
+    pub rdma_flavor: FlavorChoice,
+
+    /// Offer only upstream's RDMA framing, not also the lean framing our own rpc-server speaks
+    /// (a stock server never takes the lean one anyway; also RPC_RDMA_LEAN=0).
+    #[arg(long)]
+    pub no_lean: bool,
+
+    /// RDMA connections at once over all workers; more use TCP. Apple allows 10 queue pairs per
+    /// Thunderbolt device, shared by every process.
+    #[arg(long, value_name = "N", default_value_t = if cfg!(target_os = "macos") { 8 } else { 64 })]
+    pub rdma_max_connections: usize,
+
+    /// Seconds to wait for a TCP connection to a worker.
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_secs)]
+    pub connect_timeout: f64,
+
+    /// Seconds to wait for a worker's HELLO reply (and RDMA setup).
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
+    pub handshake_timeout: f64,
+
+    /// Seconds to wait for a query answered over the control connection.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_secs)]
+    pub query_timeout: f64,
+
+    /// Do not connect to the workers at start-up to fill the query cache (connect on first use).
+    #[arg(long)]
+    pub no_prefetch: bool,
+
+    /// Runtime threads.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: u16,
+}
+
+impl Args {
+    /// The local address of each worker, in `--worker` order.
+    pub fn listen_addrs(&self) -> Result<Vec<String>, String> {
+        if !self.listen.is_empty() {
+            if self.listen.len() != self.workers.len() {
+                return Err(format!(
+                    "{} --listen for {} --worker: give one --listen per worker (same order), or none",
+                    self.listen.len(),
+                    self.workers.len()
+                ));
+            }
+            return Ok(self.listen.clone());
+        }
+        let host = if self.host.contains(':') && !self.host.starts_with('[') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        (0..self.workers.len())
+            .map(|i| {
+                u16::try_from(usize::from(self.base_port) + i)
+                    .map(|p| format!("{host}:{p}"))
+                    .map_err(|_| "--base-port + number of workers exceeds 65535".to_string())
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_ports_are_consecutive() {
+        let a = Args::try_parse_from(["rpc-shim", "-w", "10.0.0.2:50052", "-w", "10.0.0.3:50052"])
+            .unwrap();
+        assert_eq!(
+            a.listen_addrs().unwrap(),
+            ["127.0.0.1:50152", "127.0.0.1:50153"]
+        );
+        assert_eq!(a.transport, TransportMode::Auto);
+        let a = Args::try_parse_from(["rpc-shim", "-w", "h:1", "--base-port", "6000", "-H", "::1"])
+            .unwrap();
+        assert_eq!(a.listen_addrs().unwrap(), ["[::1]:6000"]);
+    }
+
+    #[test]
+    fn listen_must_match_workers() {
+        let a =
+            Args::try_parse_from(["rpc-shim", "-w", "a:1", "-w", "b:2", "-l", "127.0.0.1:7000"])
+                .unwrap();
+        assert!(a.listen_addrs().is_err());
+        let a = Args::try_parse_from([
+            "rpc-shim",
+            "-w",
+            "a:1",
+            "-l",
+            "0.0.0.0:7000",
+            "--transport",
+            "tcp",
+        ])
+        .unwrap();
+        assert_eq!(a.listen_addrs().unwrap(), ["0.0.0.0:7000"]);
+        assert!(Args::try_parse_from(["rpc-shim", "-w", "nohost"]).is_err());
+        assert!(Args::try_parse_from(["rpc-shim", "-w", "h:0"]).is_err());
+        assert!(Args::try_parse_from(["rpc-shim"]).is_err());
+    }
+}

@@ -1,0 +1,120 @@
+//! The shim's error type. Every error ends one downstream connection (the protocol has no error
+//! replies: a peer refuses by closing), never the shim.
+
+use std::io;
+
+use rpc_proto::{Command, DecodeError};
+
+/// Why a downstream connection (or an upstream connection attempt) ended.
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    /// I/O on the downstream (llama.cpp) side.
+    #[error("client i/o: {0}")]
+    Client(io::Error),
+    /// The client sent a frame the protocol does not allow (unknown command, wrong size).
+    #[error("malformed request from the client: {0}")]
+    Decode(#[from] DecodeError),
+    /// The client's first command was not HELLO.
+    #[error("expected HELLO as the client's first command, got command {0}")]
+    ExpectedHello(u8),
+    /// The client sent HELLO again after the handshake (a server closes on that too).
+    #[error("client sent a second HELLO")]
+    SecondHello,
+    /// A device index beyond the worker's device count (a server closes on that too).
+    #[error("{cmd}: device {device} does not exist (the worker has {count})")]
+    NoSuchDevice {
+        /// The command.
+        cmd: Command,
+        /// The requested device.
+        device: u32,
+        /// The worker's device count.
+        count: u32,
+    },
+    /// The TCP connection to the worker could not be established.
+    #[error("worker {worker}: cannot connect: {err}")]
+    Connect {
+        /// `host:port` of the worker.
+        worker: String,
+        /// The cause.
+        err: io::Error,
+    },
+    /// The worker did not answer in time.
+    #[error("worker {worker}: no answer within {secs:.1} s ({what})")]
+    Timeout {
+        /// `host:port` of the worker.
+        worker: String,
+        /// What was awaited.
+        what: &'static str,
+        /// The limit.
+        secs: f64,
+    },
+    /// The worker announced a protocol version this shim does not relay.
+    #[error("worker {worker} speaks protocol {major}.{minor}.{patch}; the shim relays 7.0.x")]
+    Version {
+        /// `host:port` of the worker.
+        worker: String,
+        /// Major version.
+        major: u8,
+        /// Minor version.
+        minor: u8,
+        /// Patch version.
+        patch: u8,
+    },
+    /// I/O with the worker failed or the worker closed the connection.
+    #[error("worker {worker}: {err}")]
+    Upstream {
+        /// `host:port` of the worker.
+        worker: String,
+        /// The cause (`UnexpectedEof` when the worker closed the connection).
+        err: io::Error,
+    },
+    /// The worker answered with a size that does not fit the request.
+    #[error("worker {worker}: bad response to {cmd}: {err}")]
+    BadResponse {
+        /// `host:port` of the worker.
+        worker: String,
+        /// The command answered.
+        cmd: Command,
+        /// The mismatch.
+        err: DecodeError,
+    },
+    /// The worker sent bytes while no response was pending.
+    #[error("worker {0} sent data while no response was pending")]
+    Unsolicited(String),
+    /// The worker was found dead (its idle connection closed or it cannot be reached).
+    #[error("worker {0} is gone")]
+    WorkerDown(String),
+    /// `--transport rdma` and RDMA could not engage for this connection.
+    #[error("worker {worker}: RDMA required (--transport rdma) but {reason}")]
+    RdmaRequired {
+        /// `host:port` of the worker.
+        worker: String,
+        /// Why RDMA did not engage.
+        reason: String,
+    },
+}
+
+impl ShimError {
+    /// An upstream I/O error for `worker`.
+    pub fn upstream(worker: &str) -> impl FnOnce(io::Error) -> ShimError + '_ {
+        move |err| ShimError::Upstream {
+            worker: worker.to_string(),
+            err,
+        }
+    }
+
+    /// Whether the error is the worker's side (as opposed to the client's request or socket).
+    pub fn is_upstream(&self) -> bool {
+        matches!(
+            self,
+            ShimError::Connect { .. }
+                | ShimError::Timeout { .. }
+                | ShimError::Version { .. }
+                | ShimError::Upstream { .. }
+                | ShimError::BadResponse { .. }
+                | ShimError::Unsolicited(_)
+                | ShimError::WorkerDown(_)
+                | ShimError::RdmaRequired { .. }
+        )
+    }
+}

@@ -1,0 +1,159 @@
+//! `rpc-shim`: see the crate docs (`rpc_shim`) and `rpc-shim --help`.
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use rpc_shim::cli::Args;
+use rpc_shim::{Options, RdmaSettings, RealConnector, TransportMode, Worker};
+use rpc_transport::rdma::real::RdmaOptions;
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RPC_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(usize::from(args.threads))
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    rt.block_on(run(args))
+}
+
+fn describe_transport(
+    mode: TransportMode,
+    flavor: rpc_transport::rdma::Flavor,
+    lean: bool,
+) -> String {
+    if mode == TransportMode::Tcp {
+        return "TCP only (--transport tcp / GGML_RPC_NO_RDMA)".into();
+    }
+    let devices = match rdma_verbs::load() {
+        Err(e) => format!("no RDMA library: {e}"),
+        Ok(()) => match rdma_verbs::devices() {
+            Ok(d) if !d.is_empty() => format!(
+                "devices: {}",
+                d.iter()
+                    .map(|d| d.name.clone())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            _ => "no RDMA device".into(),
+        },
+    };
+    let fallback = if mode == TransportMode::Rdma {
+        "required: connections without it are refused"
+    } else {
+        "TCP otherwise"
+    };
+    format!(
+        "offers {}{} in HELLO when a local RDMA device owns the route to the worker ({devices}); {fallback}",
+        flavor.name(),
+        if lean { " (+ lean framing with our rpc-server)" } else { "" }
+    )
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let listen = args.listen_addrs().map_err(anyhow::Error::msg)?;
+    let mut mode = args.transport;
+    if std::env::var_os("GGML_RPC_NO_RDMA").is_some() && mode == TransportMode::Auto {
+        mode = TransportMode::Tcp;
+    }
+    let rdma_opts = RdmaOptions {
+        device: args.rdma_device.clone().or_else(|| {
+            std::env::var("GGML_RDMA_DEV")
+                .ok()
+                .filter(|s| !s.is_empty())
+        }),
+        gid_index: args.rdma_gid_index.or_else(|| {
+            std::env::var("GGML_RDMA_GID")
+                .ok()
+                .and_then(|s| s.parse().ok())
+        }),
+    };
+    if mode == TransportMode::Rdma {
+        let usable = rdma_verbs::load().is_ok()
+            && rdma_verbs::devices()
+                .map(|d| !d.is_empty())
+                .unwrap_or(false);
+        if !usable {
+            bail!(
+                "--transport rdma: no usable RDMA device on this machine (see `rpc-server doctor`)"
+            );
+        }
+    }
+    let flavor = args.rdma_flavor.flavor();
+    let mut rdma = RdmaSettings::new(mode, flavor, rdma_opts, args.rdma_max_connections);
+    let lean_off = matches!(
+        std::env::var("RPC_RDMA_LEAN")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref(),
+        Ok("0" | "off" | "false" | "no")
+    );
+    rdma.lean = !(args.no_lean || lean_off);
+    let opts = Options {
+        connect_timeout: Duration::from_secs_f64(args.connect_timeout),
+        handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
+        query_timeout: Duration::from_secs_f64(args.query_timeout),
+        prefetch: !args.no_prefetch,
+        ..Options::default()
+    };
+
+    let mut running = Vec::new();
+    for (worker, local) in args.workers.iter().zip(&listen) {
+        let w = Worker::new(
+            worker.clone(),
+            RealConnector::new(worker.clone(), opts.clone(), rdma.clone()),
+            opts.clone(),
+        );
+        let r = rpc_shim::start(local, w)
+            .await
+            .with_context(|| format!("cannot listen on {local} (for worker {worker})"))?;
+        running.push(r);
+    }
+
+    println!(
+        "rpc-shim {} — ggml RPC 7.0.0 relay for TCP-only llama.cpp",
+        env!("CARGO_PKG_VERSION")
+    );
+    println!(
+        "  transport : {}",
+        describe_transport(mode, flavor, rdma.lean)
+    );
+    for r in &running {
+        println!("  {}  ->  {}", r.local, r.worker.addr());
+    }
+    println!(
+        "  usage     : llama-cli -m MODEL --rpc {}",
+        running
+            .iter()
+            .map(|r| r.endpoint())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let running: Vec<Arc<_>> = running.into_iter().map(Arc::new).collect();
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("SIGTERM handler")?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    for r in &running {
+        let s = r.worker.stats().snapshot();
+        tracing::info!(worker = %r.worker.addr(), ?s, "totals");
+    }
+    drop(running);
+    Ok(())
+}

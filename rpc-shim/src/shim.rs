@@ -1,0 +1,89 @@
+//! Listening: one local port per worker, one task per client connection.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::session;
+use crate::upstream::Connector;
+use crate::worker::Worker;
+
+/// Accepts client connections on `listener` for `worker` until `shutdown` resolves. Client
+/// connections already running continue on their own tasks.
+pub async fn serve<C: Connector>(
+    listener: TcpListener,
+    worker: Arc<Worker<C>>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        tracing::debug!(%peer, worker = %worker.addr(), "client connected");
+        tokio::spawn(session::serve(stream, peer, worker.clone()));
+    }
+}
+
+/// A listener serving one worker in the background (see [`start`]). Dropping it stops
+/// accepting; running client connections continue.
+pub struct Running<C: Connector> {
+    /// The local address clients connect to.
+    pub local: SocketAddr,
+    /// The worker behind it.
+    pub worker: Arc<Worker<C>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl<C: Connector> Running<C> {
+    /// `host:port` string of the local address, as given to `llama-cli --rpc`.
+    pub fn endpoint(&self) -> String {
+        self.local.to_string()
+    }
+}
+
+impl<C: Connector> Drop for Running<C> {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// Binds `listen` and serves `worker` on it from a background task.
+pub async fn start<C: Connector>(listen: &str, worker: Arc<Worker<C>>) -> io::Result<Running<C>> {
+    let listener = TcpListener::bind(listen).await?;
+    let local = listener.local_addr()?;
+    let (stop, rx) = oneshot::channel::<()>();
+    let w = worker.clone();
+    let task = tokio::spawn(async move {
+        serve(listener, w, async {
+            let _ = rx.await;
+        })
+        .await
+    });
+    Ok(Running {
+        local,
+        worker,
+        stop: Some(stop),
+        task: Some(task),
+    })
+}

@@ -1,0 +1,301 @@
+//! One remote worker: its query cache, its control connection and its liveness signal.
+//!
+//! # Control connection
+//!
+//! A task per worker owns one TCP connection to it (opened at start-up, and again on demand). It
+//! carries the queries of client connections that have no upstream connection of their own
+//! (GET_DEVICE_MEMORY, cache misses), one at a time, and fills the cache at connect time
+//! (DEVICE_COUNT, then GET_ALIGNMENT and GET_MAX_SIZE of every device), so the stock client's
+//! burst of short connections during model load costs no network round trip and no queue pair.
+//! It stays on TCP: it carries a handful of queries per model load, and a queue pair is scarce
+//! (Apple: ≤ 10 per device).
+//!
+//! The stock `ggml-rpc-server` serves **one connection at a time** (the next waits in the accept
+//! backlog until the current one closes). So the control connection is released as soon as a
+//! client connection opens its own upstream connection, and reopened when the last of those
+//! closes (or on demand), before the next burst of short connections arrives.
+//!
+//! # Liveness
+//!
+//! While idle, the control task watches its connection: if the worker closes it (process killed,
+//! machine gone) or cannot be reached, [`Worker::down`] fires and every client connection without
+//! an upstream connection of its own is closed, like a direct client connection would be.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+
+use rpc_proto::Command;
+use rpc_transport::{TcpTransport, Transport};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::cache::{QueryCache, DEVICE_COUNT_FRAME};
+use crate::error::ShimError;
+use crate::stats::ShimStats;
+use crate::upstream::{connect_tcp, hello, round_trip, timeout, Connector, Options};
+
+/// What the control task is asked to do.
+enum ControlMsg {
+    /// Forward a query frame, answer its response payload.
+    Query {
+        frame: Vec<u8>,
+        reply: oneshot::Sender<Result<Vec<u8>, ShimError>>,
+    },
+    /// Close the control connection (a client connection is opening its own).
+    Release,
+    /// Connect (and prefetch) now if not connected.
+    Warmup,
+}
+
+/// State shared by a worker's client connections and its control task.
+pub(crate) struct Core {
+    /// `host:port` of the worker.
+    pub addr: String,
+    pub cache: QueryCache,
+    pub stats: Arc<ShimStats>,
+    pub opts: Options,
+    down: watch::Sender<u64>,
+    /// Client connections holding an upstream connection of their own.
+    sessions: AtomicUsize,
+}
+
+impl Core {
+    /// Signals that the worker is gone: client connections without their own upstream close.
+    pub fn mark_down(&self) {
+        self.down.send_modify(|n| *n += 1);
+    }
+
+    async fn open_control(&self) -> Result<TcpTransport, ShimError> {
+        let mut stream = connect_tcp(&self.addr, &self.opts).await?;
+        match tokio::time::timeout(
+            self.opts.handshake_timeout,
+            hello(&mut stream, &self.addr, &[0; 24]),
+        )
+        .await
+        {
+            Ok(r) => {
+                r?;
+            }
+            Err(_) => {
+                return Err(timeout(
+                    &self.addr,
+                    "HELLO on the control connection",
+                    self.opts.handshake_timeout,
+                ))
+            }
+        }
+        ShimStats::inc(&self.stats.control_connections);
+        let mut t = TcpTransport::new(stream).map_err(ShimError::upstream(&self.addr))?;
+        tracing::debug!(worker = %self.addr, "control connection up");
+        if self.opts.prefetch {
+            self.prefetch(&mut t).await?;
+        }
+        Ok(t)
+    }
+
+    /// Fills the cache with the device count and every device's alignment and maximum size.
+    async fn prefetch(&self, t: &mut TcpTransport) -> Result<(), ShimError> {
+        let count = match self.cache.device_count() {
+            Some(n) => n,
+            None => {
+                let rsp = self.query_on(t, &DEVICE_COUNT_FRAME).await?;
+                self.cache.insert(&DEVICE_COUNT_FRAME, &rsp);
+                self.cache.device_count().unwrap_or(0)
+            }
+        };
+        for device in 0..count.min(64) {
+            for cmd in [Command::GetAlignment, Command::GetMaxSize] {
+                let mut frame = Vec::with_capacity(13);
+                frame.push(cmd as u8);
+                frame.extend_from_slice(&4u64.to_le_bytes());
+                frame.extend_from_slice(&device.to_le_bytes());
+                if self.cache.get(&frame).is_none() {
+                    let rsp = self.query_on(t, &frame).await?;
+                    self.cache.insert(&frame, &rsp);
+                }
+            }
+        }
+        tracing::debug!(worker = %self.addr, devices = count, entries = self.cache.len(), "cache prefetched");
+        Ok(())
+    }
+
+    async fn query_on(&self, t: &mut TcpTransport, frame: &[u8]) -> Result<Vec<u8>, ShimError> {
+        ShimStats::inc(&self.stats.control_queries);
+        match tokio::time::timeout(self.opts.query_timeout, round_trip(t, &self.addr, frame)).await
+        {
+            Ok(r) => r,
+            Err(_) => Err(timeout(
+                &self.addr,
+                "query on the control connection",
+                self.opts.query_timeout,
+            )),
+        }
+    }
+}
+
+/// The control task: see the module docs.
+async fn control_task(core: Arc<Core>, mut rx: mpsc::UnboundedReceiver<ControlMsg>) {
+    enum Event {
+        Msg(Option<ControlMsg>),
+        Idle(std::io::Result<usize>),
+    }
+    let mut conn: Option<TcpTransport> = None;
+    loop {
+        let ev = match conn.as_mut() {
+            Some(c) => {
+                let mut probe = [0u8; 1];
+                tokio::select! {
+                    m = rx.recv() => Event::Msg(m),
+                    r = c.read(&mut probe) => Event::Idle(r),
+                }
+            }
+            None => Event::Msg(rx.recv().await),
+        };
+        let msg = match ev {
+            Event::Msg(Some(m)) => m,
+            Event::Msg(None) => break,
+            Event::Idle(r) => {
+                match r {
+                    Ok(0) => {
+                        tracing::warn!(worker = %core.addr, "the worker closed the idle control connection: worker gone")
+                    }
+                    Ok(_) => {
+                        tracing::warn!(worker = %core.addr, "the worker sent unsolicited bytes on the control connection")
+                    }
+                    Err(e) => {
+                        tracing::warn!(worker = %core.addr, "control connection failed while idle: {e}")
+                    }
+                }
+                conn = None;
+                core.mark_down();
+                continue;
+            }
+        };
+        match msg {
+            ControlMsg::Release => {
+                if conn.take().is_some() {
+                    tracing::debug!(worker = %core.addr, "control connection released (a client opened its own)");
+                }
+            }
+            ControlMsg::Warmup => {
+                // Not while a client connection has its own: a stock server would make this
+                // connection wait in its backlog until that one closes.
+                if conn.is_none() && core.sessions.load(SeqCst) == 0 {
+                    match core.open_control().await {
+                        Ok(c) => conn = Some(c),
+                        Err(e) => {
+                            tracing::warn!("{e} (will retry when a client needs the worker)");
+                            if matches!(e, ShimError::Connect { .. } | ShimError::Timeout { .. }) {
+                                core.mark_down();
+                            }
+                        }
+                    }
+                }
+            }
+            ControlMsg::Query { frame, reply } => {
+                if conn.is_none() {
+                    match core.open_control().await {
+                        Ok(c) => conn = Some(c),
+                        Err(e) => {
+                            if matches!(e, ShimError::Connect { .. } | ShimError::Timeout { .. }) {
+                                core.mark_down();
+                            }
+                            let _ = reply.send(Err(e));
+                            continue;
+                        }
+                    }
+                }
+                let Some(c) = conn.as_mut() else { continue };
+                let r = core.query_on(c, &frame).await;
+                if r.is_err() {
+                    // A server refuses a request by closing: the connection is gone either way.
+                    conn = None;
+                }
+                let _ = reply.send(r);
+            }
+        }
+    }
+}
+
+/// A worker as seen by the shim: cache, control task, connector for per-client connections.
+pub struct Worker<C: Connector> {
+    pub(crate) core: Arc<Core>,
+    pub(crate) connector: C,
+    control: mpsc::UnboundedSender<ControlMsg>,
+}
+
+impl<C: Connector> Worker<C> {
+    /// Creates the worker and its control task (must be called inside a tokio runtime). With
+    /// `opts.prefetch`, the control connection is opened and the cache filled right away.
+    pub fn new(addr: impl Into<String>, connector: C, opts: Options) -> Arc<Worker<C>> {
+        let (down, _) = watch::channel(0u64);
+        let prefetch = opts.prefetch;
+        let core = Arc::new(Core {
+            addr: addr.into(),
+            cache: QueryCache::default(),
+            stats: Arc::default(),
+            opts,
+            down,
+            sessions: AtomicUsize::new(0),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(control_task(core.clone(), rx));
+        if prefetch {
+            let _ = tx.send(ControlMsg::Warmup);
+        }
+        Arc::new(Worker {
+            core,
+            connector,
+            control: tx,
+        })
+    }
+
+    /// `host:port` of the worker.
+    pub fn addr(&self) -> &str {
+        &self.core.addr
+    }
+
+    /// The worker's counters.
+    pub fn stats(&self) -> &Arc<ShimStats> {
+        &self.core.stats
+    }
+
+    /// The worker's query cache.
+    pub fn cache(&self) -> &QueryCache {
+        &self.core.cache
+    }
+
+    /// A receiver that changes whenever the worker is found gone.
+    pub fn down(&self) -> watch::Receiver<u64> {
+        self.core.down.subscribe()
+    }
+
+    /// Sends a query frame over the control connection and returns the response payload.
+    pub(crate) async fn query(&self, frame: Vec<u8>) -> Result<Vec<u8>, ShimError> {
+        let (reply, rx) = oneshot::channel();
+        self.control
+            .send(ControlMsg::Query { frame, reply })
+            .map_err(|_| ShimError::WorkerDown(self.core.addr.clone()))?;
+        rx.await
+            .map_err(|_| ShimError::WorkerDown(self.core.addr.clone()))?
+    }
+
+    /// Asks the control task to close its connection (stock servers serve one connection at a
+    /// time, and a client connection is about to open its own).
+    pub(crate) fn release_control(&self) {
+        let _ = self.control.send(ControlMsg::Release);
+    }
+
+    /// A client connection now holds an upstream connection of its own.
+    pub(crate) fn session_opened(&self) {
+        self.core.sessions.fetch_add(1, SeqCst);
+    }
+
+    /// A client connection closed its own upstream connection. When it was the last one, the
+    /// control connection is reopened (with `prefetch`), so the next client's queries cost no
+    /// connection setup and a dead worker is noticed while idle.
+    pub(crate) fn session_closed(&self) {
+        if self.core.sessions.fetch_sub(1, SeqCst) == 1 && self.core.opts.prefetch {
+            let _ = self.control.send(ControlMsg::Warmup);
+        }
+    }
+}
