@@ -150,6 +150,23 @@ pub mod ops {
     }
 }
 
+/// Returns freed heap memory to the operating system (glibc `malloc_trim`).
+///
+/// Tensor buffers and compute work buffers are large allocations made from whichever malloc arena
+/// the connection's current thread uses; glibc keeps freed arena memory mapped, so without this
+/// a server's resident size grows by a model's compute buffers for every arena its connections
+/// touched. Called when a session that allocated memory ends.
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> std::os::raw::c_int;
+        }
+        // SAFETY: malloc_trim has no preconditions; it only releases free pages.
+        unsafe { malloc_trim(0) };
+    }
+}
+
 /// Size in bytes of the bookkeeping ggml needs per tensor inside a context.
 pub(crate) fn tensor_overhead() -> usize {
     // SAFETY: pure function without arguments.

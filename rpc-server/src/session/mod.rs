@@ -48,6 +48,8 @@ pub struct Session {
     /// Server-wide memory account; `held` is this session's share of it.
     budget: Arc<MemoryBudget>,
     held: u64,
+    /// Whether this session ever allocated a buffer (its memory is trimmed when it ends).
+    allocated_any: bool,
 }
 
 /// Virtual base addresses are drawn from [2^40, 2^47): far from 0, no overflow for any size a
@@ -71,6 +73,7 @@ impl Session {
             graphs: (0..n).map(|_| None).collect(),
             budget,
             held: 0,
+            allocated_any: false,
         }
     }
 
@@ -230,6 +233,7 @@ impl Session {
             self.budget.release(size - remote_size);
         }
         self.held += remote_size;
+        self.allocated_any = true;
         let mut rng = rand::thread_rng();
         let handle = loop {
             let h: u64 = rng.gen();
@@ -306,5 +310,12 @@ impl Drop for Session {
     fn drop(&mut self) {
         // The buffers are freed with the session (and its stored graphs).
         self.budget.release(self.held);
+        let used_memory = self.allocated_any || self.backends.iter().any(Option::is_some);
+        self.buffers.clear();
+        self.graphs.clear();
+        self.backends.clear();
+        if used_memory {
+            crate::ggml::trim_heap();
+        }
     }
 }

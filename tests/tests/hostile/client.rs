@@ -214,6 +214,8 @@ pub struct Server {
     child: Child,
     bin: PathBuf,
     log: PathBuf,
+    /// Extra flags (ours): default memory limits that make the allocation limit observable.
+    args: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -222,7 +224,19 @@ fn free_port() -> u16 {
 
 impl Server {
     pub fn start(kind: Kind, bin: &Path, log: &Path) -> Server {
-        let mut s = Server { kind, addr: "127.0.0.1:0".parse().unwrap(), child: spawn_placeholder(), bin: bin.into(), log: log.into() };
+        let args = ["--max-alloc-per-connection", "512M", "--max-alloc-total", "1G"];
+        Server::start_with(kind, bin, log, &args)
+    }
+
+    pub fn start_with(kind: Kind, bin: &Path, log: &Path, args: &[&str]) -> Server {
+        let mut s = Server {
+            kind,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            child: spawn_placeholder(),
+            bin: bin.into(),
+            log: log.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+        };
         s.spawn();
         s
     }
@@ -233,8 +247,7 @@ impl Server {
         let mut cmd = Command::new(&self.bin);
         cmd.args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "1"]);
         if self.kind == Kind::Ours {
-            // A small memory budget makes the allocation limits observable.
-            cmd.args(["--max-alloc-per-connection", "512M", "--max-alloc-total", "1G"]);
+            cmd.args(&self.args);
             cmd.env("RUST_LOG", "warn");
         }
         // A crashing stock server would otherwise spend seconds printing a backtrace via gdb.

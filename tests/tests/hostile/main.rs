@@ -464,3 +464,100 @@ fn churn_1000_connections_memory_flat() {
     assert!(rounds > 0, "the long session made no progress");
     assert!(grown < 8 * 1024, "resident memory grew by {grown} KiB over 1000 connections");
 }
+
+/// The same churn while a stock llama.cpp client really generates through the server: the text
+/// must be byte-identical to an undisturbed run. Needs the stock tools (`STOCK_BIN`) and the gemma
+/// test model (`CHURN_MODEL`, default from scripts/test-model.sh's cache).
+#[test]
+#[ignore = "needs stock llama-completion and the gemma test model"]
+fn churn_during_real_generation() {
+    let Some(stock) = stock_bin().and_then(|b| b.parent().map(Path::to_path_buf)) else {
+        eprintln!("stock tools not found; set STOCK_BIN");
+        return;
+    };
+    let model = std::env::var_os("CHURN_MODEL").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ggml-rpc-rs/models/gemma-3-270m-q4_k_m.gguf")
+    });
+    assert!(model.exists(), "{} missing", model.display());
+    let log = workspace_root().join("target").join("hostile-churn-real.log");
+    let _ = std::fs::remove_file(&log);
+    let mut server = Server::start_with(Kind::Ours, &ours_bin(), &log, &[]);
+    let addr = server.addr;
+    let pid = server.child_id();
+    let cmd = |out: &Path, err: &Path| {
+        let mut c = std::process::Command::new(stock.join("llama-completion"));
+        c.args(["-m", &model.to_string_lossy(), "-p", "The capital of France is", "-n", "128", "--temp", "0", "-s", "1"]);
+        c.args(["-t", "1", "-ngl", "99", "--no-repack", "-c", "512", "-no-cnv", "--simple-io", "--ignore-eos"]);
+        c.args(["--rpc", &addr.to_string()]);
+        c.stdin(std::process::Stdio::null());
+        c.stdout(std::fs::File::create(out).expect("out"));
+        c.stderr(std::fs::File::create(err).expect("err"));
+        c
+    };
+    // A run is complete when the client printed its perf summary (see tests/e2e/run_e2e.py).
+    let complete = |err: &Path| std::fs::read_to_string(err).unwrap_or_default().contains("eval time");
+    let dir = workspace_root().join("target");
+    let (ref_out, ref_err) = (dir.join("churn-ref.out"), dir.join("churn-ref.err"));
+    // Two undisturbed runs: the second is the reference (the first also warms up the server's
+    // allocator: each malloc arena a run touches keeps its high-water mark of small allocations).
+    for _ in 0..2 {
+        for _ in 0..5 {
+            assert!(cmd(&ref_out, &ref_err).status().expect("llama-completion").success(), "reference run failed");
+            if complete(&ref_err) {
+                break;
+            }
+        }
+    }
+    let reference = std::fs::read(&ref_out).expect("reference output");
+    // Settle the allocator with some churn, then measure.
+    for i in 0..1200 {
+        churn_once(addr, i).expect("warm-up");
+    }
+    std::thread::sleep(Duration::from_secs(12));
+    let before = rss_kib(pid);
+    let (out, err) = (dir.join("churn-run.out"), dir.join("churn-run.err"));
+    let mut got = Vec::new();
+    let mut churn_secs = 0.0;
+    for _ in 0..5 {
+        let mut child = cmd(&out, &err).spawn().expect("llama-completion");
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        let workers: Vec<_> = (0..4)
+            .map(|k| {
+                std::thread::spawn(move || {
+                    for i in (k..1000).step_by(4) {
+                        churn_once(addr, i).unwrap_or_else(|e| panic!("churn connection {i}: {e}"));
+                        std::thread::sleep(Duration::from_millis(4));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("churn thread");
+        }
+        churn_secs = t0.elapsed().as_secs_f32();
+        assert!(child.wait().expect("wait").success(), "generation under churn failed");
+        got = std::fs::read(&out).expect("output");
+        if complete(&err) {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let after = rss_kib(pid);
+    // Idle blocking threads (one per compute burst) retire after tokio's 10 s keep-alive.
+    std::thread::sleep(Duration::from_secs(12));
+    let settled = rss_kib(pid);
+    assert!(server.alive());
+    let msg = format!(
+        "churn during generation: 1000 connections in {churn_secs:.1}s while llama-completion generated 128 tokens; \
+         output {} bytes, identical: {}; server RSS {before} KiB before, {after} KiB right after ({:+} KiB), \
+         {settled} KiB 12 s later ({:+} KiB)",
+        got.len(),
+        got == reference,
+        after as i64 - before as i64,
+        settled as i64 - before as i64
+    );
+    println!("{msg}");
+    std::fs::write(dir.join("hostile-churn-real.txt"), &msg).ok();
+    assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&reference), "generation changed under churn");
+}
