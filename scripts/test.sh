@@ -20,6 +20,8 @@ step "end to end against stock llama.cpp"
 e2e_args=(--ours target/release/rpc-server --stock-bin "$STOCK_BIN")
 [ "${QUICK:-0}" = 1 ] && e2e_args+=(--quick)
 python3 tests/e2e/run_e2e.py "${e2e_args[@]}"
+step "rpc-shim end to end over TCP (stock TCP-only llama.cpp -> rpc-shim -> rpc-server)"
+python3 tests/e2e/shim_e2e.py --shim target/release/rpc-shim --ours target/release/rpc-server --stock-bin "$STOCK_BIN" --quick
 step "RDMA end to end in a soft-RoCE VM (stock llama.cpp RDMA clients, both flavors)"
 tests/vm/test-rdma.sh
 step "all tests passed"
