@@ -6,6 +6,8 @@
 # a server closes the connection) costs one op, not the run; the server is restarted if it died.
 #   scripts/test-backend-ops.sh                 every op test-backend-ops knows
 #   scripts/test-backend-ops.sh ADD MUL_MAT ... only these ops
+#   scripts/test-backend-ops.sh 'MUL_MAT=type_a=(f32|q4_0)'   an op with a -p filter (regex over params)
+#   SUBSET=1 scripts/test-backend-ops.sh        the ops llama.cpp's common architectures use (CI)
 #   TBO_PARAMS='type=f32' scripts/...           extra -p filter (regex over the case params)
 #   SERVER=target/release/rpc-server PORT=50098 THREADS=2 TBO_TIMEOUT=1800
 # Prints one line per op and a summary; exits non-zero if any case failed or any op crashed.
@@ -34,16 +36,37 @@ stop_server() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "
 trap stop_server EXIT
 start_server
 
+# The ops of llama.cpp's common architectures (llama, qwen2/3, qwen3-next, gemma, gpt2/oss, mamba,
+# rwkv, MoE, vision), with the type grids of the heaviest ones trimmed to common model types.
+subset=(
+  ADD SUB MUL DIV SCALE ADD_ID ADD1 ACC SQR SQRT CLAMP FILL CUMSUM TRI SOLVE_TRI
+  RMS_NORM NORM L2_NORM GROUP_NORM SOFT_MAX DIAG_MASK_INF SUM SUM_ROWS MEAN ARGMAX ARGSORT TOP_K
+  'MUL_MAT=type_a=(f32|f16|bf16|q4_0|q8_0|q4_K|q6_K),'
+  'MUL_MAT_ID=type_a=(f16|q4_0|q8_0|q4_K|mxfp4),'
+  'GET_ROWS=type=(f32|f16|q4_0|q8_0|q4_K|q6_K),' SET_ROWS
+  'CPY=type_src=(f32|f16),type_dst=(f32|f16|q8_0|q4_0),' CONT DUP CONCAT REPEAT PAD
+  'ROPE=type=f32,' 'FLASH_ATTN_EXT=hsk=(64|128),.*type_K=(f16|q8_0),'
+  SILU GELU GELU_ERF GELU_QUICK SIGMOID TANH EXP SOFTPLUS RELU NEG ABS
+  SWIGLU GEGLU GEGLU_ERF REGLU SWIGLU_OAI
+  SSM_CONV SSM_SCAN GATED_DELTA_NET RWKV_WKV6 RWKV_WKV7 GATED_LINEAR_ATTN IM2COL UPSCALE
+)
 if [ "$#" -gt 0 ]; then
   ops=("$@")
+elif [ "${SUBSET:-0}" = 1 ]; then
+  ops=("${subset[@]}")
 else
   mapfile -t ops < <("$tbo" --list-ops | sed -n 's/^  \([A-Z0-9_]*\)$/\1/p')
 fi
 
 total_pass=0; total_cases=0; bad_ops=()
-for op in "${ops[@]}"; do
+for spec in "${ops[@]}"; do
+  op="${spec%%=*}"
   args=(test -b RPC0 -o "$op")
-  [ -n "${TBO_PARAMS:-}" ] && args+=(-p "$TBO_PARAMS")
+  if [ "$spec" != "$op" ]; then
+    args+=(-p "${spec#*=}")
+  elif [ -n "${TBO_PARAMS:-}" ]; then
+    args+=(-p "$TBO_PARAMS")
+  fi
   set +e
   GGML_RPC_SERVERS="127.0.0.1:$PORT" timeout "$TBO_TIMEOUT" "$tbo" "${args[@]}" >"$logs/$op.log" 2>&1
   rc=$?

@@ -48,6 +48,16 @@ impl Session {
         if ne[0] as u64 % info.blck_size != 0 {
             return Err(SessionError::tensor(t, format!("ne[0]={} is not a multiple of the block size {}", ne[0], info.blck_size)));
         }
+        // ggml_new_tensor_impl's GGML_ASSERT(INT64_MAX / ne[i] > current_nelements), exactly.
+        let mut nel = ne[0] as i64;
+        for &n in &ne[1..] {
+            if n > 1 {
+                if i64::MAX / n as i64 <= nel {
+                    return Err(SessionError::tensor(t, format!("element count of {ne:?} overflows int64")));
+                }
+                nel *= n as i64;
+            }
+        }
         let op = t.op.get();
         if op >= ops::COUNT {
             return Err(SessionError::tensor(t, format!("invalid op {op}")));

@@ -1023,6 +1023,8 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             ensure!(divides(v.ne(2), q.ne(2)), "FLASH_ATTN_EXT: v heads");
             ensure!(v.ne(1) == k.ne(1), "FLASH_ATTN_EXT: k and v lengths differ");
             ne_eq(d, [v.ne(0), q.ne(2), q.ne(1), q.ne(3)])?;
+            // op_params[3] is the precision; the CPU kernel knows DEFAULT (0) and F32 (10).
+            ensure!(!cpu || matches!(d.op_i32(3), 0 | 10), "FLASH_ATTN_EXT precision {}", d.op_i32(3));
             ty_is(d, ty::F32, "result")?;
             nb0_is_ts(d, "result")?;
             ensure!(d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3), "result strides must increase");

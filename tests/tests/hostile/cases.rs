@@ -263,6 +263,27 @@ pub fn all() -> Vec<Case> {
             c.send(GET_ALLOC_SIZE, &p)?;
             expect_close(c)
         }},
+        Case { name: "GET_ALLOC_SIZE of a tensor with 2^64 elements (found by fuzzing)", refs: "ggml_new_tensor int64 overflow assert", run: |a| {
+            let mut c = Conn::open(a)?;
+            let t = RpcTensor::new(1, F32).with_shape([65536; 4], [4, 4, 4, 4]);
+            let mut p = 0u32.to_le_bytes().to_vec();
+            p.extend_from_slice(&t.to_wire());
+            p.extend_from_slice(&[0u8; 296 * 10]);
+            c.send(GET_ALLOC_SIZE, &p)?;
+            expect_close(c)
+        }},
+        Case { name: "FLASH_ATTN_EXT with an unknown precision (found by fuzzing)", refs: "GGML_ABORT in the CPU kernel", run: |a| {
+            let (mut c, h, base) = attacker(a)?;
+            let q = t4(1, F32, [16, 1, 1, 1], h, base);
+            let k = RpcTensor::new(2, 1).with_shape([16, 4, 1, 1], [2, 32, 128, 128]).with_buffer(h, base + 4096);
+            let v = RpcTensor::new(3, 1).with_shape([16, 4, 1, 1], [2, 32, 128, 128]).with_buffer(h, base + 8192);
+            let mut p = [0i32; 16];
+            p[0] = 1f32.to_bits() as i32;
+            p[3] = 77; // precision
+            let out = node(t4(4, F32, [16, 1, 1, 1], h, base + 65536), op::FLASH_ATTN_EXT, &p, &[1, 2, 3]);
+            graph_of(&mut c, &[q, k, v, out])?;
+            expect_close(c)
+        }},
         Case { name: "COPY_TENSOR into a smaller destination (cpy_tensor overflow)", refs: "GHSA-5vm9-p64x-gqw9 style", run: |a| {
             let (mut c, h, base) = attacker(a)?;
             let (h2, base2) = c.buffer(4096)?;

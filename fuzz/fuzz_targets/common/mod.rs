@@ -1,0 +1,148 @@
+//! Shared harness of the server fuzz targets: an in-process rpc-server session on the CPU
+//! backend, driven by command frames whose buffer handles and data addresses are symbolic.
+//!
+//! Input format (what `capture.py` writes from recorded client traffic), repeated:
+//!
+//! ```text
+//! | cmd: u8 | len: u32 LE | payload[len] |
+//! ```
+//!
+//! The payload is the wire payload of the command, except that buffer handles are 1-based
+//! indices into the buffers this input allocated, and in every `rpc_tensor` whose `buffer` is such
+//! an index, `data` is an offset from that buffer's base. The harness substitutes the real handle
+//! and address, then feeds the frame through `check_frame`, `Request::decode` and
+//! `Session::handle`, exactly as the connection loop does. Anything the session refuses ends the
+//! "connection" (the rest of the input is ignored), as on the real server.
+
+use std::sync::{Arc, OnceLock};
+
+use rpc_proto::{check_frame, Command, FrameHeader, Limits, Request, Response, RpcTensor, RPC_TENSOR_SIZE};
+use rpc_server::ggml::{Device, DeviceKind};
+use rpc_server::session::{MemoryBudget, MemoryLimits, Session, SessionConfig};
+
+/// Largest buffer an input may allocate (larger requests are clamped).
+pub const MAX_ALLOC: u64 = 8 << 20;
+
+pub const LIMITS: Limits = Limits { max_request_size: 16 << 20, max_graph_nodes: 4096, max_graph_tensors: 4096 };
+
+fn config() -> Arc<SessionConfig> {
+    static CONFIG: OnceLock<Arc<SessionConfig>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            // No rpc_server::ggml::load_backends(): it installs the callback that parks a thread
+            // on a ggml assertion; under the fuzzer an assertion must abort and be reported.
+            let cpu = Device::all().into_iter().find(|d| d.kind() == DeviceKind::Cpu).expect("CPU device");
+            Arc::new(SessionConfig { devices: vec![cpu], n_threads: 1, cache: None })
+        })
+        .clone()
+}
+
+pub struct Harness {
+    session: Session,
+    handles: Vec<u64>,
+    bases: Vec<u64>,
+}
+
+impl Harness {
+    pub fn new() -> Harness {
+        let budget = Arc::new(MemoryBudget::new(MemoryLimits { per_connection: 64 << 20, total: 64 << 20 }));
+        Harness { session: Session::with_budget(config(), budget), handles: Vec::new(), bases: Vec::new() }
+    }
+
+    fn handle_of(&self, idx: u64) -> u64 {
+        match usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)).and_then(|i| self.handles.get(i)) {
+            Some(&h) => h,
+            None => idx,
+        }
+    }
+
+    fn translate_tensor(&self, b: &mut [u8]) {
+        let Some(mut t) = RpcTensor::from_wire(b) else { return };
+        let idx = t.buffer.get();
+        if let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)).filter(|&i| i < self.handles.len()) {
+            t.buffer.set(self.handles[i]);
+            t.data.set(self.bases[i].wrapping_add(t.data.get()));
+        }
+        b.copy_from_slice(&t.to_wire());
+    }
+
+    fn translate_tensors(&self, p: &mut [u8], at: usize, n: usize) {
+        for k in 0..n {
+            let s = at + k * RPC_TENSOR_SIZE;
+            if let Some(b) = p.get_mut(s..s + RPC_TENSOR_SIZE) {
+                self.translate_tensor(b);
+            }
+        }
+    }
+
+    fn translate_handle(&self, p: &mut [u8]) {
+        if let Some(b) = p.get_mut(0..8) {
+            let idx = u64::from_le_bytes(b.try_into().unwrap());
+            b.copy_from_slice(&self.handle_of(idx).to_le_bytes());
+        }
+    }
+
+    /// Runs one command. Returns false when the session refused it (the server would close the
+    /// connection).
+    pub fn exec(&mut self, cmd_byte: u8, payload: &[u8]) -> bool {
+        let mut p = payload.to_vec();
+        let Some(cmd) = Command::from_u8(cmd_byte) else { return false };
+        match cmd {
+            Command::AllocBuffer => {
+                if p.len() == 12 {
+                    let size = u64::from_le_bytes(p[4..12].try_into().unwrap()).min(MAX_ALLOC);
+                    p[4..12].copy_from_slice(&size.to_le_bytes());
+                }
+            }
+            Command::BufferGetBase | Command::FreeBuffer | Command::BufferClear => self.translate_handle(&mut p),
+            Command::SetTensor | Command::SetTensorHash | Command::GetTensor | Command::InitTensor | Command::MemsetTensor => {
+                self.translate_tensors(&mut p, 0, 1)
+            }
+            Command::CopyTensor => self.translate_tensors(&mut p, 0, 2),
+            Command::GetAllocSize => self.translate_tensors(&mut p, 4, 11),
+            Command::GraphCompute => {
+                if p.len() >= 8 {
+                    let n_nodes = u32::from_le_bytes(p[4..8].try_into().unwrap()) as usize;
+                    let at = 8usize.saturating_add(n_nodes.saturating_mul(8)).saturating_add(4);
+                    if at <= p.len() {
+                        let n = (p.len() - at) / RPC_TENSOR_SIZE;
+                        self.translate_tensors(&mut p, at, n);
+                    }
+                }
+            }
+            _ => {}
+        }
+        let h = FrameHeader { cmd: cmd_byte, size: p.len() as u64 };
+        let Ok(cmd) = check_frame(&h, &LIMITS) else { return false };
+        if cmd == Command::Hello {
+            return true; // handled by the connection layer; a second one is refused there
+        }
+        let Ok(req) = Request::decode(cmd, &p, &LIMITS) else { return false };
+        match self.session.handle(req) {
+            Ok(Some(Response::AllocBuffer { remote_ptr, .. })) if remote_ptr != 0 => {
+                let base = match self.session.handle(Request::BufferGetBase { remote_ptr }) {
+                    Ok(Some(Response::BufferGetBase { base_ptr })) => base_ptr,
+                    _ => panic!("BUFFER_GET_BASE of a fresh buffer failed"),
+                };
+                self.handles.push(remote_ptr);
+                self.bases.push(base);
+                true
+            }
+            Ok(_) => true,
+            Err(_) => false,
+        }
+    }
+}
+
+/// Splits an input into `(cmd, payload)` frames.
+#[allow(dead_code)]
+pub fn frames(mut data: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+    std::iter::from_fn(move || {
+        let (&cmd, rest) = data.split_first()?;
+        let (len, rest) = rest.split_first_chunk::<4>()?;
+        let len = (u32::from_le_bytes(*len) as usize).min(rest.len());
+        let (payload, tail) = rest.split_at(len);
+        data = tail;
+        Some((cmd, payload))
+    })
+}
