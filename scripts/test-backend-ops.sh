@@ -42,7 +42,7 @@ subset=(
   ADD SUB MUL DIV SCALE ADD_ID ADD1 ACC SQR SQRT CLAMP FILL CUMSUM TRI SOLVE_TRI
   RMS_NORM NORM L2_NORM GROUP_NORM SOFT_MAX DIAG_MASK_INF SUM SUM_ROWS MEAN ARGMAX ARGSORT TOP_K
   'MUL_MAT=type_a=(f32|f16|bf16|q4_0|q8_0|q4_K|q6_K),'
-  'MUL_MAT_ID=type_a=(f16|q4_0|q8_0|q4_K|mxfp4),'
+  'MUL_MAT_ID=type_a=(f16|q4_0|q8_0|q4_K|mxfp4),.*,m=512,'
   'GET_ROWS=type=(f32|f16|q4_0|q8_0|q4_K|q6_K),' SET_ROWS
   'CPY=type_src=(f32|f16),type_dst=(f32|f16|q8_0|q4_0),' CONT DUP CONCAT REPEAT PAD
   'ROPE=type=f32,' 'FLASH_ATTN_EXT=hsk=(64|128),.*type_K=(f16|q8_0),'

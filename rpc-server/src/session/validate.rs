@@ -285,10 +285,31 @@ impl<'a> Node<'a> {
     }
 }
 
+/// The result may be computed in place (same memory as a source, from the same address, as
+/// ggml's in-place ops and ggml-alloc's buffer reuse do), or in memory no source occupies; a
+/// result that starts inside a source's memory elsewhere makes the kernels copy between overlapping
+/// ranges (undefined behaviour, found by fuzzing: `memcpy` in RMS_NORM).
+fn check_no_partial_overlap(n: &Node<'_>) -> R {
+    let Some((db, doff)) = &n.d.buffer else { return Ok(()) };
+    let dlen = n.d.nbytes();
+    for (i, s) in n.src.iter().enumerate() {
+        let Some(s) = s else { continue };
+        let Some((sb, soff)) = &s.buffer else { continue };
+        if !std::sync::Arc::ptr_eq(db, sb) || soff == doff {
+            continue;
+        }
+        let (d0, s0) = (*doff as u128, *soff as u128);
+        let slen = s.nbytes();
+        ensure!(d0 + dlen <= s0 || s0 + slen <= d0 || dlen == 0 || slen == 0, "result partially overlaps src[{i}]");
+    }
+    Ok(())
+}
+
 /// Validates one computing node. Returns the data-dependent checks it needs.
 pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, String> {
     let d = n.d;
     let mut checks = Vec::new();
+    check_no_partial_overlap(n)?;
     // Every tensor a kernel touches has plausible strides.
     check_layout(d).map_err(|e| format!("result: {e}"))?;
     for (i, s) in n.src.iter().enumerate() {
