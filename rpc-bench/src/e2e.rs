@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use rpc_transport::rdma::wire::Framing;
+
 use crate::latency::progress_bar;
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
@@ -336,6 +338,9 @@ fn differential(one: &Traffic, many: &Traffic, reps: u32) -> Traffic {
         t.cmd_count[i] = d.cmd_count[i] / k;
         t.cmd_bytes[i] = d.cmd_bytes[i] / k;
     }
+    for i in 0..t.wire.len() {
+        t.wire[i] = d.wire[i].div(k);
+    }
     t
 }
 
@@ -626,6 +631,84 @@ pub fn commands_table(rows: &[E2eRow]) -> Table {
     t
 }
 
+/// RDMA wire cost per generated token under each framing, computed from the captured traffic
+/// with [`rpc_transport::rdma::wire`] (the `none` tg rows), beside what `tests/vm/test-lean.sh`
+/// measured in the soft-RoCE VM (rxe counters; another model, so compare ratios) when given.
+pub fn wire_table(rows: &[E2eRow], measured: Option<&VmWireTable>) -> Table {
+    let mut t = Table::new(&[
+        "server",
+        "framing",
+        "SENDs/token",
+        "packets/token (MTU 1024)",
+        "packets/token (MTU 4096)",
+        "bytes on the wire/token",
+        "vs upstream UC packets",
+        "VM measured SENDs/token",
+        "VM measured packets/token (MTU 1024)",
+        "source",
+    ]);
+    for r in rows.iter().filter(|r| r.link == "none" && matches!(r.phase, Phase::Tg(_))) {
+        let n = f64::from(r.phase.tokens().max(1));
+        let apple = r.traffic.wire[1].packets[0] as f64 / n;
+        for (i, f) in Framing::ALL.iter().enumerate() {
+            let w = r.traffic.wire[i];
+            let m = measured.and_then(|m| m.get(*f));
+            let credits = if w.credit_sends > 0 { format!(" (≤ {:.1} credit-only)", w.credit_sends as f64 / n) } else { String::new() };
+            t.push(vec![
+                r.server.clone(),
+                f.name().into(),
+                format!("{:.1}{credits}", w.sends as f64 / n),
+                format!("{:.1}", w.packets[0] as f64 / n),
+                format!("{:.1}", w.packets[1] as f64 / n),
+                human_bytes(w.bytes as f64 / n),
+                if apple > 0.0 { format!("1/{:.0}", apple / (w.packets[0] as f64 / n).max(1e-9)) } else { "-".into() },
+                m.map_or("-".into(), |m| format!("{:.1}", m.0)),
+                m.map_or("-".into(), |m| format!("{:.1}", m.1)),
+                if f.is_lean() {
+                    "computed: no-response requests coalesced into the next round trip".into()
+                } else {
+                    "computed: upstream's framing of each message".into()
+                },
+            ]);
+        }
+    }
+    t
+}
+
+/// The per-token table `tests/vm/test-lean.sh` writes (`target/lean-vm/lean-table.txt`):
+/// `config SENDs/token packets/token` for a-rc, a-uc (stock client, upstream flavors) and
+/// b-rc, b-uc (through rpc-shim, lean framing).
+#[derive(Debug, Clone, Default)]
+pub struct VmWireTable {
+    rows: Vec<(String, f64, f64)>,
+}
+
+impl VmWireTable {
+    /// Parses the table; lines that are not `name number number` are skipped.
+    pub fn parse(text: &str) -> VmWireTable {
+        let rows = text
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let (c, s, p) = (it.next()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+                Some((c.to_string(), s, p))
+            })
+            .collect();
+        VmWireTable { rows }
+    }
+
+    /// (SENDs/token, packets/token) measured for a framing.
+    pub fn get(&self, f: Framing) -> Option<(f64, f64)> {
+        let key = match f {
+            Framing::UpstreamRc => "a-rc",
+            Framing::AppleUc => "a-uc",
+            Framing::LeanRc => "b-rc",
+            Framing::LeanUc => "b-uc",
+        };
+        self.rows.iter().find(|r| r.0 == key).map(|r| (r.1, r.2))
+    }
+}
+
 fn fmt_ratio(v: f64) -> String {
     if (v - v.round()).abs() < 1e-9 {
         format!("{}", v.round() as u64)
@@ -642,6 +725,15 @@ pub fn default_logdir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_the_vm_lean_table() {
+        let t = VmWireTable::parse("config      SENDs/token    packets/token\na-rc  26.0  53.1\na-uc 9.0 1152.0\nb-rc 4.6 13.2\ngarbage\n");
+        assert_eq!(t.get(Framing::UpstreamRc), Some((26.0, 53.1)));
+        assert_eq!(t.get(Framing::AppleUc), Some((9.0, 1152.0)));
+        assert_eq!(t.get(Framing::LeanRc), Some((4.6, 13.2)));
+        assert_eq!(t.get(Framing::LeanUc), None);
+    }
 
     #[test]
     fn parses_llama_bench_json() {

@@ -164,6 +164,10 @@ struct E2eArgs {
     /// Write a PNG chart of per-token latency per link.
     #[arg(long, value_name = "FILE")]
     png: Option<PathBuf>,
+    /// Per-token SENDs/packets measured in the soft-RoCE VM by tests/vm/test-lean.sh, shown
+    /// beside the computed RDMA wire cost (default: target/lean-vm/lean-table.txt if present).
+    #[arg(long, value_name = "FILE")]
+    vm_wire: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -433,6 +437,29 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
     md.push_str(&e2e::table(&rows).markdown());
     md.push_str("\nCommands on the wire (counted through the relay):\n\n");
     md.push_str(&e2e::commands_table(&rows).markdown());
+    let vm_path = a.vm_wire.clone().unwrap_or_else(|| PathBuf::from("target/lean-vm/lean-table.txt"));
+    let vm = match std::fs::read_to_string(&vm_path) {
+        Ok(text) => Some(e2e::VmWireTable::parse(&text)),
+        Err(e) if a.vm_wire.is_some() => anyhow::bail!("--vm-wire {}: {e}", vm_path.display()),
+        Err(_) => None,
+    };
+    md.push_str(
+        "\nRDMA wire cost per generated token: the traffic above framed by each RDMA flavor \
+         (`rpc_transport::rdma::wire`, checked SEND by SEND against the framings on the fake fabric). \
+         Upstream RC: every `send_data()` part is a SEND; upstream UC (Apple): every message is whole \
+         128 KiB strides; lean (ours, rpc-shim or rpc-client to rpc-server): no-response requests \
+         coalesced into the next round trip, frames sized to the data.",
+    );
+    if vm.is_some() {
+        md.push_str(&format!(
+            " The VM columns come from `{}` (tests/vm/test-lean.sh: rxe counters in the soft-RoCE VM, \
+             synthetic llama model, stock client, through the real rpc-shim for lean): a different model, \
+             so compare ratios between framings.",
+            vm_path.display()
+        ));
+    }
+    md.push_str("\n\n");
+    md.push_str(&e2e::wire_table(&rows, vm.as_ref()).markdown());
     md.push('\n');
     for l in &notes.lines {
         md.push_str(&format!("- {l}\n"));

@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use rpc_proto::{Command, CONN_CAPS_SIZE};
+use rpc_transport::rdma::wire::Framing;
 
 use crate::links::LinkProfile;
 
@@ -18,9 +19,52 @@ use crate::links::LinkProfile;
 pub const CMD_SLOTS: usize = 19;
 const UNKNOWN: usize = CMD_SLOTS - 1;
 
+/// MTUs the RDMA wire-cost counters count packets at: RoCE's common 1024 (soft-RoCE in the test
+/// VM) and 4096 (Thunderbolt's frame, RoCE jumbo).
+pub const WIRE_MTUS: [usize; 2] = [1024, 4096];
+
+/// What the captured traffic would cost on the wire under one RDMA framing
+/// ([`rpc_transport::rdma::wire`]); index = position in [`Framing::ALL`].
+#[derive(Debug, Default)]
+struct WireCounters {
+    sends: AtomicU64,
+    credit_sends: AtomicU64,
+    bytes: AtomicU64,
+    packets: [AtomicU64; WIRE_MTUS.len()],
+}
+
+/// A snapshot of one framing's [`WireCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireTraffic {
+    /// SENDs by both sides.
+    pub sends: u64,
+    /// Of `sends`: lean credit-only frames (an upper bound).
+    pub credit_sends: u64,
+    /// Bytes on the wire (RDMA payloads, padding included).
+    pub bytes: u64,
+    /// Packets at each of [`WIRE_MTUS`].
+    pub packets: [u64; WIRE_MTUS.len()],
+}
+
+impl WireTraffic {
+    fn zip(self, o: WireTraffic, f: impl Fn(u64, u64) -> u64) -> WireTraffic {
+        let mut packets = [0; WIRE_MTUS.len()];
+        for (i, p) in packets.iter_mut().enumerate() {
+            *p = f(self.packets[i], o.packets[i]);
+        }
+        WireTraffic { sends: f(self.sends, o.sends), credit_sends: f(self.credit_sends, o.credit_sends), bytes: f(self.bytes, o.bytes), packets }
+    }
+
+    /// Each counter divided by `k` (per repetition, per token).
+    pub fn div(self, k: u64) -> WireTraffic {
+        self.zip(self, |a, _| a / k.max(1))
+    }
+}
+
 /// Live counters shared by all connections of a relay.
 #[derive(Debug, Default)]
 pub struct Counters {
+    wire: [WireCounters; 4],
     cmd_count: [AtomicU64; CMD_SLOTS],
     cmd_bytes: [AtomicU64; CMD_SLOTS],
     round_trips: AtomicU64,
@@ -56,6 +100,8 @@ pub struct Traffic {
     pub s2c_uc: u64,
     /// TCP connections opened by the client.
     pub connections: u64,
+    /// RDMA wire cost of this traffic per framing (index: position in [`Framing::ALL`]).
+    pub wire: [WireTraffic; 4],
 }
 
 impl Counters {
@@ -76,7 +122,32 @@ impl Counters {
             t.cmd_count[i] = self.cmd_count[i].load(Relaxed);
             t.cmd_bytes[i] = self.cmd_bytes[i].load(Relaxed);
         }
+        for (w, c) in t.wire.iter_mut().zip(&self.wire) {
+            w.sends = c.sends.load(Relaxed);
+            w.credit_sends = c.credit_sends.load(Relaxed);
+            w.bytes = c.bytes.load(Relaxed);
+            for (p, cp) in w.packets.iter_mut().zip(&c.packets) {
+                *p = cp.load(Relaxed);
+            }
+        }
         t
+    }
+
+    /// Counts one flushed message under `framings` (see [`Framing::message`]).
+    fn wire_message(&self, framings: &[Framing], parts: &[usize]) {
+        for &f in framings {
+            let Some(i) = Framing::ALL.iter().position(|&a| a == f) else { continue };
+            let c = &self.wire[i];
+            for (k, &mtu) in WIRE_MTUS.iter().enumerate() {
+                let cost = f.message(parts, mtu);
+                if k == 0 {
+                    c.sends.fetch_add(cost.sends, Relaxed);
+                    c.credit_sends.fetch_add(cost.credit_sends, Relaxed);
+                    c.bytes.fetch_add(cost.bytes, Relaxed);
+                }
+                c.packets[k].fetch_add(cost.packets, Relaxed);
+            }
+        }
     }
 
     /// Counts a new client connection.
@@ -103,6 +174,9 @@ impl Traffic {
             t.cmd_count[i] = self.cmd_count[i].saturating_sub(earlier.cmd_count[i]);
             t.cmd_bytes[i] = self.cmd_bytes[i].saturating_sub(earlier.cmd_bytes[i]);
         }
+        for i in 0..t.wire.len() {
+            t.wire[i] = self.wire[i].zip(earlier.wire[i], u64::saturating_sub);
+        }
         t
     }
 
@@ -122,6 +196,9 @@ impl Traffic {
         for i in 0..CMD_SLOTS {
             t.cmd_count[i] = self.cmd_count[i] + other.cmd_count[i];
             t.cmd_bytes[i] = self.cmd_bytes[i] + other.cmd_bytes[i];
+        }
+        for i in 0..t.wire.len() {
+            t.wire[i] = self.wire[i].zip(other.wire[i], u64::saturating_add);
         }
         t
     }
@@ -169,6 +246,9 @@ impl Traffic {
 pub struct RequestParser {
     state: ReqState,
     zero_hello_caps: bool,
+    /// Request bytes since the last request with a response: what a lean peer (our shim)
+    /// flushes as one burst at best.
+    lean_burst: usize,
 }
 
 #[derive(Debug)]
@@ -187,6 +267,7 @@ impl RequestParser {
                 buf: [0; 9],
             },
             zero_hello_caps,
+            lean_burst: 0,
         }
     }
 
@@ -218,8 +299,15 @@ impl RequestParser {
                         c.c2s_uc
                             .fetch_add(LinkProfile::tb5_rdma().wire_bytes(msg), Relaxed);
                         let command = Command::from_u8(cmd);
+                        let psize = usize::try_from(size).unwrap_or(usize::MAX);
+                        // Upstream flavors flush every request; a lean peer coalesces the
+                        // no-response ones into the next request that waits for a response.
+                        c.wire_message(&[Framing::UpstreamRc, Framing::AppleUc], &[1, 8, psize]);
+                        self.lean_burst = self.lean_burst.saturating_add(psize.saturating_add(9));
                         if command.is_some_and(Command::has_response) {
                             c.round_trips.fetch_add(1, Relaxed);
+                            c.wire_message(&[Framing::LeanRc, Framing::LeanUc], &[self.lean_burst]);
+                            self.lean_burst = 0;
                         }
                         let hello_left = if self.zero_hello_caps
                             && command == Some(Command::Hello)
@@ -296,6 +384,7 @@ impl ResponseParser {
                 let size = u64::from_le_bytes(self.buf);
                 self.remaining = size;
                 c.s2c_msgs.fetch_add(1, Relaxed);
+                c.wire_message(&Framing::ALL, &[8, usize::try_from(size).unwrap_or(usize::MAX)]);
                 c.s2c_uc.fetch_add(
                     LinkProfile::tb5_rdma().wire_bytes(size.saturating_add(8)),
                     Relaxed,
@@ -344,6 +433,48 @@ mod tests {
                 "GET_ALIGNMENTx1 HELLOx1 DEVICE_COUNTx1 GRAPH_RECOMPUTEx1"
             );
         }
+    }
+
+    /// One generated token of a stock client (9 SET_TENSOR, GRAPH_RECOMPUTE, GET_TENSOR and its
+    /// 1 MiB response) framed by each RDMA flavor.
+    #[test]
+    fn wire_cost_of_a_token() {
+        let c = Counters::default();
+        let mut req = Vec::new();
+        for _ in 0..9 {
+            // SET_TENSOR: 296-byte tensor + 8-byte offset + 4 bytes of data
+            req.push(Command::SetTensor.as_u8());
+            req.extend_from_slice(&308u64.to_le_bytes());
+            req.resize(req.len() + 308, 0);
+        }
+        Request::GraphRecompute { device: 0 }.encode(&mut req);
+        req.push(Command::GetTensor.as_u8());
+        req.extend_from_slice(&312u64.to_le_bytes());
+        req.resize(req.len() + 312, 0);
+        let mut rsp = (1u64 << 20).to_le_bytes().to_vec();
+        rsp.resize(8 + (1 << 20), 0);
+        let mut p = RequestParser::new(false);
+        for piece in req.chunks_mut(100) {
+            p.feed(piece, &c);
+        }
+        let mut r = ResponseParser::default();
+        for piece in rsp.chunks(4096) {
+            r.feed(piece, &c);
+        }
+        let t = c.snapshot();
+        let [rc, apple, lean_rc, lean_uc] = t.wire;
+        // RC: 3 SENDs per request with a payload (11), 2 for the response (1 MiB = 4 chunks).
+        assert_eq!(rc.sends, 11 * 3 + 1 + 4);
+        // Apple: one stride per request; the response is 8 strides of 128 KiB - 8.
+        assert_eq!(apple.sends, 11 + 9);
+        assert_eq!(apple.packets, [20 * 128, 20 * 32]);
+        // Lean RC: one burst for all 11 requests, the response in 5 frames of at most 256 KiB.
+        assert_eq!(lean_rc.sends, 1 + 5);
+        // Lean UC: the burst (3,385 bytes) is one frame; the response 258 frames (+2 credit-only).
+        assert_eq!((lean_uc.sends, lean_uc.credit_sends), (1 + 258 + 2, 2));
+        // At MTU 1024: 4 (burst) + 257 × 4 + 2 (last frame) + 2 (credits), against Apple's 2,560:
+        // a large response (here 1 MiB of logits) dominates both.
+        assert_eq!(lean_uc.packets[0], 4 + 257 * 4 + 2 + 2);
     }
 
     #[test]

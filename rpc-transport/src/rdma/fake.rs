@@ -53,6 +53,8 @@ struct Endpoint {
     sends: u64,
     bytes_sent: u64,
     inline_sends: u64,
+    /// Length of every SEND posted, in order (for packet counts at any MTU).
+    send_lens: Vec<usize>,
     /// SENDs of the peer that found no receive posted here.
     unmatched: u64,
 }
@@ -153,6 +155,13 @@ impl FakeQp {
         (w.eps[self.me].sends, w.eps[self.me].bytes_sent)
     }
 
+    /// Packets this endpoint's SENDs took on a link with this MTU (a SEND of `n` bytes is
+    /// `max(1, ceil(n / mtu))` packets, as RoCE segments it).
+    pub fn packets(&self, mtu: usize) -> u64 {
+        let w = self.lock();
+        w.eps[self.me].send_lens.iter().map(|&n| super::wire::packets(n, mtu)).sum()
+    }
+
     /// SENDs posted by this endpoint as inline.
     pub fn sent_inline(&self) -> u64 {
         self.lock().eps[self.me].inline_sends
@@ -226,6 +235,7 @@ impl Verbs for FakeQp {
         let fault = w.eps[me].fault.take();
         w.eps[me].sends += 1;
         w.eps[me].bytes_sent += len as u64;
+        w.eps[me].send_lens.push(len);
         if inline {
             w.eps[me].inline_sends += 1;
         }

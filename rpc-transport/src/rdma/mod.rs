@@ -19,6 +19,7 @@ pub mod rc;
 pub mod real;
 pub mod uc;
 pub mod verbs;
+pub mod wire;
 
 use std::io;
 use std::time::{Duration, Instant};

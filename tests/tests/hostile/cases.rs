@@ -284,6 +284,15 @@ pub fn all() -> Vec<Case> {
             graph_of(&mut c, &[q, k, v, out])?;
             expect_close(c)
         }},
+        Case { name: "RMS_NORM result overlapping its source 16 bytes later (found by fuzzing)", refs: "overlapping memcpy in the CPU kernel (ASan)", run: |a| {
+            let (mut c, h, base) = attacker(a)?;
+            let x = t4(1, F32, [4096, 1, 1, 1], h, base);
+            let mut p = [0i32; 16];
+            p[0] = 1e-6f32.to_bits() as i32;
+            let out = node(t4(2, F32, [4096, 1, 1, 1], h, base + 16), op::RMS_NORM, &p, &[1]);
+            graph_of(&mut c, &[x, out])?;
+            expect_close(c)
+        }},
         Case { name: "COPY_TENSOR into a smaller destination (cpy_tensor overflow)", refs: "GHSA-5vm9-p64x-gqw9 style", run: |a| {
             let (mut c, h, base) = attacker(a)?;
             let (h2, base2) = c.buffer(4096)?;
