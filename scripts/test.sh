@@ -24,6 +24,8 @@ step "rpc-shim end to end over TCP (stock TCP-only llama.cpp -> rpc-shim -> rpc-
 python3 tests/e2e/shim_e2e.py --shim target/release/rpc-shim --ours target/release/rpc-server --stock-bin "$STOCK_BIN" --quick
 step "RDMA end to end in a soft-RoCE VM (stock llama.cpp RDMA clients, both flavors)"
 tests/vm/test-rdma.sh
+step "lean RDMA framing in the soft-RoCE VM (per-token SENDs/packets: stock flavors vs rpc-shim lean; fallbacks)"
+tests/vm/test-lean.sh
 step "hostile inputs: the same suite against the stock server (comparison), churn during real generation"
 STOCK_BIN="$STOCK_BIN" HOSTILE_NO_BUILD=1 cargo test --release -p rpc-tests --test hostile -- --ignored --nocapture \
   2>&1 | grep -E "^(test |churn|stock server)|passed|FAILED|panicked"

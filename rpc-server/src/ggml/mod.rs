@@ -167,6 +167,29 @@ pub fn trim_heap() {
     }
 }
 
+/// Caps glibc's malloc arenas (default: 8 per core) unless `MALLOC_ARENA_MAX` is set. Every
+/// thread that allocates (tokio workers, one blocking thread per compute burst, ggml's threads)
+/// may get its own arena, and each arena keeps its high-water mark of small allocations: with the
+/// default, a server under many short connections grew to ~40 MB resident before levelling off.
+/// Called once at start-up, before any thread is spawned.
+pub fn limit_malloc_arenas(arenas: usize) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+            return;
+        }
+        const M_ARENA_MAX: std::os::raw::c_int = -8;
+        extern "C" {
+            fn mallopt(param: std::os::raw::c_int, value: std::os::raw::c_int) -> std::os::raw::c_int;
+        }
+        let n = std::os::raw::c_int::try_from(arenas.max(1)).unwrap_or(8);
+        // SAFETY: mallopt only changes an allocator tunable; M_ARENA_MAX is valid at any time.
+        unsafe { mallopt(M_ARENA_MAX, n) };
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = arenas;
+}
+
 /// Size in bytes of the bookkeeping ggml needs per tensor inside a context.
 pub(crate) fn tensor_overhead() -> usize {
     // SAFETY: pure function without arguments.
