@@ -131,7 +131,7 @@ pub async fn serve(
             let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/RC");
             tracing::info!("RDMA activated (Linux RC flavor)");
             let r = run(&mut t, session, limits, stats, idle, shutdown).await;
-            finish_rdma(&rdma, t.counters());
+            finish_rdma(&rdma, &t);
             r
         }
         Activated::Uc(link, _permit) => {
@@ -152,7 +152,7 @@ pub async fn serve(
             let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/UC");
             tracing::info!("RDMA activated (Apple UC flavor)");
             let r = run(&mut t, session, limits, stats, idle, shutdown).await;
-            finish_rdma(&rdma, t.counters());
+            finish_rdma(&rdma, &t);
             r
         }
         Activated::Lean(link, flavor, _permit) => {
@@ -185,7 +185,7 @@ pub async fn serve(
                 frames_received = lean.frames_received,
                 "lean framing stats"
             );
-            finish_rdma(&rdma, t.counters());
+            finish_rdma(&rdma, &t);
             r
         }
     }
@@ -204,9 +204,11 @@ fn into_anchor(tcp: TcpTransport) -> Result<TcpStream, ConnectionError> {
     rd.into_inner().reunite(wr).map_err(|e| ConnectionError::Io(std::io::Error::other(e.to_string())))
 }
 
-fn finish_rdma(rdma: &RdmaConfig, counters: (u64, u64)) {
+fn finish_rdma<F: rpc_transport::rdma::Flavored>(rdma: &RdmaConfig, t: &RdmaTransport<F>) {
+    let counters = t.counters();
     rdma.record(counters);
-    tracing::info!(sends = counters.0, recvs = counters.1, "RDMA connection done");
+    let (idle, event_wakeups, timer_wakeups) = t.idle_stats();
+    tracing::info!(sends = counters.0, recvs = counters.1, idle, event_wakeups, timer_wakeups, "RDMA connection done");
 }
 
 /// The command loop after HELLO, over any transport.

@@ -61,6 +61,16 @@ rs=$(grep -o "RDMA connection done sends=[0-9]*" $W/srv-rc.log | awk -F= '{s+=$2
 [ $((s1 - s0)) -gt 0 ] && pass "rc: rxe sent_pkts +$((s1 - s0))" || bad "rc: rxe counters did not move"
 grep -E "RDMA activated|RDMA connection done|ERROR" $W/srv-rc.log | head -5
 
+echo "== (a') the same with no busy-polling: every wait sleeps on the completion channel"
+RPC_RDMA_SPIN_MS=0 start_server events
+gen events -- --rpc $ADDR:50052
+stop_server
+same_as_local events
+ev=$(grep -o 'idle="\?events"\? event_wakeups=[0-9]*' $W/srv-events.log | grep -o "[0-9]*$" | awk '{s+=$1} END{print s+0}')
+if grep -q 'idle="\?ticks' $W/srv-events.log; then bad "events: idle waits fell back to timer ticks"
+elif [ "${ev:-0}" -gt 0 ]; then pass "events: idle waits woke on $ev completion events"
+else bad "events: no idle wait ended on a completion event"; grep "RDMA connection done" $W/srv-events.log | head -3; fi
+
 echo "== (b) stock client, Apple UC flavor (patched libggml-rpc) -> our server"
 start_server uc
 gen uc LD_LIBRARY_PATH=$E2E_APPLE_LIB -- --rpc $ADDR:50052

@@ -19,5 +19,5 @@ python3 tests/e2e/synth_models.py "$MODELS" >/dev/null
 MODEL="$MODELS/synth-llama-f16.gguf"
 [ -s "$MODEL" ] || { echo "test-rdma: no model at $MODEL" >&2; exit 1; }
 export E2E_SERVER="$RVM_CARGO_TARGET_DIR/release/rpc-server" E2E_STOCK_BIN="$STOCK" E2E_APPLE_LIB="$APPLE" E2E_MODEL="$MODEL"
-RVM_PASS_ENV="E2E_SERVER E2E_STOCK_BIN E2E_APPLE_LIB E2E_MODEL E2E_N" RVM_TIMEOUT=${RVM_TIMEOUT:-600} \
+RVM_PASS_ENV="E2E_SERVER E2E_STOCK_BIN E2E_APPLE_LIB E2E_MODEL E2E_N RPC_RDMA_SPIN_MS RPC_RDMA_NO_EVENTS" RVM_TIMEOUT=${RVM_TIMEOUT:-600} \
     exec tests/vm/run-in-vm.sh tests/vm/rdma-e2e.sh

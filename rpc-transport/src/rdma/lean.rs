@@ -424,6 +424,10 @@ impl<V: Verbs> Flavored for LeanLink<V> {
         self.ctrl_busy || self.free_tx.len() < self.g.tx_slots - 1
     }
 
+    fn arm(&mut self) -> io::Result<Option<rdma_verbs::CompChannel>> {
+        self.v.arm()
+    }
+
     fn counters(&self) -> (u64, u64) {
         (self.stats.data_frames + self.stats.credit_frames, self.recvs)
     }

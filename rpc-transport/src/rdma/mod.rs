@@ -24,6 +24,7 @@ pub mod wire;
 use std::io;
 use std::time::{Duration, Instant};
 
+use rdma_verbs::AsyncCompChannel;
 use tokio::net::TcpStream;
 
 pub use caps::{gid_for_ip, gid_to_string, lean_rc_psn, Caps, Flavor, CAPS_SIZE, LEAN_UC_MARK};
@@ -55,14 +56,20 @@ pub trait Flavored: Send {
     fn keepalive(&mut self) -> io::Result<bool> {
         Ok(false)
     }
+    /// [`verbs::Verbs::arm`] of the underlying queue pair.
+    fn arm(&mut self) -> io::Result<Option<rdma_verbs::CompChannel>> {
+        Ok(None)
+    }
 }
 
 /// How long a sender waits for send resources before giving up on the connection.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
-/// Busy-poll this long after the last completion before sleeping between polls.
-/// Like upstream (100 ms), so the next token's traffic, which follows within tens of
-/// milliseconds, is met by a polling thread instead of a sleeping one (a sleep costs a timer
-/// tick, ~1 ms, far more than an RDMA round trip). `RPC_RDMA_SPIN_MS` overrides it.
+/// Busy-poll this long after the last completion before sleeping. Like upstream (100 ms), so
+/// the next token's traffic, which follows within tens of milliseconds, is met by a polling
+/// thread instead of a sleeping one (waking costs tens of microseconds on the completion
+/// channel, a timer tick without one, far more than an RDMA round trip). After it, the
+/// connection sleeps on the queue pair's completion channel (Linux; no CPU while idle) or,
+/// without one, polls on a 1 ms timer. `RPC_RDMA_SPIN_MS` overrides it (0: never spin).
 fn spin_window() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
@@ -70,14 +77,27 @@ fn spin_window() -> Duration {
         Duration::from_millis(ms)
     })
 }
-/// Sleep between polls when idle.
+/// Sleep between polls when idle and the queue pair has no completion channel.
 const IDLE_TICK: Duration = Duration::from_millis(1);
+/// Longest sleep on the completion channel: the anchor and keepalives are looked at this often.
+const IDLE_WAKE: Duration = Duration::from_millis(250);
+
+/// How an idle connection waits.
+enum Idle {
+    /// Not tried yet.
+    Unknown,
+    /// On the completion channel, registered with the runtime.
+    Events(AsyncCompChannel),
+    /// On a timer (no channel, or it failed).
+    Ticks,
+}
 /// Apple's Thunderbolt queue pairs fall asleep after 1-2 s idle and take seconds to wake: an
 /// idle link gets a keepalive this often.
 pub const KEEPALIVE: Duration = Duration::from_millis(500);
 
 /// An activated RDMA connection as a [`crate::Transport`].
 pub struct RdmaTransport<F: Flavored> {
+    idle: Idle,
     link: F,
     /// The bootstrap TCP socket: carries nothing after activation; readable = peer gone.
     anchor: Option<TcpStream>,
@@ -85,11 +105,24 @@ pub struct RdmaTransport<F: Flavored> {
     last_activity: Instant,
     last_keepalive: Instant,
     keepalives: u64,
+    /// Idle waits that ended on a completion event / on a timer.
+    event_wakeups: u64,
+    timer_wakeups: u64,
 }
 
 impl<F: Flavored> RdmaTransport<F> {
     pub fn new(link: F, anchor: Option<TcpStream>, name: &'static str) -> RdmaTransport<F> {
-        RdmaTransport { link, anchor, name, last_activity: Instant::now(), last_keepalive: Instant::now(), keepalives: 0 }
+        RdmaTransport {
+            idle: Idle::Unknown,
+            link,
+            anchor,
+            name,
+            last_activity: Instant::now(),
+            last_keepalive: Instant::now(),
+            keepalives: 0,
+            event_wakeups: 0,
+            timer_wakeups: 0,
+        }
     }
 
     pub fn link(&mut self) -> &mut F {
@@ -104,6 +137,18 @@ impl<F: Flavored> RdmaTransport<F> {
     /// SENDs posted and receives completed on this connection.
     pub fn counters(&self) -> (u64, u64) {
         self.link.counters()
+    }
+
+    /// How idle waits sleep (`"events"`: on the completion channel, `"ticks"`: on a 1 ms timer,
+    /// `"none"`: the connection never went idle) and how many ended on a completion event and
+    /// on a timer.
+    pub fn idle_stats(&self) -> (&'static str, u64, u64) {
+        let mode = match self.idle {
+            Idle::Unknown => "none",
+            Idle::Events(_) => "events",
+            Idle::Ticks => "ticks",
+        };
+        (mode, self.event_wakeups, self.timer_wakeups)
     }
 
     /// Keepalive frames sent while idle.
@@ -146,7 +191,59 @@ impl<F: Flavored> RdmaTransport<F> {
                     self.keepalives += 1;
                 }
             }
+            self.idle_wait().await?;
+        }
+        Ok(())
+    }
+
+    /// Sleeps until a completion, the anchor stirring, or [`IDLE_WAKE`]; on a 1 ms timer when
+    /// the queue pair has no completion channel.
+    async fn idle_wait(&mut self) -> io::Result<()> {
+        if matches!(self.idle, Idle::Unknown) {
+            self.idle = match self.link.arm() {
+                Ok(Some(ch)) => match AsyncCompChannel::new(&ch) {
+                    Ok(a) => Idle::Events(a),
+                    Err(e) => {
+                        tracing::debug!("RDMA: completion channel not usable ({e}); idle waits poll");
+                        Idle::Ticks
+                    }
+                },
+                Ok(None) => Idle::Ticks,
+                Err(e) => {
+                    tracing::debug!("RDMA: arming completion events failed ({e}); idle waits poll");
+                    Idle::Ticks
+                }
+            };
+        } else if matches!(self.idle, Idle::Events(_)) {
+            if let Err(e) = self.link.arm() {
+                tracing::debug!("RDMA: arming completion events failed ({e}); idle waits poll");
+                self.idle = Idle::Ticks;
+            }
+        }
+        let Idle::Events(events) = &self.idle else {
             tokio::time::sleep(IDLE_TICK).await;
+            self.timer_wakeups += 1;
+            return Ok(());
+        };
+        // A completion queued before arming raises no event.
+        if self.link.progress()? {
+            self.last_activity = Instant::now();
+            return Ok(());
+        }
+        let anchor = async {
+            match &self.anchor {
+                Some(a) => a.readable().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = events.wait() => {
+                r?;
+                self.event_wakeups += 1;
+            }
+            // check_anchor() on the next step tells what it was.
+            _ = anchor => {}
+            _ = tokio::time::sleep(IDLE_WAKE) => self.timer_wakeups += 1,
         }
         Ok(())
     }

@@ -122,6 +122,10 @@ impl<V: Verbs> Flavored for RcLink<V> {
         self.send_outstanding
     }
 
+    fn arm(&mut self) -> io::Result<Option<rdma_verbs::CompChannel>> {
+        self.v.arm()
+    }
+
     fn counters(&self) -> (u64, u64) {
         (self.sends, self.recvs)
     }

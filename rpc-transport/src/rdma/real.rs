@@ -54,6 +54,8 @@ pub struct RealQp {
     recv_mr: rv::Mr,
     send_cq: rv::Cq,
     recv_cq: Option<rv::Cq>,
+    /// Completion events of both CQs (idle connections sleep on its fd instead of polling).
+    channel: Option<rv::CompChannel>,
     _pd: rv::Pd,
     _ctx: rv::Context,
     max_inline: usize,
@@ -112,6 +114,15 @@ impl Verbs for RealQp {
     fn max_inline(&self) -> usize {
         self.max_inline
     }
+
+    fn arm(&mut self) -> io::Result<Option<rv::CompChannel>> {
+        let Some(ch) = &self.channel else { return Ok(None) };
+        self.send_cq.req_notify(false).map_err(io_err)?;
+        if let Some(rcq) = &self.recv_cq {
+            rcq.req_notify(false).map_err(io_err)?;
+        }
+        Ok(Some(ch.clone()))
+    }
 }
 
 /// A queue pair set up for one connection, before the peer's caps are applied.
@@ -157,10 +168,23 @@ pub fn prepare_with(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions, lean: 
     if m.gid_index > u8::MAX as u32 {
         return Err(RdmaError::NoDevice(local_ip));
     }
+    // Optional: without a channel an idle connection polls on a 1 ms timer instead. Linux
+    // only: Apple's provider is only known to work polled, as upstream uses it.
+    let channel = if cfg!(target_os = "linux") && std::env::var_os("RPC_RDMA_NO_EVENTS").is_none() {
+        match rv::CompChannel::new(&ctx) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::debug!("no completion channel on {} ({e}); idle connections will poll", m.device);
+                None
+            }
+        }
+    } else {
+        None
+    };
     let (qp, send_mr, recv_mr, send_cq, recv_cq) = match flavor {
         Flavor::LinuxRc => {
-            let send_cq = rv::Cq::new(&ctx, 16, None).map_err(verr("ibv_create_cq"))?;
-            let recv_cq = rv::Cq::new(&ctx, RC_RX_DEPTH as u32 + 4, None).map_err(verr("ibv_create_cq"))?;
+            let send_cq = rv::Cq::new(&ctx, 16, channel.as_ref()).map_err(verr("ibv_create_cq"))?;
+            let recv_cq = rv::Cq::new(&ctx, RC_RX_DEPTH as u32 + 4, channel.as_ref()).map_err(verr("ibv_create_cq"))?;
             let mut init = rv::QpInitAttr::new(rv::QpType::Rc, &send_cq, &recv_cq, 4, RC_RX_DEPTH as u32 + 4);
             init.max_inline_data = 256;
             let qp = rv::Qp::new(&pd, &init).map_err(verr("ibv_create_qp"))?;
@@ -177,7 +201,7 @@ pub fn prepare_with(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions, lean: 
         }
         Flavor::AppleUc => {
             let wr = (UC_NBUF * 32) as u32;
-            let cq = rv::Cq::new(&ctx, 2 * wr + 1, None).map_err(verr("ibv_create_cq"))?;
+            let cq = rv::Cq::new(&ctx, 2 * wr + 1, channel.as_ref()).map_err(verr("ibv_create_cq"))?;
             let mut init = rv::QpInitAttr::new(rv::QpType::Uc, &cq, &cq, wr, wr);
             init.max_inline_data = 0;
             let qp = rv::Qp::new(&pd, &init).map_err(verr("ibv_create_qp"))?;
@@ -211,6 +235,7 @@ pub fn prepare_with(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions, lean: 
             recv_mr,
             send_cq,
             recv_cq,
+            channel,
             _pd: pd,
             _ctx: ctx,
             max_inline,

@@ -173,6 +173,10 @@ impl<V: Verbs> Flavored for UcLink<V> {
         false
     }
 
+    fn arm(&mut self) -> io::Result<Option<rdma_verbs::CompChannel>> {
+        self.v.arm()
+    }
+
     fn counters(&self) -> (u64, u64) {
         (self.sends, self.recvs)
     }

@@ -30,6 +30,13 @@ pub trait Verbs: Send {
     fn poll(&mut self, out: &mut Vec<Wc>) -> io::Result<()>;
     /// Largest inline SEND the QP was granted (0: none).
     fn max_inline(&self) -> usize;
+    /// Arms completion notification on the QP's completion queues and returns the channel that
+    /// gets an event at the next completion; `None` when there is no completion channel (the
+    /// caller then polls on a timer). A completion already queued raises no event: poll once
+    /// more after arming.
+    fn arm(&mut self) -> io::Result<Option<rdma_verbs::CompChannel>> {
+        Ok(None)
+    }
 }
 
 pub(crate) fn wc_error(what: &str, wc: &Wc) -> io::Error {

@@ -352,3 +352,48 @@ impl std::fmt::Debug for WorkCompletion {
             .finish()
     }
 }
+
+/// A [`CompChannel`] registered with the tokio runtime: `wait` sleeps until the channel has a
+/// completion event (for a CQ armed with [`Cq::req_notify`]) and consumes the pending events.
+#[cfg(all(feature = "tokio", unix))]
+pub struct AsyncCompChannel(tokio::io::unix::AsyncFd<ChannelFd>);
+
+/// Keeps the channel (and so its fd) alive for as long as the registration.
+#[cfg(all(feature = "tokio", unix))]
+struct ChannelFd(CompChannel);
+
+#[cfg(all(feature = "tokio", unix))]
+impl std::os::fd::AsRawFd for ChannelFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.fd()
+    }
+}
+
+#[cfg(all(feature = "tokio", unix))]
+impl AsyncCompChannel {
+    /// Registers the channel's fd for readability. Must be called on a tokio runtime.
+    pub fn new(ch: &CompChannel) -> std::io::Result<AsyncCompChannel> {
+        // SAFETY: the fd belongs to the channel and is closed only when the last clone of the
+        // channel is dropped (ibv_destroy_comp_channel); `ChannelFd` holds a clone for the whole
+        // life of the registration and always returns that same fd.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(ChannelFd(ch.clone()), tokio::io::Interest::READABLE)
+        };
+        fd.map(AsyncCompChannel).map_err(|e| std::io::Error::from(e))
+    }
+
+    /// Waits until the channel is readable, then consumes (acknowledges) its pending events.
+    pub async fn wait(&self) -> std::io::Result<()> {
+        let mut guard = self.0.readable().await?;
+        while self
+            .0
+            .get_ref()
+            .0
+            .try_get_event()
+            .map_err(|e| std::io::Error::other(e.to_string()))?
+            .is_some()
+        {}
+        guard.clear_ready();
+        Ok(())
+    }
+}

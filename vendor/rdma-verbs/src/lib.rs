@@ -60,6 +60,8 @@ pub use context::{
     Pd, PortChoice, PortInfo,
 };
 pub use cq::{CompChannel, Cq, CqEvent, WorkCompletion};
+#[cfg(all(feature = "tokio", unix))]
+pub use cq::AsyncCompChannel;
 pub use error::{Result, VerbsError};
 pub use mr::{AlignedBuf, Mr};
 pub use qp::{AddressVector, InitAttr, Qp, QpCaps, QpInitAttr, RtrAttr, RtsAttr};
