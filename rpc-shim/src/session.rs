@@ -72,7 +72,14 @@ pub(crate) async fn serve<C: Connector>(
         return;
     }
     let mut s = Session::new(stream, worker);
-    match s.run().await {
+    let r = s.run().await;
+    if let Err(ShimError::Upstream { err, .. }) = &r {
+        let over_rdma = s.up.as_ref().is_some_and(|u| u.name().starts_with("RDMA"));
+        if over_rdma && crate::upstream::blames_rdma(err) {
+            s.worker.connector.rdma_failed(err);
+        }
+    }
+    match r {
         Ok(()) => tracing::debug!(%peer, worker = %s.worker.addr(), "client connection closed"),
         Err(e) if e.is_upstream() => tracing::warn!(%peer, "closing the client connection: {e}"),
         Err(e) => {

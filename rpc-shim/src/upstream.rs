@@ -99,6 +99,17 @@ pub trait Connector: Send + Sync + 'static {
     /// Connects, performs HELLO (and transport negotiation) and returns the connection, within
     /// bounded time.
     fn open(&self) -> impl Future<Output = Result<Self::Conn, ShimError>> + Send;
+
+    /// An activated RDMA connection failed in a way that points at the RDMA path itself (a
+    /// corrupt or lost frame, an error completion, no completion in time): the client's connection
+    /// has been closed (its session is gone with it); later connections should use TCP.
+    fn rdma_failed(&self, _err: &io::Error) {}
+}
+
+/// Whether an error on an activated RDMA connection blames the RDMA path (rather than the
+/// worker going away, which ends the stream or resets the anchor).
+pub fn blames_rdma(err: &io::Error) -> bool {
+    matches!(err.kind(), io::ErrorKind::InvalidData | io::ErrorKind::TimedOut | io::ErrorKind::Other)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -458,6 +469,14 @@ impl RealConnector {
 
 impl Connector for RealConnector {
     type Conn = Upstream;
+
+    fn rdma_failed(&self, err: &io::Error) {
+        if self.rdma.mode == TransportMode::Rdma {
+            tracing::error!(worker = %self.addr, "RDMA connection failed: {err} (--transport rdma: no TCP fallback)");
+        } else if !self.rdma_off.swap(true, Relaxed) {
+            tracing::warn!(worker = %self.addr, "RDMA connection failed: {err}; later connections to this worker use TCP");
+        }
+    }
 
     async fn open(&self) -> Result<Upstream, ShimError> {
         let offer = match self.rdma.mode {

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use rpc_shim::{Connector, ShimError};
-use rpc_transport::rdma::fake::{self, FakeDevice, FakeQp, Rules};
+use rpc_transport::rdma::fake::{self, FakeDevice, FakeQp, Fault, Rules};
+use rpc_transport::rdma::lean::{Geometry, LeanLink};
+use std::sync::atomic::AtomicBool;
 use rpc_transport::rdma::rc::{RcLink, RC_CHUNK, RC_RX_SIZE, RC_TX_SIZE};
 use rpc_transport::rdma::uc::{UcLink, UC_RING_SIZE};
 use rpc_transport::rdma::verbs::{Verbs, Wc};
@@ -52,6 +54,8 @@ impl Verbs for Recording {
 enum FakeConn {
     Rc(RdmaTransport<RcLink<Recording>>),
     Uc(RdmaTransport<UcLink<FakeQp>>),
+    Lean(RdmaTransport<LeanLink<FakeQp>>),
+    Tcp(rpc_transport::TcpTransport),
 }
 
 impl Transport for FakeConn {
@@ -59,24 +63,32 @@ impl Transport for FakeConn {
         match self {
             FakeConn::Rc(t) => t.read(buf).await,
             FakeConn::Uc(t) => t.read(buf).await,
+            FakeConn::Lean(t) => t.read(buf).await,
+            FakeConn::Tcp(t) => t.read(buf).await,
         }
     }
     async fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
         match self {
             FakeConn::Rc(t) => t.read_exact(buf).await,
             FakeConn::Uc(t) => t.read_exact(buf).await,
+            FakeConn::Lean(t) => t.read_exact(buf).await,
+            FakeConn::Tcp(t) => t.read_exact(buf).await,
         }
     }
     async fn send_message(&mut self, parts: &[&[u8]]) -> io::Result<()> {
         match self {
             FakeConn::Rc(t) => t.send_message(parts).await,
             FakeConn::Uc(t) => t.send_message(parts).await,
+            FakeConn::Lean(t) => t.send_message(parts).await,
+            FakeConn::Tcp(t) => t.send_message(parts).await,
         }
     }
     fn name(&self) -> &'static str {
         match self {
             FakeConn::Rc(_) => "RDMA/RC (fake)",
             FakeConn::Uc(_) => "RDMA/UC (fake)",
+            FakeConn::Lean(_) => "RDMA/UC+lean (fake)",
+            FakeConn::Tcp(_) => "TCP",
         }
     }
 }
@@ -90,6 +102,13 @@ struct FakeConnector {
     device: Arc<FakeDevice>,
     sends: Arc<Mutex<Vec<usize>>>,
     opened: Arc<AtomicU64>,
+    /// The lean framing over `rules`' queue pair instead of the upstream flavor.
+    lean: bool,
+    /// Corrupt one byte of the first frame the worker side sends on the next connection.
+    corrupt_next: Arc<AtomicBool>,
+    /// Set by `rdma_failed`: later connections are plain TCP, as RealConnector does.
+    tcp_only: Arc<AtomicBool>,
+    tcp_opens: Arc<AtomicU64>,
 }
 
 impl FakeConnector {
@@ -100,6 +119,10 @@ impl FakeConnector {
             device: Arc::new(FakeDevice::new(10)),
             sends: Arc::default(),
             opened: Arc::default(),
+            lean: false,
+            corrupt_next: Arc::default(),
+            tcp_only: Arc::default(),
+            tcp_opens: Arc::default(),
         }
     }
 }
@@ -107,7 +130,20 @@ impl FakeConnector {
 impl Connector for FakeConnector {
     type Conn = FakeConn;
 
+    fn rdma_failed(&self, _err: &io::Error) {
+        self.tcp_only.store(true, SeqCst);
+    }
+
     async fn open(&self) -> Result<FakeConn, ShimError> {
+        if self.tcp_only.load(SeqCst) {
+            let mut tcp = TcpStream::connect(self.worker)
+                .await
+                .map_err(ShimError::upstream("fake"))?;
+            tcp.set_nodelay(true).map_err(ShimError::upstream("fake"))?;
+            rpc_shim::upstream::hello(&mut tcp, "fake", &[0; 24]).await?;
+            self.tcp_opens.fetch_add(1, SeqCst);
+            return Ok(FakeConn::Tcp(rpc_transport::TcpTransport::new(tcp).map_err(ShimError::upstream("fake"))?));
+        }
         let up = ShimError::upstream("fake");
         let reservation = self.device.reserve().map_err(|err| ShimError::Connect {
             worker: "fake".into(),
@@ -128,6 +164,20 @@ impl Connector for FakeConnector {
             .await
             .map_err(up)?;
         let (far_anchor, _) = l.accept().await.map_err(ShimError::upstream("fake"))?;
+        if self.lean {
+            let g = if self.rules == Rules::Rc { Geometry::RC } else { Geometry::UC };
+            let (a, b) = fake::pair(self.rules, g.tx_size(), g.rx_size(), 0);
+            if self.corrupt_next.swap(false, SeqCst) {
+                // A byte of the payload of the worker side's first frame (the header is 20 bytes).
+                b.inject(Fault::Corrupt(24));
+            }
+            let mut a = LeanLink::new(a.with_reservation(reservation), g);
+            let mut b = LeanLink::new(b, g);
+            a.post_all_receives().unwrap();
+            b.post_all_receives().unwrap();
+            tokio::spawn(bridge(RdmaTransport::new(b, Some(far_anchor), "lean"), tcp));
+            return Ok(FakeConn::Lean(RdmaTransport::new(a, Some(anchor), "lean")));
+        }
         Ok(match self.rules {
             Rules::Rc => {
                 let (a, b) = fake::pair(Rules::Rc, RC_TX_SIZE, RC_RX_SIZE, 256);
@@ -389,4 +439,32 @@ async fn rc_segmentation_of_a_token_burst() {
     let got = sends.lock().unwrap().clone();
     assert_eq!(check_rc_segmentation(&got, &sizes), 11);
     assert_eq!(got.len(), 33);
+}
+
+/// A corrupted lean frame (checksum mismatch) fails that client's connection without delivering
+/// anything, the connector is told the RDMA path failed, and the next client connection goes
+/// over TCP and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_lean_frame_fails_the_connection_and_falls_back_to_tcp() {
+    for rules in [Rules::Uc, Rules::Rc] {
+        let server = TestServer::start();
+        let mut connector = FakeConnector::new(rules, server.addr);
+        connector.lean = true;
+        connector.corrupt_next.store(true, SeqCst);
+        let (tcp_only, tcp_opens, opened) = (connector.tcp_only.clone(), connector.tcp_opens.clone(), connector.opened.clone());
+        let w = Worker::new(server.addr.to_string(), connector, test_opts());
+        let shim = rpc_shim::start("127.0.0.1:0", w).await.unwrap();
+
+        // The first stateful command opens the lean connection; the worker's reply is corrupted.
+        let mut c = connect(shim.local).await;
+        let r = within("ALLOC_BUFFER over a corrupted lean frame", c.alloc_buffer(0, 4096)).await;
+        assert!(r.is_err(), "{rules:?}: a reply from a corrupted frame was delivered: {r:?}");
+        assert_eq!(opened.load(SeqCst), 1);
+        wait_for("the connector to hear of the RDMA failure", std::time::Duration::from_secs(5), || tcp_only.load(SeqCst)).await;
+
+        // The next client is served over TCP, correctly.
+        exercise(shim.local, server.addr).await;
+        assert_eq!(opened.load(SeqCst), 1, "{rules:?}: no new RDMA connection after the failure");
+        assert!(tcp_opens.load(SeqCst) >= 1, "{rules:?}: the next connection did not use TCP");
+    }
 }
