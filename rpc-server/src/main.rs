@@ -55,9 +55,9 @@ async fn shutdown_signal() {
 }
 
 fn main() {
-    // Before any thread exists: a few malloc arenas instead of glibc's 8 per core.
+    // Before any thread exists: a few malloc arenas, a fixed mmap threshold (see tune_malloc).
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    rpc_server::ggml::limit_malloc_arenas(cores.clamp(2, 8));
+    rpc_server::ggml::tune_malloc(cores.clamp(2, 8));
     if let Err(e) = real_main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);

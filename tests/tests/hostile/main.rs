@@ -345,6 +345,18 @@ fn rss_kib(pid: u32) -> u64 {
     proc_status(pid, "VmRSS:")
 }
 
+/// RSS split (anonymous / file), heap-ish data size and threads, for diagnosing growth.
+fn mem_summary(pid: u32) -> String {
+    format!(
+        "RSS {} KiB (anon {}, file {}), VmData {} KiB, threads {}",
+        proc_status(pid, "VmRSS:"),
+        proc_status(pid, "RssAnon:"),
+        proc_status(pid, "RssFile:"),
+        proc_status(pid, "VmData:"),
+        proc_status(pid, "Threads:")
+    )
+}
+
 fn proc_status(pid: u32, key: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
@@ -546,11 +558,12 @@ fn churn_during_real_generation() {
     let (warm, _) = generate_under_churn();
     assert_eq!(String::from_utf8_lossy(&warm), String::from_utf8_lossy(&reference), "generation changed under churn (warm-up)");
     std::thread::sleep(Duration::from_secs(12));
+    eprintln!("after the warm-up round: {}", mem_summary(pid));
     let extra: usize = std::env::var("CHURN_EXTRA_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     for round in 0..extra {
         let (g, _) = generate_under_churn();
         std::thread::sleep(Duration::from_secs(12));
-        eprintln!("extra warm-up round {round}: identical {}, RSS {} KiB", g == reference, rss_kib(pid));
+        eprintln!("extra warm-up round {round}: identical {}, {}", g == reference, mem_summary(pid));
     }
     let before = rss_kib(pid);
     let (got, churn_secs) = generate_under_churn();
@@ -559,6 +572,7 @@ fn churn_during_real_generation() {
     // Idle blocking threads (one per compute burst) retire after tokio's 10 s keep-alive.
     std::thread::sleep(Duration::from_secs(12));
     let settled = rss_kib(pid);
+    eprintln!("churn during generation: settled {}", mem_summary(pid));
     assert!(server.alive());
     let msg = format!(
         "churn during generation: 1000 connections in {churn_secs:.1}s while llama-completion generated 128 tokens; \
