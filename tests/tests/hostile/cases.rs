@@ -386,7 +386,7 @@ pub fn all() -> Vec<Case> {
             c.graph(9, &[1], &[x])?;
             expect_close(c)
         }},
-        Case { name: "tensor with a data pointer but no buffer", refs: "GHSA-wcr5-566p-9cwj (NULL buffer skipped checks)", run: |a| {
+        Case { name: "tensor with a data pointer but no buffer", refs: "GHSA-wcr5-566p-9cwj, PR #20908 (NULL buffer skipped checks)", run: |a| {
             let (mut c, h, base) = attacker(a)?;
             let x = t4(1, F32, [4, 1, 1, 1], 0, 0x4141_4141_4141);
             let b = t4(2, F32, [4, 1, 1, 1], h, base);
