@@ -135,18 +135,9 @@ pub async fn serve(
             r
         }
         Activated::Uc(link, _permit) => {
-            // Upstream's readiness exchange: one byte each way over TCP, 0x2A = ready.
-            tcp.send_message(&[&[READY]]).await?;
-            let mut b = [0u8; 1];
-            match tokio::time::timeout(READY_TIMEOUT, tcp.read_exact(&mut b)).await {
-                Ok(Ok(())) if b[0] == READY => {}
-                Ok(Ok(())) => {
-                    tracing::warn!("client could not activate RDMA (readiness byte {:#x}); staying on TCP", b[0]);
-                    drop(link);
-                    return run(&mut tcp, session, limits, stats, idle, shutdown).await;
-                }
-                Ok(Err(e)) => return Err(e.into()),
-                Err(_) => return Err(ConnectionError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no RDMA readiness byte from the client"))),
+            if !exchange_ready(&mut tcp).await? {
+                drop(link);
+                return run(&mut tcp, session, limits, stats, idle, shutdown).await;
             }
             let anchor = into_anchor(tcp)?;
             let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/UC");
@@ -158,19 +149,9 @@ pub async fn serve(
         Activated::Lean(link, flavor, _permit) => {
             // Our own client: the lean framing. Over UC the readiness exchange comes first, as
             // for upstream's UC flavor (receives are posted on both sides before any frame).
-            if flavor == Flavor::AppleUc {
-                tcp.send_message(&[&[READY]]).await?;
-                let mut b = [0u8; 1];
-                match tokio::time::timeout(READY_TIMEOUT, tcp.read_exact(&mut b)).await {
-                    Ok(Ok(())) if b[0] == READY => {}
-                    Ok(Ok(())) => {
-                        tracing::warn!("client could not activate RDMA (readiness byte {:#x}); staying on TCP", b[0]);
-                        drop(link);
-                        return run(&mut tcp, session, limits, stats, idle, shutdown).await;
-                    }
-                    Ok(Err(e)) => return Err(e.into()),
-                    Err(_) => return Err(ConnectionError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no RDMA readiness byte from the client"))),
-                }
+            if flavor == Flavor::AppleUc && !exchange_ready(&mut tcp).await? {
+                drop(link);
+                return run(&mut tcp, session, limits, stats, idle, shutdown).await;
             }
             let anchor = into_anchor(tcp)?;
             let mut t = RdmaTransport::new(link, Some(anchor), lean_name(flavor));
@@ -194,6 +175,22 @@ pub async fn serve(
 /// Upstream's readiness byte (Apple flavor).
 const READY: u8 = 0x2A;
 const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Upstream's UC readiness exchange: one byte each way over TCP, [`READY`] = ready. `Ok(false)`
+/// when the client could not activate its side (the connection then stays on TCP).
+async fn exchange_ready(tcp: &mut TcpTransport) -> Result<bool, ConnectionError> {
+    tcp.send_message(&[&[READY]]).await?;
+    let mut b = [0u8; 1];
+    match tokio::time::timeout(READY_TIMEOUT, tcp.read_exact(&mut b)).await {
+        Ok(Ok(())) if b[0] == READY => Ok(true),
+        Ok(Ok(())) => {
+            tracing::warn!("client could not activate RDMA (readiness byte {:#x}); staying on TCP", b[0]);
+            Ok(false)
+        }
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(ConnectionError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no RDMA readiness byte from the client"))),
+    }
+}
 
 /// The TCP socket kept open, idle, as the liveness anchor of an RDMA connection.
 fn into_anchor(tcp: TcpTransport) -> Result<TcpStream, ConnectionError> {

@@ -367,16 +367,7 @@ impl<C: Connector> Session<C> {
         let Some(up) = self.up.as_mut() else {
             return Err(ShimError::WorkerDown(addr));
         };
-        let mut prefix = [0u8; RESPONSE_HEADER_SIZE];
-        up.read_exact(&mut prefix)
-            .await
-            .map_err(ShimError::upstream(&addr))?;
-        let got = u64::from_le_bytes(prefix);
-        Response::check_size(cmd, got, 0).map_err(|err| ShimError::BadResponse {
-            worker: addr.clone(),
-            cmd,
-            err,
-        })?;
+        let got = read_response_size(up, &addr, cmd, 0).await?;
         let mut rsp = vec![0u8; got as usize];
         up.read_exact(&mut rsp)
             .await
@@ -471,19 +462,10 @@ impl<C: Connector> Session<C> {
         let Some(up) = self.up.as_mut() else {
             return Err(ShimError::WorkerDown(addr));
         };
-        let mut prefix = [0u8; RESPONSE_HEADER_SIZE];
-        up.read_exact(&mut prefix)
-            .await
-            .map_err(ShimError::upstream(&addr))?;
-        let size = u64::from_le_bytes(prefix);
-        Response::check_size(cmd, size, get_size).map_err(|err| ShimError::BadResponse {
-            worker: addr.clone(),
-            cmd,
-            err,
-        })?;
+        let size = read_response_size(up, &addr, cmd, get_size).await?;
         ShimStats::inc(&self.worker.core.stats.responses_relayed);
         self.scratch.clear();
-        self.scratch.extend_from_slice(&prefix);
+        self.scratch.extend_from_slice(&size.to_le_bytes());
         if size <= SMALL_RESPONSE {
             let n = size as usize;
             self.scratch.resize(RESPONSE_HEADER_SIZE + n, 0);
@@ -529,6 +511,27 @@ impl<C: Connector> Drop for Session<C> {
             self.worker.session_closed();
         }
     }
+}
+
+/// Reads the size prefix of the response to `cmd` from the upstream connection and checks it
+/// (`get_size`: the size a GET_TENSOR asked for).
+async fn read_response_size<T: Transport>(
+    up: &mut T,
+    addr: &str,
+    cmd: Command,
+    get_size: u64,
+) -> Result<u64, ShimError> {
+    let mut prefix = [0u8; RESPONSE_HEADER_SIZE];
+    up.read_exact(&mut prefix)
+        .await
+        .map_err(ShimError::upstream(addr))?;
+    let size = u64::from_le_bytes(prefix);
+    Response::check_size(cmd, size, get_size).map_err(|err| ShimError::BadResponse {
+        worker: addr.to_string(),
+        cmd,
+        err,
+    })?;
+    Ok(size)
 }
 
 #[cfg(test)]

@@ -109,7 +109,10 @@ pub trait Connector: Send + Sync + 'static {
 /// Whether an error on an activated RDMA connection blames the RDMA path (rather than the
 /// worker going away, which ends the stream or resets the anchor).
 pub fn blames_rdma(err: &io::Error) -> bool {
-    matches!(err.kind(), io::ErrorKind::InvalidData | io::ErrorKind::TimedOut | io::ErrorKind::Other)
+    matches!(
+        err.kind(),
+        io::ErrorKind::InvalidData | io::ErrorKind::TimedOut | io::ErrorKind::Other
+    )
 }
 
 // ---------------------------------------------------------------------------------------------

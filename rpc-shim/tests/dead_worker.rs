@@ -5,77 +5,24 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::net::SocketAddr;
-use std::process::{Command as Proc, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Not a test: the body of the child worker process (see [`Child`]).
+/// Not a test: the body of the child worker process (see `ChildServer`).
 #[test]
-#[ignore]
+#[ignore = "helper: the worker process of the tests that kill it (run by ChildServer::start)"]
 fn child_worker() {
     child_server_main();
 }
 
-/// An rpc-server in a child process (this test binary re-run as [`child_worker`]), to be killed
+/// An rpc-server in a child process (this test binary re-run as `child_worker`), to be killed
 /// with SIGKILL.
-struct Child {
-    addr: SocketAddr,
-    proc: std::process::Child,
-}
-
-impl Child {
-    fn start() -> Child {
-        let exe = std::env::current_exe().unwrap();
-        let mut proc = Proc::new(exe)
-            .args([
-                "child_worker",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn the child worker");
-        let out = proc.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some(p) = line.split("RPC_TESTS_PORT=").nth(1) {
-                    if let (Some(tx), Ok(p)) = (tx.take(), p.trim().parse::<u16>()) {
-                        let _ = tx.send(p);
-                    }
-                }
-            }
-        });
-        let port = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the child worker did not start");
-        Child {
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            proc,
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.proc.kill(); // SIGKILL
-        let _ = self.proc.wait();
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        self.kill();
-    }
+fn start_child() -> ChildServer {
+    ChildServer::start("child_worker")
 }
 
 /// A fixed address in front of a worker that can be replaced: a plain TCP forwarder to whatever
@@ -113,7 +60,7 @@ async fn closed_within(c: &mut Client, limit: Duration, what: &str) -> Duration 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_worker_closes_a_client_with_a_session_promptly() {
-    let mut child = Child::start();
+    let mut child = start_child();
     let shim = shim_tcp(child.addr, test_opts()).await;
     let mut c = connect(shim.local).await;
     let buf = alloc(&mut c, 3 * 64).await;
@@ -141,7 +88,7 @@ async fn killed_worker_closes_a_client_with_a_session_promptly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_worker_closes_idle_clients_without_a_session() {
-    let mut child = Child::start();
+    let mut child = start_child();
     let shim = shim_tcp(child.addr, test_opts()).await;
     // Two clients that only asked queries (cache and control connection).
     let mut c1 = connect(shim.local).await;
@@ -170,7 +117,7 @@ async fn killed_worker_closes_idle_clients_without_a_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shim_serves_again_when_the_worker_is_back() {
-    let mut child = Child::start();
+    let mut child = start_child();
     let target = Arc::new(Mutex::new(child.addr));
     let front = forwarder(target.clone()).await;
     let shim = shim_tcp(front, test_opts()).await;
@@ -181,7 +128,7 @@ async fn the_shim_serves_again_when_the_worker_is_back() {
         within("ALLOC_BUFFER", c.alloc_buffer(0, 64)).await,
         "ALLOC_BUFFER, worker dead",
     );
-    let child2 = Child::start();
+    let child2 = start_child();
     *target.lock().unwrap() = child2.addr;
     assert_healthy(shim.local).await;
     short_connection_burst(shim.local).await;

@@ -14,12 +14,12 @@ use common::*;
 use rpc_shim::{Connector, ShimError};
 use rpc_transport::rdma::fake::{self, FakeDevice, FakeQp, Fault, Rules};
 use rpc_transport::rdma::lean::{Geometry, LeanLink};
-use std::sync::atomic::AtomicBool;
 use rpc_transport::rdma::rc::{RcLink, RC_CHUNK, RC_RX_SIZE, RC_TX_SIZE};
 use rpc_transport::rdma::uc::{UcLink, UC_RING_SIZE};
 use rpc_transport::rdma::verbs::{Verbs, Wc};
 use rpc_transport::rdma::{Flavored, RdmaTransport};
 use rpc_transport::Transport;
+use std::sync::atomic::AtomicBool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -142,7 +142,9 @@ impl Connector for FakeConnector {
             tcp.set_nodelay(true).map_err(ShimError::upstream("fake"))?;
             rpc_shim::upstream::hello(&mut tcp, "fake", &[0; 24]).await?;
             self.tcp_opens.fetch_add(1, SeqCst);
-            return Ok(FakeConn::Tcp(rpc_transport::TcpTransport::new(tcp).map_err(ShimError::upstream("fake"))?));
+            return Ok(FakeConn::Tcp(
+                rpc_transport::TcpTransport::new(tcp).map_err(ShimError::upstream("fake"))?,
+            ));
         }
         let up = ShimError::upstream("fake");
         let reservation = self.device.reserve().map_err(|err| ShimError::Connect {
@@ -165,7 +167,11 @@ impl Connector for FakeConnector {
             .map_err(up)?;
         let (far_anchor, _) = l.accept().await.map_err(ShimError::upstream("fake"))?;
         if self.lean {
-            let g = if self.rules == Rules::Rc { Geometry::RC } else { Geometry::UC };
+            let g = if self.rules == Rules::Rc {
+                Geometry::RC
+            } else {
+                Geometry::UC
+            };
             let (a, b) = fake::pair(self.rules, g.tx_size(), g.rx_size(), 0);
             if self.corrupt_next.swap(false, SeqCst) {
                 // A byte of the payload of the worker side's first frame (the header is 20 bytes).
@@ -451,20 +457,43 @@ async fn corrupt_lean_frame_fails_the_connection_and_falls_back_to_tcp() {
         let mut connector = FakeConnector::new(rules, server.addr);
         connector.lean = true;
         connector.corrupt_next.store(true, SeqCst);
-        let (tcp_only, tcp_opens, opened) = (connector.tcp_only.clone(), connector.tcp_opens.clone(), connector.opened.clone());
+        let (tcp_only, tcp_opens, opened) = (
+            connector.tcp_only.clone(),
+            connector.tcp_opens.clone(),
+            connector.opened.clone(),
+        );
         let w = Worker::new(server.addr.to_string(), connector, test_opts());
         let shim = rpc_shim::start("127.0.0.1:0", w).await.unwrap();
 
         // The first stateful command opens the lean connection; the worker's reply is corrupted.
         let mut c = connect(shim.local).await;
-        let r = within("ALLOC_BUFFER over a corrupted lean frame", c.alloc_buffer(0, 4096)).await;
-        assert!(r.is_err(), "{rules:?}: a reply from a corrupted frame was delivered: {r:?}");
+        let r = within(
+            "ALLOC_BUFFER over a corrupted lean frame",
+            c.alloc_buffer(0, 4096),
+        )
+        .await;
+        assert!(
+            r.is_err(),
+            "{rules:?}: a reply from a corrupted frame was delivered: {r:?}"
+        );
         assert_eq!(opened.load(SeqCst), 1);
-        wait_for("the connector to hear of the RDMA failure", std::time::Duration::from_secs(5), || tcp_only.load(SeqCst)).await;
+        wait_for(
+            "the connector to hear of the RDMA failure",
+            std::time::Duration::from_secs(5),
+            || tcp_only.load(SeqCst),
+        )
+        .await;
 
         // The next client is served over TCP, correctly.
         exercise(shim.local, server.addr).await;
-        assert_eq!(opened.load(SeqCst), 1, "{rules:?}: no new RDMA connection after the failure");
-        assert!(tcp_opens.load(SeqCst) >= 1, "{rules:?}: the next connection did not use TCP");
+        assert_eq!(
+            opened.load(SeqCst),
+            1,
+            "{rules:?}: no new RDMA connection after the failure"
+        );
+        assert!(
+            tcp_opens.load(SeqCst) >= 1,
+            "{rules:?}: the next connection did not use TCP"
+        );
     }
 }

@@ -403,6 +403,12 @@ impl ChildServer {
         }
     }
 
+    /// Kills the server process (SIGKILL) and reaps it: a worker dying without a word.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Panics, with the child's stderr, if the child process has exited.
     pub fn assert_alive(&mut self, what: &str) {
         // Give a dying process a moment to be reaped.
