@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """llama-bench through our RPC server vs. the stock ggml-rpc-server: same client, same model, same run.
 
-Both servers run side by side (same -t); `llama-bench -o json` is run alternately against ours and
-stock (`--rounds` times each: ours, stock, ours, stock, ...). Prints a markdown table of tokens/s
-(mean ± sample stddev over all samples = rounds x repetitions) for pp and tg, the ratio ours/stock,
-and the wall time per llama-bench invocation (includes model upload over RPC and warmup).
+For each server thread count (`--server-threads 1,2`), both servers run side by side with that `-t`
+and the stock `llama-bench -o json` runs alternately against each (ABBA order: ours, stock, stock,
+ours, ...), `--rounds` times each. Per round, the ratio ours/stock of the median t/s of that
+round's samples (pp and tg); the table gives the median of those round ratios with their min..max
+spread, the median t/s of each server, and the machine's load average before and during the run
+(the benchmark itself adds about server threads + client threads while a run is active).
 
   python3 benches/llama_bench_compare.py --stock-bin DIR [--ours target/release/rpc-server] \
-      [--model gemma|PATH] [--rounds 3] [-p 64] [-n 32] [-r 3]
+      [--model gemma|synth-llama-f16|PATH] [--server-threads 1,2] [--rounds 4] [-p 64] [-n 32] [-r 2]
 
 See benches/README.md. stdlib only.
 """
@@ -16,28 +18,56 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
-from e2e_common import (Server, Servers, free_port, log, resolve_ours, resolve_stock_bin,  # noqa: E402
+from e2e_common import (CACHE, Server, Servers, free_port, log, resolve_ours, resolve_stock_bin,  # noqa: E402
                         run, script_output, tail)
 
-
-def mean_sd(xs):
-    if not xs:
-        return None, None
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def fmt(xs, digits=2):
-    m, s = mean_sd(xs)
-    return "n/a" if m is None else "%.*f ± %.*f" % (digits, m, digits, s)
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
-def ratio(a, b):
-    ma, mb = mean_sd(a)[0], mean_sd(b)[0]
-    return "n/a" if not ma or not mb else "%.3f" % (ma / mb)
+class LoadSampler:
+    """Samples the 1-minute load average every second while running."""
+
+    def __init__(self):
+        self.samples, self._stop = [], threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(1.0):
+            self.samples.append(loadavg())
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+def resolve_model(name):
+    if name == "gemma":
+        return script_output("test-model.sh", timeout=900)
+    if os.path.exists(name):
+        return os.path.abspath(name)
+    synth = os.path.join(CACHE, "models", "synth")
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tests", "e2e", "synth_models.py"), synth, "--only", name],
+                       stdout=subprocess.PIPE, check=True, text=True, timeout=600)
+    return r.stdout.strip().splitlines()[-1]
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
 
 
 def main():
@@ -45,17 +75,16 @@ def main():
     ap.add_argument("--ours", help="our server binary (default: target/release/rpc-server)")
     ap.add_argument("--stock-bin", help="dir with stock ggml-rpc-server and llama-bench "
                     "(default: $STOCK_BIN or scripts/stock-llama.sh)")
-    ap.add_argument("--model", default="gemma", help="'gemma' (scripts/test-model.sh) or a .gguf path")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    ap.add_argument("--abba", action="store_true",
-                    help="swap the order every other round (ours,stock,stock,ours,...) to cancel drift")
+    ap.add_argument("--model", default="gemma",
+                    help="'gemma' (scripts/test-model.sh), a synthetic model name (tests/e2e/synth_models.py) or "
+                    "a .gguf path")
+    ap.add_argument("--rounds", type=int, default=4, help="alternating rounds per thread count (default 4)")
     ap.add_argument("-p", "--n-prompt", type=int, default=64, help="llama-bench -p (default 64)")
     ap.add_argument("-n", "--n-gen", type=int, default=32, help="llama-bench -n (default 32)")
-    ap.add_argument("-r", "--repetitions", type=int, default=3, help="llama-bench -r (default 3)")
+    ap.add_argument("-r", "--repetitions", type=int, default=2, help="llama-bench -r (default 2)")
     ap.add_argument("-t", "--threads", type=int, default=1, help="llama-bench -t (client, default 1)")
-    default_st = max(1, (os.cpu_count() or 2) // 2)
-    ap.add_argument("--server-threads", type=int, default=default_st,
-                    help="-t for both servers (default %d = stock default)" % default_st)
+    ap.add_argument("--server-threads", default="1,2", help="comma-separated -t values for both servers "
+                    "(default 1,2)")
     ap.add_argument("--ngl", default="99", help="llama-bench -ngl (default 99)")
     ap.add_argument("--bench-args", default="", help="extra llama-bench args, e.g. '-fa 1 -ub 256'")
     ap.add_argument("--timeout", type=float, default=900, help="per llama-bench run, seconds")
@@ -65,73 +94,88 @@ def main():
 
     stock_bin = resolve_stock_bin(args.stock_bin, needed=("ggml-rpc-server", "llama-bench"))
     ours_bin = resolve_ours(args.ours)
-    model = script_output("test-model.sh", timeout=900) if args.model == "gemma" else os.path.abspath(args.model)
-    repo = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    logdir = os.path.abspath(args.logdir or os.path.join(repo, "target", "bench-logs"))
+    model = resolve_model(args.model)
+    logdir = os.path.abspath(args.logdir or os.path.join(REPO, "target", "bench-logs"))
     os.makedirs(logdir, exist_ok=True)
     bench = os.path.join(stock_bin, "llama-bench")
-    pp_key, tg_key = "pp%d" % args.n_prompt, "tg%d" % args.n_gen
-    samples = {w: {pp_key: [], tg_key: [], "wall": []} for w in ("ours", "stock")}
-    raw = []
+    thread_counts = [int(x) for x in args.server_threads.split(",") if x.strip()]
+    keys = ("pp%d" % args.n_prompt, "tg%d" % args.n_gen)
+    load_before = loadavg()
     t0 = time.monotonic()
+    rows, raw = [], []
 
     with Servers() as servers:
-        ports = set()
-        srv = {}
-        for who, binary in (("ours", ours_bin), ("stock", os.path.join(stock_bin, "ggml-rpc-server"))):
-            port = free_port(ports)
-            ports.add(port)
-            srv[who] = servers.add(Server("bench-" + who, binary, port, logdir, threads=args.server_threads))
-        for rnd in range(1, args.rounds + 1):
-            order = ("stock", "ours") if args.abba and rnd % 2 == 0 else ("ours", "stock")
-            for who in order:
-                note = srv[who].ensure()
-                if note:
-                    log("WARNING: " + note)
-                cmd = [bench, "-m", model, "--rpc", srv[who].endpoint, "-ngl", args.ngl,
-                       "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", str(args.repetitions),
-                       "-t", str(args.threads), "-o", "json"] + args.bench_args.split()
-                tag = "round%d-%s" % (rnd, who)
-                rc, out, err, dt = run(cmd, args.timeout, os.path.join(logdir, tag + ".json"),
-                                       os.path.join(logdir, tag + ".err"))
-                if rc != 0:
-                    print("llama-bench failed (exit %s) against %s:\n$ %s\n%s\n--- server log:\n%s" % (
-                        rc, who, " ".join(cmd), tail(os.path.join(logdir, tag + ".err"), 30),
-                        tail(srv[who].log_path, 30)), file=sys.stderr)
-                    return 1
-                try:
-                    tests = json.loads(out.decode("utf-8"))
-                except ValueError as e:
-                    print("cannot parse llama-bench json (%s):\n%s" % (e, out[:2000]), file=sys.stderr)
-                    return 1
-                samples[who]["wall"].append(dt)
-                got = []
-                for t in tests:
-                    key = ("pp%d" % t["n_prompt"]) if t["n_gen"] == 0 else ("tg%d" % t["n_gen"])
-                    samples[who].setdefault(key, []).extend(float(x) for x in t["samples_ts"])
-                    got.append("%s %.2f" % (key, t["avg_ts"]))
-                raw.append(dict(round=rnd, server=who, wall_s=dt, tests=tests))
-                log("round %d/%d %-5s %5.1fs  %s" % (rnd, args.rounds, who, dt, ", ".join(got)))
+        for st in thread_counts:
+            srv = {}
+            for who, binary in (("ours", ours_bin), ("stock", os.path.join(stock_bin, "ggml-rpc-server"))):
+                srv[who] = servers.add(Server("bench-%s-t%d" % (who, st), binary, free_port(), logdir, threads=st))
+            per_round = {k: [] for k in keys}
+            tps = {w: {k: [] for k in keys} for w in srv}
+            with LoadSampler() as load:
+                for rnd in range(1, args.rounds + 1):
+                    order = ("stock", "ours") if rnd % 2 == 0 else ("ours", "stock")
+                    got = {}
+                    for who in order:
+                        note = srv[who].ensure()
+                        if note:
+                            log("WARNING: " + note)
+                        cmd = [bench, "-m", model, "--rpc", srv[who].endpoint, "-ngl", args.ngl,
+                               "-p", str(args.n_prompt), "-n", str(args.n_gen), "-r", str(args.repetitions),
+                               "-t", str(args.threads), "-o", "json"] + args.bench_args.split()
+                        tag = "t%d-round%d-%s" % (st, rnd, who)
+                        rc, out, err, dt = run(cmd, args.timeout, os.path.join(logdir, tag + ".json"),
+                                               os.path.join(logdir, tag + ".err"))
+                        if rc != 0:
+                            print("llama-bench failed (exit %s) against %s:\n$ %s\n%s\n--- server log:\n%s" % (
+                                rc, who, " ".join(cmd), tail(os.path.join(logdir, tag + ".err"), 30),
+                                tail(srv[who].log_path, 30)), file=sys.stderr)
+                            return 1
+                        try:
+                            tests = json.loads(out.decode("utf-8"))
+                        except ValueError as e:
+                            print("cannot parse llama-bench json (%s):\n%s" % (e, out[:2000]), file=sys.stderr)
+                            return 1
+                        got[who] = {}
+                        for t in tests:
+                            key = ("pp%d" % t["n_prompt"]) if t["n_gen"] == 0 else ("tg%d" % t["n_gen"])
+                            got[who][key] = [float(x) for x in t["samples_ts"]]
+                            tps[who].setdefault(key, []).extend(got[who][key])
+                        raw.append(dict(server_threads=st, round=rnd, server=who, wall_s=dt, tests=tests))
+                    for k in keys:
+                        if got["ours"].get(k) and got["stock"].get(k):
+                            per_round[k].append(med(got["ours"][k]) / med(got["stock"][k]))
+                    log("-t %d round %d/%d: %s" % (st, rnd, args.rounds, ", ".join(
+                        "%s ours %.2f stock %.2f (%.3f)" % (k, med(got["ours"].get(k, [])), med(got["stock"].get(k, [])),
+                                                              per_round[k][-1] if per_round[k] else float("nan"))
+                        for k in keys)))
+            for who in srv:
+                srv[who].stop()
+            servers.items = [s for s in servers.items if s not in srv.values()]
+            for k in keys:
+                r = per_round[k]
+                rows.append((st, k, med(tps["ours"][k]), med(tps["stock"][k]), med(r), min(r) if r else float("nan"),
+                             max(r) if r else float("nan"), len(r)))
+            rows.append((st, "load", min(load.samples or [loadavg()]), max(load.samples or [loadavg()])))
 
-    info = raw[-1]["tests"][0] if raw and raw[-1]["tests"] else {}
-    print("\nModel: %s (%s, %s params)  client: llama-bench -ngl %s -p %d -n %d -r %d -t %d %s" % (
-        os.path.basename(model), info.get("model_type", "?"), info.get("model_n_params", "?"), args.ngl,
-        args.n_prompt, args.n_gen, args.repetitions, args.threads, args.bench_args))
-    print("Servers: -t %d; %d alternating rounds (%s); stock = %s; ours = %s; %.0fs total\n" % (
-        args.server_threads, args.rounds, "ABBA order" if args.abba else "ours first",
-        os.path.join(stock_bin, "ggml-rpc-server"), ours_bin, time.monotonic() - t0))
-    print("| test | ours t/s | stock t/s | ours/stock |")
-    print("|---|---|---|---|")
-    for key in (pp_key, tg_key):
-        print("| %s | %s | %s | %s |" % (key, fmt(samples["ours"][key]), fmt(samples["stock"][key]),
-                                         ratio(samples["ours"][key], samples["stock"][key])))
-    print("| wall s / llama-bench run | %s | %s | %s |" % (fmt(samples["ours"]["wall"]),
-          fmt(samples["stock"]["wall"]), ratio(samples["ours"]["wall"], samples["stock"]["wall"])))
-    print("\n(t/s: mean ± sample stddev over %d samples each; wall ratio < 1 means ours is faster)"
-          % len(samples["ours"][tg_key]))
+    print("\nModel: %s  client: llama-bench -ngl %s -p %d -n %d -r %d -t %d %s" % (
+        os.path.basename(model), args.ngl, args.n_prompt, args.n_gen, args.repetitions, args.threads,
+        args.bench_args))
+    print("%d cores; load average before the run %.2f; %d ABBA rounds per thread count; %.0f s total\n" % (
+        os.cpu_count() or 0, load_before, args.rounds, time.monotonic() - t0))
+    print("| server -t | test | ours t/s (median) | stock t/s (median) | ours/stock (median of rounds) | spread (min..max) |")
+    print("|---|---|---|---|---|---|")
+    loads = {}
+    for row in rows:
+        if row[1] == "load":
+            loads[row[0]] = row[2:]
+            continue
+        st, k, o, s, r, lo, hi, n = row
+        print("| %d | %s | %.2f | %.2f | **%.3f** | %.3f..%.3f (%d rounds) |" % (st, k, o, s, r, lo, hi, n))
+    print("\nload average during the runs (1-min, incl. the benchmark itself): " + "; ".join(
+        "-t %d: %.2f..%.2f" % (st, lo, hi) for st, (lo, hi) in loads.items()))
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump(dict(args=vars(args), model=model, samples=samples, raw=raw), f, indent=1)
+            json.dump(dict(args=vars(args), model=model, load_before=load_before, rows=rows, raw=raw), f, indent=1)
     return 0
 
 

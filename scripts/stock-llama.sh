@@ -11,7 +11,7 @@ VERSION=0.3.36
 RDMA="${STOCK_RDMA:-OFF}"
 PATCHES="${STOCK_PATCHES:-}"
 EXTRA_FLAGS="${STOCK_CMAKE_FLAGS:-}"
-TARGETS="${STOCK_TARGETS:-ggml-rpc-server llama-completion llama-cli llama-bench llama-simple test-backend-ops}"
+TARGETS="${STOCK_TARGETS:-ggml-rpc-server llama-completion llama-cli llama-bench llama-simple llama-server test-backend-ops}"
 cache="${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}"
 key="rdma-${RDMA}"
 if [ -n "$PATCHES$EXTRA_FLAGS" ]; then

@@ -100,9 +100,17 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_alloc_total: Option<u64>,
 
-    /// Close a connection that sends no request for this many seconds (0: never).
+    /// Close a connection that holds nothing (no buffer, graph or RDMA queue pair) and sends no
+    /// request for this many seconds; also the longest a started request may stall (0: never).
+    /// A connection that holds a model never ends on silence (see --keepalive).
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     pub idle_timeout: u64,
+
+    /// TCP keepalive: probe a connection silent for this many seconds; a peer that answers no
+    /// probe (vanished without closing) is dropped after about twice this and its buffers are
+    /// freed (0: off).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub keepalive: u64,
 
     /// Largest number of nodes and of tensors in one GRAPH_COMPUTE.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]

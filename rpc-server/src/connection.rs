@@ -35,26 +35,35 @@ pub enum ConnectionError {
     ExpectedHello(u8),
     #[error("request of {0} bytes does not fit in memory")]
     OutOfMemory(u64),
-    #[error("idle for {0} s; closing")]
+    #[error("silent for {0} s while holding no buffer or graph; closing")]
     Idle(u64),
+    #[error("request stalled: no byte for {0} s in the middle of a request; closing")]
+    Stalled(u64),
 }
 
-/// Reads a frame header; `Ok(None)` on a clean end of stream before its first byte.
-async fn read_header<R: Transport>(rd: &mut R) -> Result<Option<FrameHeader>, std::io::Error> {
+/// Reads a frame header: waits up to `idle` for its first byte (`Ok(None)` on a clean end of
+/// stream before it), then up to `stall` for the rest.
+async fn read_header<R: Transport>(rd: &mut R, idle: Option<Duration>, stall: Option<Duration>) -> Result<Option<FrameHeader>, ConnectionError> {
     let mut b = [0u8; rpc_proto::FRAME_HEADER_SIZE];
-    let n = rd.read(&mut b[..1]).await?;
+    let n = match idle {
+        None => rd.read(&mut b[..1]).await?,
+        Some(t) => tokio::time::timeout(t, rd.read(&mut b[..1])).await.map_err(|_| ConnectionError::Idle(t.as_secs()))??,
+    };
     if n == 0 {
         return Ok(None);
     }
-    rd.read_exact(&mut b[1..]).await?;
+    read_body(rd, &mut b[1..], stall).await?;
     Ok(Some(FrameHeader::decode(&b)))
 }
 
-/// Per-connection resource settings (memory budget shared by the server, idle timeout).
+/// Per-connection resource settings (memory budget shared by the server, deadlines).
 #[derive(Debug, Clone)]
 pub struct ConnectionOptions {
     pub budget: Arc<MemoryBudget>,
-    /// Close the connection when no request starts within this time (`None`: never).
+    /// Close a connection that holds nothing (no buffer, no stored graph, no RDMA queue pair)
+    /// when no request starts within this time; also the longest a started request may stall
+    /// (`None`: never). A connection that holds state never ends on silence: TCP keepalive
+    /// finds a vanished peer instead.
     pub idle_timeout: Option<Duration>,
 }
 
@@ -64,29 +73,45 @@ impl Default for ConnectionOptions {
     }
 }
 
-/// Longest wait for the HELLO of a new connection (when an idle timeout is set).
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the command loop waits. The two deadlines are different questions: `idle` is how
+/// long a connection that holds nothing may stay silent between requests (a connection that
+/// holds buffers or a graph waits forever: an idle `llama-server` keeps its model on us); `stall`
+/// is how long a request whose header arrived may go without a byte of its body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Deadlines {
+    pub idle: Option<Duration>,
+    pub stall: Option<Duration>,
+}
 
-/// Reads a frame header, giving up after `idle` without a request.
-async fn read_header_idle<R: Transport>(rd: &mut R, idle: Option<Duration>) -> Result<Option<FrameHeader>, ConnectionError> {
-    match idle {
-        None => Ok(read_header(rd).await?),
-        Some(t) => match tokio::time::timeout(t, read_header(rd)).await {
-            Ok(r) => Ok(r?),
-            Err(_) => Err(ConnectionError::Idle(t.as_secs())),
-        },
+impl Deadlines {
+    /// Both deadlines from the `--idle-timeout` setting.
+    pub fn from_idle_timeout(t: Option<Duration>) -> Deadlines {
+        Deadlines { idle: t, stall: t }
+    }
+
+    /// For a connection that holds an RDMA queue pair: never idle, stalls still bounded.
+    fn holding_queue_pair(self) -> Deadlines {
+        Deadlines { idle: None, ..self }
     }
 }
 
-/// Reads a request body with the same deadline as the idle timeout.
-async fn read_body_idle<R: Transport>(rd: &mut R, buf: &mut [u8], idle: Option<Duration>) -> Result<(), ConnectionError> {
-    match idle {
-        None => Ok(rd.read_exact(buf).await?),
-        Some(t) => match tokio::time::timeout(t, rd.read_exact(buf)).await {
-            Ok(r) => Ok(r?),
-            Err(_) => Err(ConnectionError::Idle(t.as_secs())),
-        },
+/// Longest wait for the HELLO of a new connection (when an idle timeout is set).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bytes read per stall deadline: a body must keep arriving, however large it is.
+const STALL_CHUNK: usize = 1 << 20;
+
+/// Reads exactly `buf.len()` bytes of a request whose header has arrived; fails when no
+/// [`STALL_CHUNK`] completes within `stall` (a slow link is fine, a silent one is not).
+async fn read_body<R: Transport>(rd: &mut R, buf: &mut [u8], stall: Option<Duration>) -> Result<(), ConnectionError> {
+    let Some(t) = stall else { return Ok(rd.read_exact(buf).await?) };
+    for chunk in buf.chunks_mut(STALL_CHUNK) {
+        match tokio::time::timeout(t, rd.read_exact(chunk)).await {
+            Ok(r) => r?,
+            Err(_) => return Err(ConnectionError::Stalled(t.as_secs())),
+        }
     }
+    Ok(())
 }
 
 /// Serves one TCP connection: HELLO (transport negotiation), then the command loop over TCP or
@@ -107,42 +132,44 @@ pub async fn serve(
     // A client sends HELLO right after connecting; one that does not must not hold a connection
     // slot for the whole idle timeout.
     let hello_deadline = idle.map(|t| t.min(HELLO_TIMEOUT));
+    let deadlines = Deadlines::from_idle_timeout(idle);
 
     // HELLO: exactly 24 bytes of transport caps.
-    let Some(h) = read_header_idle(&mut tcp, hello_deadline).await? else { return Ok(()) };
+    let Some(h) = read_header(&mut tcp, hello_deadline, hello_deadline).await? else { return Ok(()) };
     if h.cmd != Command::Hello as u8 {
         return Err(ConnectionError::ExpectedHello(h.cmd));
     }
     check_frame(&h, &limits)?;
     let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
-    read_body_idle(&mut tcp, &mut caps, hello_deadline).await?;
-    let (reply_caps, activated) = tokio::task::block_in_place(|| crate::rdma::negotiate(&rdma, local_ip, &caps));
+    read_body(&mut tcp, &mut caps, hello_deadline).await?;
+    // Blocking (queue-pair setup): fine, this thread serves only this connection.
+    let (reply_caps, activated) = crate::rdma::negotiate(&rdma, local_ip, &caps);
     Response::Hello { major: rpc_proto::PROTO_MAJOR, minor: rpc_proto::PROTO_MINOR, patch: rpc_proto::PROTO_PATCH, caps: reply_caps }
         .encode(&mut out);
     tcp.send_message(&[&out[..8], &out[8..]]).await?;
     stats.command(Command::Hello, h.size, out.len() as u64);
     let session = Session::with_budget(config, conn.budget.clone());
     let Some(activated) = activated else {
-        return run(&mut tcp, session, limits, stats, idle, shutdown).await;
+        return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
     };
     match activated {
         Activated::Rc(link, _permit) => {
             let anchor = into_anchor(tcp)?;
             let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/RC");
             tracing::info!("RDMA activated (Linux RC flavor)");
-            let r = run(&mut t, session, limits, stats, idle, shutdown).await;
+            let r = run(&mut t, session, limits, stats, deadlines.holding_queue_pair(), shutdown).await;
             finish_rdma(&rdma, &t);
             r
         }
         Activated::Uc(link, _permit) => {
             if !exchange_ready(&mut tcp).await? {
                 drop(link);
-                return run(&mut tcp, session, limits, stats, idle, shutdown).await;
+                return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
             }
             let anchor = into_anchor(tcp)?;
             let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/UC");
             tracing::info!("RDMA activated (Apple UC flavor)");
-            let r = run(&mut t, session, limits, stats, idle, shutdown).await;
+            let r = run(&mut t, session, limits, stats, deadlines.holding_queue_pair(), shutdown).await;
             finish_rdma(&rdma, &t);
             r
         }
@@ -151,12 +178,12 @@ pub async fn serve(
             // for upstream's UC flavor (receives are posted on both sides before any frame).
             if flavor == Flavor::AppleUc && !exchange_ready(&mut tcp).await? {
                 drop(link);
-                return run(&mut tcp, session, limits, stats, idle, shutdown).await;
+                return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
             }
             let anchor = into_anchor(tcp)?;
             let mut t = RdmaTransport::new(link, Some(anchor), lean_name(flavor));
             tracing::info!("RDMA activated (lean framing over {})", if flavor == Flavor::AppleUc { "UC" } else { "RC" });
-            let r = run(&mut t, session, limits, stats, idle, shutdown).await;
+            let r = run(&mut t, session, limits, stats, deadlines.holding_queue_pair(), shutdown).await;
             let lean = t.link().stats();
             tracing::info!(
                 data_frames = lean.data_frames,
@@ -214,7 +241,7 @@ pub async fn run<T: Transport>(
     mut session: Session,
     limits: Limits,
     stats: Arc<Stats>,
-    idle: Option<Duration>,
+    deadlines: Deadlines,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
     let mut out = Vec::with_capacity(64);
@@ -222,13 +249,13 @@ pub async fn run<T: Transport>(
     loop {
         let h = tokio::select! {
             biased;
-            r = read_header_idle(rd, idle) => r?,
+            r = read_header(rd, if session.holds_state() { None } else { deadlines.idle }, deadlines.stall) => r?,
             _ = shutdown.changed() => { tracing::debug!("closing connection for shutdown"); None }
         };
         let Some(h) = h else { break };
         let cmd = check_frame(&h, &limits)?;
         if cmd == Command::SetTensor && h.size >= STREAM_MIN {
-            stream_set_tensor(rd, &mut session, h.size).await?;
+            stream_set_tensor(rd, &mut session, h.size, deadlines.stall).await?;
             stats.command(cmd, h.size, 0);
             continue;
         }
@@ -236,7 +263,7 @@ pub async fn run<T: Transport>(
         payload.clear();
         payload.try_reserve(size).map_err(|_| ConnectionError::OutOfMemory(h.size))?;
         payload.resize(size, 0);
-        read_body_idle(rd, &mut payload, idle).await?;
+        read_body(rd, &mut payload, deadlines.stall).await?;
         let req = Request::decode(cmd, &payload, &limits)?;
         // GET_TENSOR from host memory: send straight from the tensor (one copy to the wire).
         if let Request::GetTensor { tensor, offset, size } = &req {
@@ -249,16 +276,8 @@ pub async fn run<T: Transport>(
                 continue;
             }
         }
-        let heavy = matches!(
-            cmd,
-            Command::GraphCompute | Command::GraphRecompute | Command::CopyTensor | Command::SetTensorHash | Command::SetTensor
-        );
-        let result = if heavy {
-            tokio::task::block_in_place(|| session.handle(req))
-        } else {
-            session.handle(req)
-        };
-        let reply = result.map_err(|err| ConnectionError::Session { cmd: cmd.name(), err })?;
+        // Computes run right here: the connection's own thread (see `server.rs`).
+        let reply = session.handle(req).map_err(|err| ConnectionError::Session { cmd: cmd.name(), err })?;
         if payload.capacity() > KEEP_PAYLOAD_CAPACITY {
             payload = Vec::new(); // do not hold on to a one-off large request for the session's life
         }
@@ -290,9 +309,10 @@ async fn stream_set_tensor<R: Transport>(
     rd: &mut R,
     session: &mut Session,
     size: u64,
+    stall: Option<Duration>,
 ) -> Result<(), ConnectionError> {
     let mut hb = [0u8; rpc_proto::SET_TENSOR_HEADER_SIZE];
-    rd.read_exact(&mut hb).await?;
+    read_body(rd, &mut hb, stall).await?;
     let hdr = SetTensorHeader::decode(&hb)?;
     let len = size - rpc_proto::SET_TENSOR_HEADER_SIZE as u64;
     let (buf, off) = session
@@ -301,10 +321,10 @@ async fn stream_set_tensor<R: Transport>(
     let ulen = usize::try_from(len).map_err(|_| ConnectionError::OutOfMemory(len))?;
     let want_cache = hdr.cache_flag != 0 && session.cache().is_some();
     if let Some(dst) = buf.host_slice_mut(off, ulen) {
-        rd.read_exact(dst).await?;
+        read_body(rd, dst, stall).await?;
         if want_cache {
             if let Some(c) = session.cache() {
-                tokio::task::block_in_place(|| c.store(dst));
+                c.store(dst);
             }
         }
         return Ok(());
@@ -320,13 +340,13 @@ async fn stream_set_tensor<R: Transport>(
         let n = (ulen - done).min(chunk);
         staged.clear();
         staged.resize(n, 0);
-        rd.read_exact(&mut staged).await?;
+        read_body(rd, &mut staged, stall).await?;
         buf.write(off + done as u64, &staged);
         done += n;
     }
     if want_cache {
         if let Some(c) = session.cache() {
-            tokio::task::block_in_place(|| c.store(&staged));
+            c.store(&staged);
         }
     }
     Ok(())

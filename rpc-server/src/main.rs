@@ -112,7 +112,9 @@ fn real_main() -> anyhow::Result<()> {
         None
     };
 
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // The listener's runtime: one thread that accepts and hands each connection to a thread of its
+    // own (server.rs); nothing else runs here, so nothing competes with ggml for the cores.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
         let listener = server::bind(&args.host, args.port)
             .await
@@ -147,10 +149,19 @@ fn real_main() -> anyhow::Result<()> {
         // through overcommit and end in the OOM killer).
         let device_memory: u64 = devices.iter().map(|d| d.memory().1).sum::<u64>().max(1);
         println!(
-            "  limits         : {} MiB per connection, {} MiB in total, idle timeout {}",
+            "  limits         : {} MiB per connection, {} MiB in total",
             args.max_alloc_per_connection.unwrap_or(device_memory) / MIB,
             args.max_alloc_total.unwrap_or(device_memory) / MIB,
-            if args.idle_timeout > 0 { format!("{} s", args.idle_timeout) } else { "off".into() }
+        );
+        println!(
+            "  liveness       : idle timeout {} (connections holding nothing), keepalive {}",
+            if args.idle_timeout > 0 { format!("{} s", args.idle_timeout) } else { "off".into() },
+            if args.keepalive > 0 {
+                let dead = server::keepalive_deadline(std::time::Duration::from_secs(args.keepalive));
+                format!("{} s (a vanished peer is dropped after ~{} s)", args.keepalive, dead.as_secs())
+            } else {
+                "off".into()
+            }
         );
         use std::io::Write;
         let _ = std::io::stdout().flush();
@@ -165,6 +176,7 @@ fn real_main() -> anyhow::Result<()> {
             total: args.max_alloc_total.unwrap_or(device_memory),
         };
         opts.idle_timeout = (args.idle_timeout > 0).then(|| std::time::Duration::from_secs(args.idle_timeout));
+        opts.keepalive = (args.keepalive > 0).then(|| std::time::Duration::from_secs(args.keepalive));
         let stats = Arc::new(Stats::default());
         server::serve(listener, config, opts, stats, shutdown_signal()).await;
         Ok(())

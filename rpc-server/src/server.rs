@@ -1,5 +1,12 @@
-//! The TCP listener: accepts connections concurrently (bounded), one task per connection, and
-//! shuts down gracefully (stop accepting, let running commands finish, free everything).
+//! The TCP listener: accepts connections concurrently (bounded) and shuts down gracefully (stop
+//! accepting, let running commands finish, free everything).
+//!
+//! Each connection gets **its own OS thread** running a single-threaded runtime: its I/O, its
+//! session and every ggml call it makes (graph compute included) stay on that one thread for the
+//! connection's life. ggml's CPU backend starts its worker team (OpenMP) per calling thread; a
+//! compute that hopped between runtime workers made a new team on each thread it landed on, and
+//! those teams and the runtime's own workers competed with the one doing the work for the cores.
+//! A token's round trip also crosses no thread: the thread that computed reads the next request.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,8 +16,7 @@ use std::time::Duration;
 
 use rpc_proto::Limits;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
-use tokio::task::JoinSet;
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::connection::{self, ConnectionOptions};
 use crate::rdma::{RdmaConfig, TransportMode};
@@ -27,8 +33,11 @@ pub struct ServerOptions {
     pub rdma: Arc<RdmaConfig>,
     /// ALLOC_BUFFER limits, per connection and for all connections together.
     pub memory: MemoryLimits,
-    /// Close a connection that starts no request for this long (`None`: never).
+    /// Close a connection that holds nothing and starts no request for this long (`None`:
+    /// never); see [`ConnectionOptions::idle_timeout`].
     pub idle_timeout: Option<Duration>,
+    /// TCP keepalive on every accepted connection (`None`: off); see [`set_keepalive`].
+    pub keepalive: Option<Duration>,
 }
 
 impl Default for ServerOptions {
@@ -39,9 +48,45 @@ impl Default for ServerOptions {
             rdma: Arc::new(RdmaConfig::new(TransportMode::Auto, Default::default(), 8)),
             memory: MemoryLimits::default(),
             idle_timeout: None,
+            keepalive: Some(DEFAULT_KEEPALIVE),
         }
     }
 }
+
+/// Default `--keepalive`: a vanished peer is found within about two minutes.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(60);
+/// Unanswered probes before the kernel declares the peer dead.
+const KEEPALIVE_PROBES: u32 = 6;
+
+fn keepalive_interval(idle: Duration) -> Duration {
+    (idle / KEEPALIVE_PROBES).max(Duration::from_secs(1))
+}
+
+/// How long after its last sign of life a vanished peer is dropped with keepalive `idle`.
+pub fn keepalive_deadline(idle: Duration) -> Duration {
+    idle + keepalive_interval(idle) * KEEPALIVE_PROBES
+}
+
+/// Enables TCP keepalive so that a peer that vanished without a FIN or RST (power loss, cable
+/// pulled, a machine that slept) is found although the connection is idle by design: the first
+/// probe after `idle` of silence, then [`KEEPALIVE_PROBES`] probes `idle / 6` apart; the
+/// connection fails after about `2 × idle` without an answer, and its buffers are freed. On Linux
+/// `TCP_USER_TIMEOUT` bounds the same way a peer that vanished with data unacknowledged (keepalive
+/// only probes a quiet connection).
+pub fn set_keepalive(stream: &TcpStream, idle: Duration) -> std::io::Result<()> {
+    let interval = keepalive_interval(idle);
+    let ka = socket2::TcpKeepalive::new().with_time(idle).with_interval(interval);
+    #[cfg(any(target_os = "linux", target_os = "macos", target_os = "android", target_os = "freebsd"))]
+    let ka = ka.with_retries(KEEPALIVE_PROBES);
+    let sock = socket2::SockRef::from(stream);
+    sock.set_tcp_keepalive(&ka)?;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    sock.set_tcp_user_timeout(Some(keepalive_deadline(idle)))?;
+    Ok(())
+}
+
+/// Stack of a connection thread (it runs the validator and calls ggml's graph compute).
+const CONNECTION_STACK: usize = 8 << 20;
 
 /// Resolves `host:port` (IPv4, IPv6 or a host name) and binds the first address that works.
 pub async fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
@@ -66,8 +111,10 @@ pub async fn serve(
 ) {
     let permits = Arc::new(Semaphore::new(opts.max_connections.max(1)));
     let conn = ConnectionOptions { budget: Arc::new(MemoryBudget::new(opts.memory)), idle_timeout: opts.idle_timeout };
+    let keepalive = opts.keepalive;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut tasks = JoinSet::new();
+    // Every connection thread holds a sender; `recv` answers `None` once all are gone.
+    let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -85,24 +132,44 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
-        while tasks.try_join_next().is_some() {}
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "cannot take over the accepted socket; dropping connection");
+                continue;
+            }
+        };
         let config = config.clone();
-        let limits = opts.limits.clone();
+        let limits = opts.limits;
         let stats = stats.clone();
         let stop = stop_rx.clone();
         let rdma = opts.rdma.clone();
         let conn = conn.clone();
-        tasks.spawn(async move {
+        let alive = alive_tx.clone();
+        let spawned = std::thread::Builder::new().name("rpc-conn".into()).stack_size(CONNECTION_STACK).spawn(move || {
             let _permit = permit;
-            handle(stream, peer, config, limits, stats, rdma, conn, stop).await;
+            let _alive = alive;
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!(%peer, error = %e, "cannot start the connection's runtime; dropping it"),
+            };
+            rt.block_on(async move {
+                match TcpStream::from_std(stream) {
+                    Ok(stream) => handle(stream, peer, keepalive, config, limits, stats, rdma, conn, stop).await,
+                    Err(e) => tracing::error!(%peer, error = %e, "cannot register the socket; dropping connection"),
+                }
+            });
         });
+        if let Err(e) = spawned {
+            tracing::error!(%peer, error = %e, "cannot start a thread for the connection; dropping it");
+        }
     }
     tracing::info!("shutting down: no new connections, waiting for running commands");
     let _ = stop_tx.send(true);
     drop(listener);
-    let drain = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(30), drain).await.is_err() {
-        tracing::warn!("connections still busy after 30 s; aborting them");
+    drop(alive_tx);
+    if tokio::time::timeout(Duration::from_secs(30), alive_rx.recv()).await.is_err() {
+        tracing::warn!("connections still busy after 30 s; exiting without them");
     }
 }
 
@@ -110,6 +177,7 @@ pub async fn serve(
 async fn handle(
     stream: TcpStream,
     peer: SocketAddr,
+    keepalive: Option<Duration>,
     config: Arc<SessionConfig>,
     limits: Limits,
     stats: Arc<Stats>,
@@ -120,6 +188,12 @@ async fn handle(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!(%peer, error = %e, "cannot set TCP_NODELAY; dropping connection");
         return;
+    }
+    if let Some(idle) = keepalive {
+        if let Err(e) = set_keepalive(&stream, idle) {
+            tracing::warn!(%peer, error = %e, "cannot enable TCP keepalive; dropping connection");
+            return;
+        }
     }
     stats.connections.fetch_add(1, Relaxed);
     stats.active.fetch_add(1, Relaxed);

@@ -17,12 +17,14 @@
 //!
 //! # Liveness
 //!
-//! While idle, the control task watches its connection: if the worker closes it (process killed,
-//! machine gone) or cannot be reached, [`Worker::down`] fires and every client connection without
+//! While idle, the control task watches its connection. A worker may close it after its idle
+//! timeout (it holds nothing): the task reconnects at once. If the worker cannot be reached again
+//! (process killed, machine gone), or the connection fails, [`Worker::down`] fires and every client connection without
 //! an upstream connection of its own is closed, like a direct client connection would be.
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rpc_proto::Command;
 use rpc_transport::{TcpTransport, Transport};
@@ -32,6 +34,10 @@ use crate::cache::{QueryCache, DEVICE_COUNT_FRAME};
 use crate::error::ShimError;
 use crate::stats::ShimStats;
 use crate::upstream::{connect_tcp, hello, round_trip, timeout, Connector, Options};
+
+/// A control connection the worker closes sooner than this after it was opened is not reopened
+/// (that worker is refusing us, not timing out an idle connection).
+const MIN_CONTROL_LIFE: Duration = Duration::from_secs(1);
 
 /// What the control task is asked to do.
 enum ControlMsg {
@@ -139,6 +145,7 @@ async fn control_task(core: Arc<Core>, mut rx: mpsc::UnboundedReceiver<ControlMs
         Idle(std::io::Result<usize>),
     }
     let mut conn: Option<TcpTransport> = None;
+    let mut opened = Instant::now();
     loop {
         let ev = match conn.as_mut() {
             Some(c) => {
@@ -154,19 +161,38 @@ async fn control_task(core: Arc<Core>, mut rx: mpsc::UnboundedReceiver<ControlMs
             Event::Msg(Some(m)) => m,
             Event::Msg(None) => break,
             Event::Idle(r) => {
+                conn = None;
+                let lived = opened.elapsed();
                 match r {
+                    // A worker may close a connection that holds nothing after its idle timeout
+                    // (rpc-server --idle-timeout): that says nothing about the worker. It is gone
+                    // only if it cannot be reached again.
+                    Ok(0) if lived >= MIN_CONTROL_LIFE && core.sessions.load(SeqCst) == 0 => {
+                        match core.open_control().await {
+                            Ok(c) => {
+                                tracing::debug!(worker = %core.addr, after_s = lived.as_secs(), "the worker closed the idle control connection; reconnected");
+                                conn = Some(c);
+                                opened = Instant::now();
+                            }
+                            Err(e) => {
+                                tracing::warn!(worker = %core.addr, "the worker closed the idle control connection and cannot be reached again ({e}): worker gone");
+                                core.mark_down();
+                            }
+                        }
+                    }
                     Ok(0) => {
-                        tracing::warn!(worker = %core.addr, "the worker closed the idle control connection: worker gone")
+                        tracing::warn!(worker = %core.addr, "the worker closed the idle control connection: worker gone");
+                        core.mark_down();
                     }
                     Ok(_) => {
-                        tracing::warn!(worker = %core.addr, "the worker sent unsolicited bytes on the control connection")
+                        tracing::warn!(worker = %core.addr, "the worker sent unsolicited bytes on the control connection");
+                        core.mark_down();
                     }
                     Err(e) => {
-                        tracing::warn!(worker = %core.addr, "control connection failed while idle: {e}")
+                        tracing::warn!(worker = %core.addr, "control connection failed while idle: {e}");
+                        core.mark_down();
                     }
                 }
-                conn = None;
-                core.mark_down();
                 continue;
             }
         };
@@ -181,7 +207,10 @@ async fn control_task(core: Arc<Core>, mut rx: mpsc::UnboundedReceiver<ControlMs
                 // connection wait in its backlog until that one closes.
                 if conn.is_none() && core.sessions.load(SeqCst) == 0 {
                     match core.open_control().await {
-                        Ok(c) => conn = Some(c),
+                        Ok(c) => {
+                            conn = Some(c);
+                            opened = Instant::now();
+                        }
                         Err(e) => {
                             tracing::warn!("{e} (will retry when a client needs the worker)");
                             if matches!(e, ShimError::Connect { .. } | ShimError::Timeout { .. }) {
@@ -194,7 +223,10 @@ async fn control_task(core: Arc<Core>, mut rx: mpsc::UnboundedReceiver<ControlMs
             ControlMsg::Query { frame, reply } => {
                 if conn.is_none() {
                     match core.open_control().await {
-                        Ok(c) => conn = Some(c),
+                        Ok(c) => {
+                            conn = Some(c);
+                            opened = Instant::now();
+                        }
                         Err(e) => {
                             if matches!(e, ShimError::Connect { .. } | ShimError::Timeout { .. }) {
                                 core.mark_down();

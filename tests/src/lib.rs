@@ -68,7 +68,16 @@ impl TestServer {
         Self::start_with(Some(cache))
     }
 
+    /// A server with these listener options (idle timeout, limits, ...).
+    pub fn start_with_options(opts: ServerOptions) -> TestServer {
+        Self::start_full(None, opts)
+    }
+
     fn start_with(cache: Option<WeightCache>) -> TestServer {
+        Self::start_full(cache, ServerOptions::default())
+    }
+
+    fn start_full(cache: Option<WeightCache>, opts: ServerOptions) -> TestServer {
         init_logging();
         let config = Arc::new(SessionConfig {
             devices: vec![cpu_device()],
@@ -97,7 +106,7 @@ impl TestServer {
                     let stop = async {
                         let _ = stop_rx.await;
                     };
-                    server::serve(listener, config, ServerOptions::default(), st, stop).await;
+                    server::serve(listener, config, opts, st, stop).await;
                 });
             })
             .expect("spawn server thread");

@@ -47,7 +47,7 @@ async fn relay(mut tcp: TcpStream, rules: Rules, done: Arc<AtomicUsize>) {
     let config = Arc::new(SessionConfig { devices: vec![cpu_device()], n_threads: 1, cache: None });
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(async move {
-        let r = rpc_server::connection::run(&mut srv, Session::new(config), Limits::default(), Arc::new(Stats::default()), None, shutdown).await;
+        let r = rpc_server::connection::run(&mut srv, Session::new(config), Limits::default(), Arc::new(Stats::default()), Default::default(), shutdown).await;
         (r.map_err(|e| e.to_string()), srv)
     });
     let (mut rd, mut wr) = tcp.into_split();

@@ -164,6 +164,46 @@ same_as_local c-ours-nolean $SHORT
 grep -q "RDMA activated (Apple UC flavor)" $W/srv-c-ours-nolean.log && pass "c-ours-nolean: upstream UC framing" || bad "c-ours-nolean: no upstream UC activation"
 grep -q "lean offered, declined" $W/srv-c-ours-nolean.log && pass "c-ours-nolean: server logged the declined offer" || bad "c-ours-nolean: no declined-offer log"
 
+if [ -n "$SHIM" ] && [ -x "$BIN/llama-server" ]; then
+    # A long-running llama-server behind the shim survives idle periods past every timeout the
+    # shim and the server have (server --idle-timeout 3 --keepalive 2; shim connect/handshake/query
+    # timeouts shortened), with the lean framing's keepalives holding the queue pair awake.
+    for fl in rc uc; do
+        echo "== (d-$fl) stock TCP-only llama-server -> rpc-shim (lean $fl) -> our server: idle 15 s between requests"
+        start_server d-$fl -- --idle-timeout 3 --keepalive 2
+        start_relay d-$fl $fl --connect-timeout 1 --handshake-timeout 5 --query-timeout 5
+        GGML_RPC_NO_RDMA=1 "$BIN/llama-server" -m "$M" -ngl 99 --rpc 127.0.0.1:50152 --host 127.0.0.1 --port 50200 \
+            -c 256 -np 1 -t 1 --no-warmup > "$W/llama-server-d-$fl.log" 2>&1 &
+        LS_PID=$!
+        ok=0
+        for _ in $(seq 300); do curl -sf http://127.0.0.1:50200/health >/dev/null 2>&1 && { ok=1; break; }; sleep 0.5; done
+        if [ $ok = 1 ]; then
+            req='{"prompt":"hello world","n_predict":6,"temperature":0,"top_k":1,"seed":1,"cache_prompt":false}'
+            a=$(curl -s --max-time 120 -d "$req" http://127.0.0.1:50200/completion)
+            sleep 15
+            b=$(curl -s --max-time 120 -d "$req" http://127.0.0.1:50200/completion)
+            ca=$(echo "$a" | grep -o '"content":"[^"]*"' | head -1); cb=$(echo "$b" | grep -o '"content":"[^"]*"' | head -1)
+            if [ -n "$ca" ] && [ "$ca" = "$cb" ]; then pass "d-$fl: answer after 15 s idle identical ($ca)"; else
+                bad "d-$fl: answers differ or failed: [$ca] vs [$cb]"; tail -5 "$W/llama-server-d-$fl.log"; fi
+            kill -0 $LS_PID 2>/dev/null && pass "d-$fl: llama-server alive" || bad "d-$fl: llama-server died"
+        else
+            bad "d-$fl: llama-server not healthy"; tail -20 "$W/llama-server-d-$fl.log"
+        fi
+        cp "$W/srv-d-$fl.log" "$W/srv-d-$fl.before-stop.log"
+        kill $LS_PID 2>/dev/null; wait $LS_PID 2>/dev/null
+        stop_relay
+        stop_server
+        U=$(echo $fl | tr a-z A-Z)
+        grep -q "RDMA activated (lean framing over $U)" $W/srv-d-$fl.log && pass "d-$fl: lean framing over $U" || bad "d-$fl: no lean activation"
+        grep -q "while holding no buffer" $W/srv-d-$fl.log && echo "    (a connection that held nothing was closed for idleness, as designed)"
+        # Before llama-server was stopped, no connection may have ended in an error (an idle
+        # connection that held nothing may be closed: that line says "holding no buffer").
+        if grep "closing connection" "$W/srv-d-$fl.before-stop.log" | grep -vq "holding no buffer"; then
+            bad "d-$fl: a connection failed while llama-server was up"; grep "closing connection" "$W/srv-d-$fl.before-stop.log" | head -3
+        else pass "d-$fl: no connection failed during the idle period"; fi
+    done
+fi
+
 echo "== per-token wire cost (rxe0, ($LONG - $SHORT) tokens; both directions, MTU 1024)"
 printf "%-8s %14s %16s\n" config SENDs/token packets/token | tee $OUT/lean-table.txt
 while read -r n s p; do printf "%-8s %14s %16s\n" $n $s $p; done < $TABLE | tee -a $OUT/lean-table.txt

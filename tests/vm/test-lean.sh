@@ -18,7 +18,7 @@ if [ -z "$SHIM" ] && [ -z "${E2E_RELAY_ONLY:-}" ] && [ -f rpc-shim/Cargo.toml ] 
     echo "test-lean: building rpc-shim for the VM" >&2
     tests/vm/cargo-vm.sh build --release -q -p rpc-shim >&2 && SHIM="$RVM_CARGO_TARGET_DIR/release/rpc-shim"
 fi
-STOCK=$(STOCK_RDMA=ON STOCK_CMAKE_FLAGS="$VMFLAGS" STOCK_TARGETS="ggml-rpc-server llama-completion" scripts/stock-llama.sh)
+STOCK=$(STOCK_RDMA=ON STOCK_CMAKE_FLAGS="$VMFLAGS" STOCK_TARGETS="ggml-rpc-server llama-completion llama-server" scripts/stock-llama.sh)
 APPLE=$(STOCK_RDMA=ON STOCK_PATCHES="patches/apple-uc-flavor-on-linux.patch" \
         STOCK_CMAKE_FLAGS="$VMFLAGS -DGGML_RPC_RDMA_APPLE_ON_LINUX=ON" STOCK_TARGETS="ggml-rpc" scripts/stock-llama.sh)
 MODELS=${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}/models/synth

@@ -93,6 +93,13 @@ impl Session {
         (self.buffers.len(), self.buffers.values().map(|e| e.buffer.size()).sum())
     }
 
+    /// Whether this session holds anything a client relies on: a buffer or a stored graph. A
+    /// session that does must never end on silence (a long-running `llama-server` sits idle
+    /// between requests with its model here); budgets, not silence, bound what it may hold.
+    pub fn holds_state(&self) -> bool {
+        !self.buffers.is_empty() || self.graphs.iter().any(Option::is_some)
+    }
+
     /// Executes one request. `Ok(None)` for commands without a reply.
     pub fn handle(&mut self, req: Request<'_>) -> Result<Option<Response>, SessionError> {
         Ok(match req {
