@@ -55,6 +55,18 @@ class LoadSampler:
         self._t.join()
 
 
+def cpu_busy(seconds=5.0):
+    """Share of CPU time not idle over `seconds` (from /proc/stat), before anything of ours runs."""
+    def snap():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    t0, i0 = snap()
+    time.sleep(seconds)
+    t1, i1 = snap()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
 def resolve_model(name):
     if name == "gemma":
         return script_output("test-model.sh", timeout=900)
@@ -101,6 +113,7 @@ def main():
     thread_counts = [int(x) for x in args.server_threads.split(",") if x.strip()]
     keys = ("pp%d" % args.n_prompt, "tg%d" % args.n_gen)
     load_before = loadavg()
+    busy_before = cpu_busy()
     t0 = time.monotonic()
     rows, raw = [], []
 
@@ -160,8 +173,9 @@ def main():
     print("\nModel: %s  client: llama-bench -ngl %s -p %d -n %d -r %d -t %d %s" % (
         os.path.basename(model), args.ngl, args.n_prompt, args.n_gen, args.repetitions, args.threads,
         args.bench_args))
-    print("%d cores; load average before the run %.2f; %d ABBA rounds per thread count; %.0f s total\n" % (
-        os.cpu_count() or 0, load_before, args.rounds, time.monotonic() - t0))
+    print("%d cores; before the run: CPU %.0f%% busy (5 s of /proc/stat), load average %.2f; %d ABBA rounds per "
+          "thread count; %.0f s total\n" % (os.cpu_count() or 0, 100 * busy_before, load_before, args.rounds,
+                                             time.monotonic() - t0))
     print("| server -t | test | ours t/s (median) | stock t/s (median) | ours/stock (median of rounds) | spread (min..max) |")
     print("|---|---|---|---|---|---|")
     loads = {}
@@ -175,7 +189,7 @@ def main():
         "-t %d: %.2f..%.2f" % (st, lo, hi) for st, (lo, hi) in loads.items()))
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump(dict(args=vars(args), model=model, load_before=load_before, rows=rows, raw=raw), f, indent=1)
+            json.dump(dict(args=vars(args), model=model, load_before=load_before, busy_before=busy_before, rows=rows, raw=raw), f, indent=1)
     return 0
 
 

@@ -3,9 +3,11 @@
 migrations and context switches, from /proc (no perf needed), for our rpc-server and the stock
 ggml-rpc-server under the same `llama-bench -p 0 -n N` client.
 
-Each server runs alone (started fresh, model uploaded by a warm-up llama-bench run); then /proc is
-sampled every 20 ms through one measured llama-bench run and the difference is divided by the
-tokens generated. Threads that come and go are caught by the sampling.
+Each server runs alone (started fresh, a warm-up llama-bench run first); then /proc is sampled
+every 20 ms through two llama-bench runs that differ only in the tokens generated (N/4 and N), and
+the difference of the two is divided by the difference in tokens: the cost of one generated token,
+with model upload, context set-up and exit cancelled out. Threads that come and go are caught by
+the sampling.
 
   python3 benches/server_threads_profile.py --stock-bin DIR [--ours PATH] [--model gemma|NAME|PATH] \
       [-t 2] [-n 64] [--rounds 2]
@@ -106,6 +108,7 @@ def main():
     ap.add_argument("-t", "--server-threads", type=int, default=2)
     ap.add_argument("-n", "--n-gen", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2, help="measured runs per server, alternating")
+    ap.add_argument("--per-thread", action="store_true", help="also log each thread's share per token")
     ap.add_argument("--logdir", default=os.path.join("target", "bench-logs", "profile"))
     args = ap.parse_args()
     stock_bin = resolve_stock_bin(args.stock_bin, needed=("ggml-rpc-server", "llama-bench"))
@@ -122,34 +125,51 @@ def main():
             for name, binary in (bins if rnd % 2 == 0 else bins[::-1]):
                 srv = servers.add(Server("%s-%d" % (name, rnd), binary, free_port(), args.logdir,
                                          threads=args.server_threads))
-                cmd = [bench, "-m", model, "--rpc", srv.endpoint, "-ngl", "99", "-p", "0", "-n", str(args.n_gen),
-                       "-r", "1", "-t", "1", "-o", "json"]
-                run(cmd, 600)  # warm-up: upload, first graph
-                with Sampler(srv.proc.pid) as smp:
-                    rc, out, err, dt = run(cmd, 600)
-                if rc != 0:
-                    log("llama-bench failed against %s" % name)
-                    return 1
-                tps = json.loads(out)[0]["avg_ts"]
-                d = smp.deltas()
-                n = args.n_gen
-                busiest = max(d.values(), key=lambda x: x["exec_ns"])
-                wall_ms = 1000.0 / tps
+                def measure(n):
+                    cmd = [bench, "-m", model, "--rpc", srv.endpoint, "-ngl", "99", "-p", "0", "-n", str(n),
+                           "-r", "1", "-t", "1", "-o", "json"]
+                    with Sampler(srv.proc.pid) as smp:
+                        rc, out, err, dt = run(cmd, 600)
+                    if rc != 0:
+                        raise SystemExit("llama-bench failed against %s:\n%s" % (name, err.decode()[-2000:]))
+                    d = smp.deltas()
+                    tot = {k: sum(x[k] for x in d.values()) for k in ("exec_ns", "wait_ns", "migrations", "vol", "invol")}
+                    busiest = max(d.values(), key=lambda x: x["exec_ns"])["exec_ns"]
+                    gen_s = n / json.loads(out)[0]["avg_ts"]
+                    return d, tot, busiest, gen_s
+
+                measure(args.n_gen)  # warm-up: first upload, page cache
+                # Two runs that differ only in the number of generated tokens: their difference is
+                # the cost of the extra tokens alone (upload, context set-up and prompt cancel out).
+                n_lo, n_hi = max(1, args.n_gen // 4), args.n_gen
+                d_lo, lo, busy_lo, gen_lo = measure(n_lo)
+                d, hi, busy_hi, gen_hi = measure(n_hi)
+                n = n_hi - n_lo
+                wall_ms = (gen_hi - gen_lo) * 1000.0 / n
+                per = {k: (hi[k] - lo[k]) / n for k in hi}
+                per_thread = []
+                for tid, x in sorted(d.items()):
+                    y = d_lo.get(tid, {k: 0 for k in x})
+                    per_thread.append("%s/%d: cpu %.2f ms, wait %.3f ms, migr %.2f, vol %.1f, invol %.2f" % (
+                        x["name"], tid, (x["exec_ns"] - y["exec_ns"]) / 1e6 / n, (x["wait_ns"] - y["wait_ns"]) / 1e6 / n,
+                        (x["migrations"] - y["migrations"]) / n, (x["vol"] - y["vol"]) / n, (x["invol"] - y["invol"]) / n))
+                if args.per_thread:
+                    log("  per thread, per token (%s):\n    %s" % (name, "\n    ".join(per_thread)))
                 rows[name].append(dict(
-                    threads=len(d), names=sorted({x["name"] for x in d.values()}), tps=tps, wall_ms=wall_ms,
-                    cpu_ms=sum(x["exec_ns"] for x in d.values()) / 1e6 / n,
-                    wait_ms=sum(x["wait_ns"] for x in d.values()) / 1e6 / n,
-                    busiest_off_ms=wall_ms - busiest["exec_ns"] / 1e6 / n,
-                    migrations=sum(x["migrations"] for x in d.values()) / n,
-                    vol=sum(x["vol"] for x in d.values()) / n, invol=sum(x["invol"] for x in d.values()) / n,
+                    threads=len(d), names=sorted({x["name"] for x in d.values()}), tps=n_hi / gen_hi, wall_ms=wall_ms,
+                    cpu_ms=per["exec_ns"] / 1e6, wait_ms=per["wait_ns"] / 1e6,
+                    busiest_off_ms=wall_ms - (busy_hi - busy_lo) / 1e6 / n,
+                    migrations=per["migrations"], vol=per["vol"], invol=per["invol"],
                     active=sum(1 for x in d.values() if x["exec_ns"] > 1e6)))
                 srv.stop()
                 servers.items.remove(srv)
                 r = rows[name][-1]
+                tps = r["tps"]
                 log("%s round %d: %.2f t/s, %d threads (%d active: %s)" % (name, rnd + 1, tps, r["threads"],
                                                                           r["active"], ", ".join(r["names"])))
-    print("\nllama-bench -p 0 -n %d -t 1 against each server alone (-t %d); per generated token, mean of %d runs:\n"
-          % (args.n_gen, args.server_threads, args.rounds))
+    print("\nllama-bench -p 0 -n %d vs -n %d, -t 1, against each server alone (-t %d); per generated token, "
+          "mean of %d runs; t/s of the -n %d run:\n" % (args.n_gen, max(1, args.n_gen // 4), args.server_threads,
+                                                     args.rounds, args.n_gen))
     print("| server | t/s | threads (active) | wall ms | server CPU ms | run-queue wait ms | busiest thread off-CPU ms "
           "| migrations | vol switches | invol switches |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -21,6 +21,7 @@ enum Mark {
 
 impl Session {
     pub(super) fn graph_compute(&mut self, g: &WireGraph<'_>) -> Result<(), SessionError> {
+        let started = std::time::Instant::now();
         self.device(g.device)?;
         let device = g.device as usize;
         // A new graph replaces the stored one even if it fails to build.
@@ -198,7 +199,16 @@ impl Session {
             ));
         }
         let mut stored = StoredGraph { graph, checks };
+        let built = started.elapsed();
         run_graph(self.backend(device)?, &mut stored)?;
+        tracing::debug!(
+            nodes = nodes.len(),
+            segments = stored.graph.segments(),
+            index_checks = stored.checks.iter().map(Vec::len).sum::<usize>(),
+            validate_build_us = built.as_micros() as u64,
+            total_us = started.elapsed().as_micros() as u64,
+            "GRAPH_COMPUTE"
+        );
         self.graphs[device] = Some(stored);
         Ok(())
     }
@@ -213,14 +223,24 @@ pub(crate) struct StoredGraph {
 
 /// Computes every segment, running each segment's data checks first.
 pub(crate) fn run_graph(backend: &mut Backend, g: &mut StoredGraph) -> Result<(), SessionError> {
+    let mut checking = std::time::Duration::ZERO;
+    let started = std::time::Instant::now();
     for seg in 0..g.graph.segments() {
         if let Some(checks) = g.checks.get(seg) {
+            let t = std::time::Instant::now();
             for c in checks {
                 c.run()?;
             }
+            checking += t.elapsed();
         }
         backend.compute(&mut g.graph, seg)?;
     }
+    tracing::trace!(
+        segments = g.graph.segments(),
+        checks_us = checking.as_micros() as u64,
+        compute_us = (started.elapsed() - checking).as_micros() as u64,
+        "graph run"
+    );
     Ok(())
 }
 
