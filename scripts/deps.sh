@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Installs the system and Python packages the build and the tests need on a fresh Debian 12.
+# Installs the system and Python packages the build and the tests need on a fresh Debian 12
+# (the test suite is Linux-only: its RDMA suites run in a soft-RoCE QEMU VM).
 # Idempotent: each step is skipped when its tool is already present.
 set -euo pipefail
+# What building the server needs (per OS) first; then what only the tests need.
+"$(dirname "$0")/build-deps.sh"
+if [ "$(uname -s)" != Linux ]; then
+  echo "deps: the test suite's system packages (QEMU, rdma-core, ...) are Linux-only; on $(uname -s) only the build dependencies were set up" >&2
+  python3 -c "import gguf, numpy" 2>/dev/null || python3 -m pip install -q "gguf==0.19.0" numpy
+  exit 0
+fi
 need_apt=()
-command -v cmake >/dev/null || need_apt+=(cmake)
 command -v ninja >/dev/null || need_apt+=(ninja-build)
-command -v cc >/dev/null || need_apt+=(build-essential)
-dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
-command -v pkg-config >/dev/null || need_apt+=(pkg-config)
-# RDMA: verbs headers for the binding (the library itself is loaded at run time), and what the
-# soft-RoCE VM suite needs (tests/vm/): QEMU, busybox, cpio, kmod, rdma-core and its tools.
-for p in libibverbs-dev rdma-core ibverbs-providers ibverbs-utils qemu-system-x86 busybox-static cpio kmod iproute2; do
+# The soft-RoCE VM suite (tests/vm/): QEMU, busybox, cpio, kmod, rdma-core and its tools;
+# iproute2 also for the dead-peer test's network namespace (tests/e2e/idle_e2e.py); curl for
+# llama-server requests in the VM.
+for p in rdma-core ibverbs-providers ibverbs-utils qemu-system-x86 busybox-static cpio kmod iproute2 curl; do
   dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

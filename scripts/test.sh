@@ -12,6 +12,8 @@ step "build"
 cargo build --release --workspace --all-targets
 step "unit and protocol tests"
 cargo test --release --workspace
+step "script tests: scripts/build-deps.sh under a faked OS (macOS and Linux branches)"
+python3 tests/scripts/test_build_deps.py
 step "stock llama.cpp tools and test model"
 STOCK_BIN="$(./scripts/stock-llama.sh)"
 MODEL="$(./scripts/test-model.sh)"
