@@ -5,7 +5,8 @@
 #   QUICK=1 scripts/test.sh     fewer end-to-end cases
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step() { printf '\n=== %s ===\n' "$*"; }
+t0=$SECONDS
+step() { printf '\n=== %s [%s, +%d s] ===\n' "$*" "$(date +%T)" $((SECONDS - t0)); }
 step "dependencies"
 ./scripts/deps.sh
 step "build"
