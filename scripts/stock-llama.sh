@@ -2,16 +2,24 @@
 # Builds the stock llama.cpp tools (RPC protocol 7.0.0) from the PyPI sdist llama-cpp-python==0.3.36,
 # cached outside the clone, keyed by version and flags. Prints the bin directory on stdout.
 #   STOCK_RDMA=ON  build with GGML_RPC_RDMA (needs libibverbs-dev); default OFF (TCP only)
-#   STOCK_PATCHES="patches/a.patch ..." extra patches applied to the source (part of the cache key)
+#   STOCK_PATCHES="patches/a.patch ..." patches applied to the source (part of the cache key; the
+#                                       plain native build defaults to patches/test-backend-ops-rpc.patch)
 #   STOCK_CMAKE_FLAGS="-DX=Y ..."        extra CMake flags (part of the cache key)
 #   STOCK_TARGETS="..."                   ninja targets (executables, or libraries such as ggml-rpc)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 VERSION=0.3.36
 RDMA="${STOCK_RDMA:-OFF}"
-PATCHES="${STOCK_PATCHES:-}"
 EXTRA_FLAGS="${STOCK_CMAKE_FLAGS:-}"
-TARGETS="${STOCK_TARGETS:-ggml-rpc-server llama-completion llama-cli llama-bench llama-simple llama-server test-backend-ops}"
+# The plain native build (no RDMA, no extra flags) always carries the patch that lets
+# test-backend-ops reach RPC servers (it changes only tests/test-backend-ops.cpp): one build then
+# serves the tools and the op suite (scripts/test-backend-ops.sh), instead of two.
+if [ -z "${STOCK_PATCHES+x}" ] && [ "$RDMA" = OFF ] && [ -z "$EXTRA_FLAGS" ]; then
+  PATCHES="patches/test-backend-ops-rpc.patch"
+else
+  PATCHES="${STOCK_PATCHES:-}"
+fi
+TARGETS="${STOCK_TARGETS:-ggml-rpc-server llama-completion llama-bench llama-server test-backend-ops}"
 cache="${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}"
 key="rdma-${RDMA}"
 if [ -n "$PATCHES$EXTRA_FLAGS" ]; then
