@@ -9,6 +9,8 @@ t0=$SECONDS
 step() { printf '\n=== %s [%s, +%d s] ===\n' "$*" "$(date +%T)" $((SECONDS - t0)); }
 step "dependencies"
 ./scripts/deps.sh
+step "format (cargo fmt --check)"
+cargo fmt --all --check
 step "build"
 cargo build --release --workspace --all-targets
 step "unit and protocol tests"

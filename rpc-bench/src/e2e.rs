@@ -647,13 +647,20 @@ pub fn wire_table(rows: &[E2eRow], measured: Option<&VmWireTable>) -> Table {
         "VM measured packets/token (MTU 1024)",
         "source",
     ]);
-    for r in rows.iter().filter(|r| r.link == "none" && matches!(r.phase, Phase::Tg(_))) {
+    for r in rows
+        .iter()
+        .filter(|r| r.link == "none" && matches!(r.phase, Phase::Tg(_)))
+    {
         let n = f64::from(r.phase.tokens().max(1));
         let apple = r.traffic.wire[1].packets[0] as f64 / n;
         for (i, f) in Framing::ALL.iter().enumerate() {
             let w = r.traffic.wire[i];
             let m = measured.and_then(|m| m.get(*f));
-            let credits = if w.credit_sends > 0 { format!(" (≤ {:.1} credit-only)", w.credit_sends as f64 / n) } else { String::new() };
+            let credits = if w.credit_sends > 0 {
+                format!(" (≤ {:.1} credit-only)", w.credit_sends as f64 / n)
+            } else {
+                String::new()
+            };
             t.push(vec![
                 r.server.clone(),
                 f.name().into(),
@@ -661,7 +668,11 @@ pub fn wire_table(rows: &[E2eRow], measured: Option<&VmWireTable>) -> Table {
                 format!("{:.1}", w.packets[0] as f64 / n),
                 format!("{:.1}", w.packets[1] as f64 / n),
                 human_bytes(w.bytes as f64 / n),
-                if apple > 0.0 { format!("1/{:.0}", apple / (w.packets[0] as f64 / n).max(1e-9)) } else { "-".into() },
+                if apple > 0.0 {
+                    format!("1/{:.0}", apple / (w.packets[0] as f64 / n).max(1e-9))
+                } else {
+                    "-".into()
+                },
                 m.map_or("-".into(), |m| format!("{:.1}", m.0)),
                 m.map_or("-".into(), |m| format!("{:.1}", m.1)),
                 if f.is_lean() {
@@ -690,7 +701,11 @@ impl VmWireTable {
             .lines()
             .filter_map(|l| {
                 let mut it = l.split_whitespace();
-                let (c, s, p) = (it.next()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+                let (c, s, p) = (
+                    it.next()?,
+                    it.next()?.parse().ok()?,
+                    it.next()?.parse().ok()?,
+                );
                 Some((c.to_string(), s, p))
             })
             .collect();

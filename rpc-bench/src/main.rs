@@ -437,7 +437,10 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
     md.push_str(&e2e::table(&rows).markdown());
     md.push_str("\nCommands on the wire (counted through the relay):\n\n");
     md.push_str(&e2e::commands_table(&rows).markdown());
-    let vm_path = a.vm_wire.clone().unwrap_or_else(|| PathBuf::from("target/lean-vm/lean-table.txt"));
+    let vm_path = a
+        .vm_wire
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/lean-vm/lean-table.txt"));
     let vm = match std::fs::read_to_string(&vm_path) {
         Ok(text) => Some(e2e::VmWireTable::parse(&text)),
         Err(e) if a.vm_wire.is_some() => anyhow::bail!("--vm-wire {}: {e}", vm_path.display()),

@@ -52,7 +52,12 @@ impl WireTraffic {
         for (i, p) in packets.iter_mut().enumerate() {
             *p = f(self.packets[i], o.packets[i]);
         }
-        WireTraffic { sends: f(self.sends, o.sends), credit_sends: f(self.credit_sends, o.credit_sends), bytes: f(self.bytes, o.bytes), packets }
+        WireTraffic {
+            sends: f(self.sends, o.sends),
+            credit_sends: f(self.credit_sends, o.credit_sends),
+            bytes: f(self.bytes, o.bytes),
+            packets,
+        }
     }
 
     /// Each counter divided by `k` (per repetition, per token).
@@ -136,7 +141,9 @@ impl Counters {
     /// Counts one flushed message under `framings` (see [`Framing::message`]).
     fn wire_message(&self, framings: &[Framing], parts: &[usize]) {
         for &f in framings {
-            let Some(i) = Framing::ALL.iter().position(|&a| a == f) else { continue };
+            let Some(i) = Framing::ALL.iter().position(|&a| a == f) else {
+                continue;
+            };
             let c = &self.wire[i];
             for (k, &mtu) in WIRE_MTUS.iter().enumerate() {
                 let cost = f.message(parts, mtu);
@@ -384,7 +391,10 @@ impl ResponseParser {
                 let size = u64::from_le_bytes(self.buf);
                 self.remaining = size;
                 c.s2c_msgs.fetch_add(1, Relaxed);
-                c.wire_message(&Framing::ALL, &[8, usize::try_from(size).unwrap_or(usize::MAX)]);
+                c.wire_message(
+                    &Framing::ALL,
+                    &[8, usize::try_from(size).unwrap_or(usize::MAX)],
+                );
                 c.s2c_uc.fetch_add(
                     LinkProfile::tb5_rdma().wire_bytes(size.saturating_add(8)),
                     Relaxed,

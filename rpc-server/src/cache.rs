@@ -47,7 +47,11 @@ impl WeightCache {
     /// Opens (creating it with its parents) the cache directory.
     pub fn open(dir: &Path, max_size: Option<u64>) -> std::io::Result<WeightCache> {
         fs::create_dir_all(dir)?;
-        Ok(WeightCache { dir: dir.to_path_buf(), max_size, evict_lock: Mutex::new(()) })
+        Ok(WeightCache {
+            dir: dir.to_path_buf(),
+            max_size,
+            evict_lock: Mutex::new(()),
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -89,7 +93,9 @@ impl WeightCache {
         if path.exists() {
             return;
         }
-        let tmp = self.dir.join(format!(".{}.tmp.{}", entry_name(hash), std::process::id()));
+        let tmp = self
+            .dir
+            .join(format!(".{}.tmp.{}", entry_name(hash), std::process::id()));
         let res = (|| {
             let mut f = fs::File::create(&tmp)?;
             f.write_all(data)?;
@@ -112,7 +118,9 @@ impl WeightCache {
     fn evict(&self) {
         let Some(max) = self.max_size else { return };
         let _guard = self.evict_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let Ok(rd) = fs::read_dir(&self.dir) else { return };
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return;
+        };
         let mut entries: Vec<(SystemTime, u64, PathBuf)> = rd
             .filter_map(|e| e.ok())
             .filter(|e| {
@@ -122,7 +130,11 @@ impl WeightCache {
             })
             .filter_map(|e| {
                 let m = e.metadata().ok()?;
-                Some((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len(), e.path()))
+                Some((
+                    m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    m.len(),
+                    e.path(),
+                ))
             })
             .collect();
         let mut total: u64 = entries.iter().map(|e| e.1).sum();
@@ -190,7 +202,10 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         c.store(&e);
         assert!(c.entry_len(fnv1a64(&a)).is_some());
-        assert!(c.entry_len(fnv1a64(&b)).is_none(), "least recently used entry evicted");
+        assert!(
+            c.entry_len(fnv1a64(&b)).is_none(),
+            "least recently used entry evicted"
+        );
         assert!(c.entry_len(fnv1a64(&e)).is_some());
         let _ = fs::remove_dir_all(&d);
     }

@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::Parser;
 
 fn default_threads() -> usize {
-    (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) / 2).max(1)
+    (std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        / 2)
+    .max(1)
 }
 
 /// Parses sizes like `512M`, `20G`, `1T` or plain bytes.
@@ -26,7 +30,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
         None => (s, 1),
     };
-    let n: f64 = num.trim().parse().map_err(|_| format!("invalid size '{s}'"))?;
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid size '{s}'"))?;
     if !(n >= 0.0) {
         return Err(format!("invalid size '{s}'"));
     }
@@ -175,7 +182,19 @@ mod tests {
 
     #[test]
     fn stock_flags_parse() {
-        let a = Args::try_parse_from(["rpc-server", "-H", "0.0.0.0", "-p", "50053", "-d", "CPU/CUDA0", "-t", "4", "-c"]).unwrap();
+        let a = Args::try_parse_from([
+            "rpc-server",
+            "-H",
+            "0.0.0.0",
+            "-p",
+            "50053",
+            "-d",
+            "CPU/CUDA0",
+            "-t",
+            "4",
+            "-c",
+        ])
+        .unwrap();
         assert_eq!(a.host, "0.0.0.0");
         assert_eq!(a.port, 50053);
         assert_eq!(a.device_names(), vec!["CPU", "CUDA0"]);

@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpc_proto::{check_frame, Command, DecodeError, FrameHeader, Limits, Request, Response, SetTensorHeader};
+use rpc_proto::{
+    check_frame, Command, DecodeError, FrameHeader, Limits, Request, Response, SetTensorHeader,
+};
 use rpc_transport::rdma::negotiate::lean_name;
 use rpc_transport::rdma::{Flavor, RdmaTransport};
 use rpc_transport::{TcpTransport, Transport};
@@ -30,7 +32,10 @@ pub enum ConnectionError {
     #[error("malformed request: {0}")]
     Decode(#[from] DecodeError),
     #[error("{cmd}: {err}")]
-    Session { cmd: &'static str, err: SessionError },
+    Session {
+        cmd: &'static str,
+        err: SessionError,
+    },
     #[error("expected HELLO as the first command, got command {0} (client too old?)")]
     ExpectedHello(u8),
     #[error("request of {0} bytes does not fit in memory")]
@@ -43,11 +48,17 @@ pub enum ConnectionError {
 
 /// Reads a frame header: waits up to `idle` for its first byte (`Ok(None)` on a clean end of
 /// stream before it), then up to `stall` for the rest.
-async fn read_header<R: Transport>(rd: &mut R, idle: Option<Duration>, stall: Option<Duration>) -> Result<Option<FrameHeader>, ConnectionError> {
+async fn read_header<R: Transport>(
+    rd: &mut R,
+    idle: Option<Duration>,
+    stall: Option<Duration>,
+) -> Result<Option<FrameHeader>, ConnectionError> {
     let mut b = [0u8; rpc_proto::FRAME_HEADER_SIZE];
     let n = match idle {
         None => rd.read(&mut b[..1]).await?,
-        Some(t) => tokio::time::timeout(t, rd.read(&mut b[..1])).await.map_err(|_| ConnectionError::Idle(t.as_secs()))??,
+        Some(t) => tokio::time::timeout(t, rd.read(&mut b[..1]))
+            .await
+            .map_err(|_| ConnectionError::Idle(t.as_secs()))??,
     };
     if n == 0 {
         return Ok(None);
@@ -69,7 +80,10 @@ pub struct ConnectionOptions {
 
 impl Default for ConnectionOptions {
     fn default() -> Self {
-        ConnectionOptions { budget: Arc::new(MemoryBudget::unlimited()), idle_timeout: None }
+        ConnectionOptions {
+            budget: Arc::new(MemoryBudget::unlimited()),
+            idle_timeout: None,
+        }
     }
 }
 
@@ -103,8 +117,14 @@ const STALL_CHUNK: usize = 1 << 20;
 
 /// Reads exactly `buf.len()` bytes of a request whose header has arrived; fails when no
 /// [`STALL_CHUNK`] completes within `stall` (a slow link is fine, a silent one is not).
-async fn read_body<R: Transport>(rd: &mut R, buf: &mut [u8], stall: Option<Duration>) -> Result<(), ConnectionError> {
-    let Some(t) = stall else { return Ok(rd.read_exact(buf).await?) };
+async fn read_body<R: Transport>(
+    rd: &mut R,
+    buf: &mut [u8],
+    stall: Option<Duration>,
+) -> Result<(), ConnectionError> {
+    let Some(t) = stall else {
+        return Ok(rd.read_exact(buf).await?);
+    };
     for chunk in buf.chunks_mut(STALL_CHUNK) {
         match tokio::time::timeout(t, rd.read_exact(chunk)).await {
             Ok(r) => r?,
@@ -135,7 +155,9 @@ pub async fn serve(
     let deadlines = Deadlines::from_idle_timeout(idle);
 
     // HELLO: exactly 24 bytes of transport caps.
-    let Some(h) = read_header(&mut tcp, hello_deadline, hello_deadline).await? else { return Ok(()) };
+    let Some(h) = read_header(&mut tcp, hello_deadline, hello_deadline).await? else {
+        return Ok(());
+    };
     if h.cmd != Command::Hello as u8 {
         return Err(ConnectionError::ExpectedHello(h.cmd));
     }
@@ -144,8 +166,13 @@ pub async fn serve(
     read_body(&mut tcp, &mut caps, hello_deadline).await?;
     // Blocking (queue-pair setup): fine, this thread serves only this connection.
     let (reply_caps, activated) = crate::rdma::negotiate(&rdma, local_ip, &caps);
-    Response::Hello { major: rpc_proto::PROTO_MAJOR, minor: rpc_proto::PROTO_MINOR, patch: rpc_proto::PROTO_PATCH, caps: reply_caps }
-        .encode(&mut out);
+    Response::Hello {
+        major: rpc_proto::PROTO_MAJOR,
+        minor: rpc_proto::PROTO_MINOR,
+        patch: rpc_proto::PROTO_PATCH,
+        caps: reply_caps,
+    }
+    .encode(&mut out);
     tcp.send_message(&[&out[..8], &out[8..]]).await?;
     stats.command(Command::Hello, h.size, out.len() as u64);
     let session = Session::with_budget(config, conn.budget.clone());
@@ -157,7 +184,15 @@ pub async fn serve(
             let anchor = into_anchor(tcp)?;
             let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/RC");
             tracing::info!("RDMA activated (Linux RC flavor)");
-            let r = run(&mut t, session, limits, stats, deadlines.holding_queue_pair(), shutdown).await;
+            let r = run(
+                &mut t,
+                session,
+                limits,
+                stats,
+                deadlines.holding_queue_pair(),
+                shutdown,
+            )
+            .await;
             finish_rdma(&rdma, &t);
             r
         }
@@ -169,7 +204,15 @@ pub async fn serve(
             let anchor = into_anchor(tcp)?;
             let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/UC");
             tracing::info!("RDMA activated (Apple UC flavor)");
-            let r = run(&mut t, session, limits, stats, deadlines.holding_queue_pair(), shutdown).await;
+            let r = run(
+                &mut t,
+                session,
+                limits,
+                stats,
+                deadlines.holding_queue_pair(),
+                shutdown,
+            )
+            .await;
             finish_rdma(&rdma, &t);
             r
         }
@@ -182,8 +225,23 @@ pub async fn serve(
             }
             let anchor = into_anchor(tcp)?;
             let mut t = RdmaTransport::new(link, Some(anchor), lean_name(flavor));
-            tracing::info!("RDMA activated (lean framing over {})", if flavor == Flavor::AppleUc { "UC" } else { "RC" });
-            let r = run(&mut t, session, limits, stats, deadlines.holding_queue_pair(), shutdown).await;
+            tracing::info!(
+                "RDMA activated (lean framing over {})",
+                if flavor == Flavor::AppleUc {
+                    "UC"
+                } else {
+                    "RC"
+                }
+            );
+            let r = run(
+                &mut t,
+                session,
+                limits,
+                stats,
+                deadlines.holding_queue_pair(),
+                shutdown,
+            )
+            .await;
             let lean = t.link().stats();
             tracing::info!(
                 data_frames = lean.data_frames,
@@ -211,28 +269,45 @@ async fn exchange_ready(tcp: &mut TcpTransport) -> Result<bool, ConnectionError>
     match tokio::time::timeout(READY_TIMEOUT, tcp.read_exact(&mut b)).await {
         Ok(Ok(())) if b[0] == READY => Ok(true),
         Ok(Ok(())) => {
-            tracing::warn!("client could not activate RDMA (readiness byte {:#x}); staying on TCP", b[0]);
+            tracing::warn!(
+                "client could not activate RDMA (readiness byte {:#x}); staying on TCP",
+                b[0]
+            );
             Ok(false)
         }
         Ok(Err(e)) => Err(e.into()),
-        Err(_) => Err(ConnectionError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no RDMA readiness byte from the client"))),
+        Err(_) => Err(ConnectionError::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no RDMA readiness byte from the client",
+        ))),
     }
 }
 
 /// The TCP socket kept open, idle, as the liveness anchor of an RDMA connection.
 fn into_anchor(tcp: TcpTransport) -> Result<TcpStream, ConnectionError> {
     if tcp.buffered() != 0 {
-        return Err(ConnectionError::Io(std::io::Error::other("client sent TCP bytes after switching to RDMA")));
+        return Err(ConnectionError::Io(std::io::Error::other(
+            "client sent TCP bytes after switching to RDMA",
+        )));
     }
     let (rd, wr) = tcp.into_inner();
-    rd.into_inner().reunite(wr).map_err(|e| ConnectionError::Io(std::io::Error::other(e.to_string())))
+    rd.into_inner()
+        .reunite(wr)
+        .map_err(|e| ConnectionError::Io(std::io::Error::other(e.to_string())))
 }
 
 fn finish_rdma<F: rpc_transport::rdma::Flavored>(rdma: &RdmaConfig, t: &RdmaTransport<F>) {
     let counters = t.counters();
     rdma.record(counters);
     let (idle, event_wakeups, timer_wakeups) = t.idle_stats();
-    tracing::info!(sends = counters.0, recvs = counters.1, idle, event_wakeups, timer_wakeups, "RDMA connection done");
+    tracing::info!(
+        sends = counters.0,
+        recvs = counters.1,
+        idle,
+        event_wakeups,
+        timer_wakeups,
+        "RDMA connection done"
+    );
 }
 
 /// The command loop after HELLO, over any transport.
@@ -261,15 +336,28 @@ pub async fn run<T: Transport>(
         }
         let size = usize::try_from(h.size).map_err(|_| ConnectionError::OutOfMemory(h.size))?;
         payload.clear();
-        payload.try_reserve(size).map_err(|_| ConnectionError::OutOfMemory(h.size))?;
+        payload
+            .try_reserve(size)
+            .map_err(|_| ConnectionError::OutOfMemory(h.size))?;
         payload.resize(size, 0);
         read_body(rd, &mut payload, deadlines.stall).await?;
         let req = Request::decode(cmd, &payload, &limits)?;
         // GET_TENSOR from host memory: send straight from the tensor (one copy to the wire).
-        if let Request::GetTensor { tensor, offset, size } = &req {
+        if let Request::GetTensor {
+            tensor,
+            offset,
+            size,
+        } = &req
+        {
             let target = session.get_tensor_source(tensor, *offset, *size);
-            let (buf, off) = target.map_err(|err| ConnectionError::Session { cmd: cmd.name(), err })?;
-            if let Some(src) = usize::try_from(*size).ok().and_then(|n| buf.host_slice(off, n)) {
+            let (buf, off) = target.map_err(|err| ConnectionError::Session {
+                cmd: cmd.name(),
+                err,
+            })?;
+            if let Some(src) = usize::try_from(*size)
+                .ok()
+                .and_then(|n| buf.host_slice(off, n))
+            {
                 let prefix = size.to_le_bytes();
                 rd.send_message(&[&prefix, src]).await?;
                 stats.command(cmd, h.size, 8 + *size);
@@ -277,7 +365,12 @@ pub async fn run<T: Transport>(
             }
         }
         // Computes run right here: the connection's own thread (see `server.rs`).
-        let reply = session.handle(req).map_err(|err| ConnectionError::Session { cmd: cmd.name(), err })?;
+        let reply = session
+            .handle(req)
+            .map_err(|err| ConnectionError::Session {
+                cmd: cmd.name(),
+                err,
+            })?;
         if payload.capacity() > KEEP_PAYLOAD_CAPACITY {
             payload = Vec::new(); // do not hold on to a one-off large request for the session's life
         }
@@ -291,7 +384,11 @@ pub async fn run<T: Transport>(
 }
 
 /// Writes a response as upstream does: the size prefix and the payload as two sends.
-async fn send_response<T: Transport>(t: &mut T, r: &Response, out: &mut Vec<u8>) -> Result<u64, ConnectionError> {
+async fn send_response<T: Transport>(
+    t: &mut T,
+    r: &Response,
+    out: &mut Vec<u8>,
+) -> Result<u64, ConnectionError> {
     if let Response::GetTensor(data) = r {
         let prefix = (data.len() as u64).to_le_bytes();
         t.send_message(&[&prefix, data]).await?;
@@ -315,9 +412,13 @@ async fn stream_set_tensor<R: Transport>(
     read_body(rd, &mut hb, stall).await?;
     let hdr = SetTensorHeader::decode(&hb)?;
     let len = size - rpc_proto::SET_TENSOR_HEADER_SIZE as u64;
-    let (buf, off) = session
-        .set_tensor_target(&hdr, len)
-        .map_err(|err| ConnectionError::Session { cmd: "SET_TENSOR", err })?;
+    let (buf, off) =
+        session
+            .set_tensor_target(&hdr, len)
+            .map_err(|err| ConnectionError::Session {
+                cmd: "SET_TENSOR",
+                err,
+            })?;
     let ulen = usize::try_from(len).map_err(|_| ConnectionError::OutOfMemory(len))?;
     let want_cache = hdr.cache_flag != 0 && session.cache().is_some();
     if let Some(dst) = buf.host_slice_mut(off, ulen) {
@@ -334,7 +435,9 @@ async fn stream_set_tensor<R: Transport>(
     const CHUNK: usize = 8 << 20;
     let mut staged: Vec<u8> = Vec::new();
     let chunk = if want_cache { ulen } else { ulen.min(CHUNK) };
-    staged.try_reserve(chunk).map_err(|_| ConnectionError::OutOfMemory(len))?;
+    staged
+        .try_reserve(chunk)
+        .map_err(|_| ConnectionError::OutOfMemory(len))?;
     let mut done = 0usize;
     while done < ulen {
         let n = (ulen - done).min(chunk);

@@ -5,8 +5,15 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use rpc_transport::rdma::gid_to_string;
 
 fn local_ip_towards(peer: &str) -> Result<(SocketAddr, IpAddr), String> {
-    let with_port = if peer.parse::<IpAddr>().is_ok() || !peer.contains(':') || peer.matches(':').count() > 1 && !peer.starts_with('[') {
-        if peer.contains(':') && !peer.starts_with('[') { format!("[{peer}]:50052") } else { format!("{peer}:50052") }
+    let with_port = if peer.parse::<IpAddr>().is_ok()
+        || !peer.contains(':')
+        || peer.matches(':').count() > 1 && !peer.starts_with('[')
+    {
+        if peer.contains(':') && !peer.starts_with('[') {
+            format!("[{peer}]:50052")
+        } else {
+            format!("{peer}:50052")
+        }
     } else {
         peer.to_string()
     };
@@ -15,15 +22,24 @@ fn local_ip_towards(peer: &str) -> Result<(SocketAddr, IpAddr), String> {
         .map_err(|e| format!("cannot resolve {peer}: {e}"))?
         .next()
         .ok_or_else(|| format!("no address for {peer}"))?;
-    let bind: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0".parse().unwrap_or(addr) } else { "[::]:0".parse().unwrap_or(addr) };
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse().unwrap_or(addr)
+    } else {
+        "[::]:0".parse().unwrap_or(addr)
+    };
     let s = UdpSocket::bind(bind).map_err(|e| e.to_string())?;
-    s.connect(addr).map_err(|e| format!("no route to {addr}: {e}"))?;
+    s.connect(addr)
+        .map_err(|e| format!("no route to {addr}: {e}"))?;
     Ok((addr, s.local_addr().map_err(|e| e.to_string())?.ip()))
 }
 
 /// Prints the report; returns whether RDMA is usable at all on this machine.
 pub fn run(peer: Option<&str>) -> bool {
-    println!("rpc-server doctor ({} {})", std::env::consts::OS, std::env::consts::ARCH);
+    println!(
+        "rpc-server doctor ({} {})",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    );
     if !rdma_verbs::built_with_verbs() {
         println!("  verbs support  : not compiled in (no infiniband/verbs.h at build time; install libibverbs-dev and rebuild)");
     }
@@ -63,15 +79,24 @@ pub fn run(peer: Option<&str>) -> bool {
                 p.port,
                 p.state,
                 p.link_layer,
-                p.active_mtu.map(|m| m.bytes().to_string()).unwrap_or_else(|| "?".into()),
+                p.active_mtu
+                    .map(|m| m.bytes().to_string())
+                    .unwrap_or_else(|| "?".into()),
                 p.lid
             );
             for g in &p.gids {
-                println!("      gid[{:>2}] {:<40} {}", g.index, gid_to_string(g.gid.as_bytes()), g.gid_type);
+                println!(
+                    "      gid[{:>2}] {:<40} {}",
+                    g.index,
+                    gid_to_string(g.gid.as_bytes()),
+                    g.gid_type
+                );
             }
         }
     }
-    println!("  An RPC connection uses RDMA when its TCP socket's local address appears above as a GID");
+    println!(
+        "  An RPC connection uses RDMA when its TCP socket's local address appears above as a GID"
+    );
     println!("  of an ACTIVE port (IPv4 addresses appear as ::ffff:a.b.c.d).");
     if let Some(peer) = peer {
         match local_ip_towards(peer) {

@@ -8,10 +8,10 @@ use rpc_server::cache::{default_cache_dir, WeightCache};
 use rpc_server::cli::Args;
 use rpc_server::ggml::{Device, DeviceKind};
 use rpc_server::rdma::{RdmaConfig, TransportMode};
-use rpc_transport::rdma::real::RdmaOptions;
 use rpc_server::server::{self, ServerOptions};
 use rpc_server::session::{MemoryLimits, SessionConfig};
 use rpc_server::stats::Stats;
+use rpc_transport::rdma::real::RdmaOptions;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -35,19 +35,26 @@ fn select_devices(args: &Args) -> anyhow::Result<Vec<Device>> {
         }
         return Ok(out);
     }
-    let gpus: Vec<Device> =
-        all.iter().filter(|d| !matches!(d.kind(), DeviceKind::Cpu | DeviceKind::Accel)).cloned().collect();
+    let gpus: Vec<Device> = all
+        .iter()
+        .filter(|d| !matches!(d.kind(), DeviceKind::Cpu | DeviceKind::Accel))
+        .cloned()
+        .collect();
     if !gpus.is_empty() {
         return Ok(gpus);
     }
-    all.into_iter().find(|d| d.kind() == DeviceKind::Cpu).map(|d| vec![d]).context("no CPU device found")
+    all.into_iter()
+        .find(|d| d.kind() == DeviceKind::Cpu)
+        .map(|d| vec![d])
+        .context("no CPU device found")
 }
 
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
         tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
     }
     #[cfg(not(unix))]
@@ -68,7 +75,8 @@ fn real_main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RPC_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_env("RPC_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -85,14 +93,31 @@ fn real_main() -> anyhow::Result<()> {
         mode = TransportMode::Tcp;
     }
     let rdma_opts = RdmaOptions {
-        device: args.rdma_device.clone().or_else(|| std::env::var("GGML_RDMA_DEV").ok().filter(|s| !s.is_empty())),
-        gid_index: args.rdma_gid_index.or_else(|| std::env::var("GGML_RDMA_GID").ok().and_then(|s| s.parse().ok())),
+        device: args.rdma_device.clone().or_else(|| {
+            std::env::var("GGML_RDMA_DEV")
+                .ok()
+                .filter(|s| !s.is_empty())
+        }),
+        gid_index: args.rdma_gid_index.or_else(|| {
+            std::env::var("GGML_RDMA_GID")
+                .ok()
+                .and_then(|s| s.parse().ok())
+        }),
     };
-    let rdma = Arc::new(RdmaConfig::new(mode, rdma_opts, args.rdma_max_connections.max(1)));
+    let rdma = Arc::new(RdmaConfig::new(
+        mode,
+        rdma_opts,
+        args.rdma_max_connections.max(1),
+    ));
     if mode == TransportMode::Rdma {
-        let usable = rdma_verbs::load().is_ok() && rdma_verbs::devices().map(|d| !d.is_empty()).unwrap_or(false);
+        let usable = rdma_verbs::load().is_ok()
+            && rdma_verbs::devices()
+                .map(|d| !d.is_empty())
+                .unwrap_or(false);
         if !usable {
-            bail!("--transport rdma: no usable RDMA device on this machine (run `rpc-server doctor`)");
+            bail!(
+                "--transport rdma: no usable RDMA device on this machine (run `rpc-server doctor`)"
+            );
         }
     }
 
@@ -100,21 +125,36 @@ fn real_main() -> anyhow::Result<()> {
         println!("Available devices:");
         for d in Device::all() {
             let (free, total) = d.memory();
-            println!("  {}: {} ({} MiB, {} MiB free)", d.name(), d.description(), total / MIB, free / MIB);
+            println!(
+                "  {}: {} ({} MiB, {} MiB free)",
+                d.name(),
+                d.description(),
+                total / MIB,
+                free / MIB
+            );
         }
         return Ok(());
     }
     let devices = select_devices(&args)?;
     let cache = if args.cache || args.cache_dir.is_some() {
-        let dir = args.cache_dir.clone().or_else(default_cache_dir).context("cannot determine the cache directory")?;
-        Some(WeightCache::open(&dir, args.cache_max_size).with_context(|| format!("cannot create cache directory {}", dir.display()))?)
+        let dir = args
+            .cache_dir
+            .clone()
+            .or_else(default_cache_dir)
+            .context("cannot determine the cache directory")?;
+        Some(
+            WeightCache::open(&dir, args.cache_max_size)
+                .with_context(|| format!("cannot create cache directory {}", dir.display()))?,
+        )
     } else {
         None
     };
 
     // The listener's runtime: one thread that accepts and hands each connection to a thread of its
     // own (server.rs); nothing else runs here, so nothing competes with ggml for the cores.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let listener = server::bind(&args.host, args.port)
             .await
@@ -128,11 +168,21 @@ fn real_main() -> anyhow::Result<()> {
             eprintln!("         Only expose it on a network you trust.");
             eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
         }
-        println!("Starting RPC server v{}.{}.{} (rpc-server {})", rpc_proto::PROTO_MAJOR, rpc_proto::PROTO_MINOR, rpc_proto::PROTO_PATCH, env!("CARGO_PKG_VERSION"));
+        println!(
+            "Starting RPC server v{}.{}.{} (rpc-server {})",
+            rpc_proto::PROTO_MAJOR,
+            rpc_proto::PROTO_MINOR,
+            rpc_proto::PROTO_PATCH,
+            env!("CARGO_PKG_VERSION")
+        );
         println!("  endpoint       : {local}");
         match &cache {
             Some(c) => match c.max_size() {
-                Some(m) => println!("  local cache    : {} (max {} MiB)", c.dir().display(), m / MIB),
+                Some(m) => println!(
+                    "  local cache    : {} (max {} MiB)",
+                    c.dir().display(),
+                    m / MIB
+                ),
                 None => println!("  local cache    : {}", c.dir().display()),
             },
             None => println!("  local cache    : n/a"),
@@ -140,7 +190,13 @@ fn real_main() -> anyhow::Result<()> {
         println!("Devices:");
         for d in &devices {
             let (free, total) = d.memory();
-            println!("  {}: {} ({} MiB, {} MiB free)", d.name(), d.description(), total / MIB, free / MIB);
+            println!(
+                "  {}: {} ({} MiB, {} MiB free)",
+                d.name(),
+                d.description(),
+                total / MIB,
+                free / MIB
+            );
         }
         println!("  threads        : {}", args.threads);
         println!("  transport      : {}", rdma.describe());
@@ -155,10 +211,19 @@ fn real_main() -> anyhow::Result<()> {
         );
         println!(
             "  liveness       : idle timeout {} (connections holding nothing), keepalive {}",
-            if args.idle_timeout > 0 { format!("{} s", args.idle_timeout) } else { "off".into() },
+            if args.idle_timeout > 0 {
+                format!("{} s", args.idle_timeout)
+            } else {
+                "off".into()
+            },
             if args.keepalive > 0 {
-                let dead = server::keepalive_deadline(std::time::Duration::from_secs(args.keepalive));
-                format!("{} s (a vanished peer is dropped after ~{} s)", args.keepalive, dead.as_secs())
+                let dead =
+                    server::keepalive_deadline(std::time::Duration::from_secs(args.keepalive));
+                format!(
+                    "{} s (a vanished peer is dropped after ~{} s)",
+                    args.keepalive,
+                    dead.as_secs()
+                )
             } else {
                 "off".into()
             }
@@ -166,8 +231,16 @@ fn real_main() -> anyhow::Result<()> {
         use std::io::Write;
         let _ = std::io::stdout().flush();
 
-        let config = Arc::new(SessionConfig { devices, n_threads: args.threads, cache });
-        let mut opts = ServerOptions { max_connections: args.max_connections, rdma, ..Default::default() };
+        let config = Arc::new(SessionConfig {
+            devices,
+            n_threads: args.threads,
+            cache,
+        });
+        let mut opts = ServerOptions {
+            max_connections: args.max_connections,
+            rdma,
+            ..Default::default()
+        };
         opts.limits.max_request_size = args.max_request_size;
         opts.limits.max_graph_nodes = args.max_graph_size;
         opts.limits.max_graph_tensors = args.max_graph_size;
@@ -175,8 +248,10 @@ fn real_main() -> anyhow::Result<()> {
             per_connection: args.max_alloc_per_connection.unwrap_or(device_memory),
             total: args.max_alloc_total.unwrap_or(device_memory),
         };
-        opts.idle_timeout = (args.idle_timeout > 0).then(|| std::time::Duration::from_secs(args.idle_timeout));
-        opts.keepalive = (args.keepalive > 0).then(|| std::time::Duration::from_secs(args.keepalive));
+        opts.idle_timeout =
+            (args.idle_timeout > 0).then(|| std::time::Duration::from_secs(args.idle_timeout));
+        opts.keepalive =
+            (args.keepalive > 0).then(|| std::time::Duration::from_secs(args.keepalive));
         let stats = Arc::new(Stats::default());
         server::serve(listener, config, opts, stats, shutdown_signal()).await;
         Ok(())

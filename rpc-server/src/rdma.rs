@@ -45,7 +45,10 @@ pub struct RdmaConfig {
 
 impl std::fmt::Debug for RdmaConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaConfig").field("mode", &self.mode).field("max_connections", &self.max_connections).finish()
+        f.debug_struct("RdmaConfig")
+            .field("mode", &self.mode)
+            .field("max_connections", &self.max_connections)
+            .finish()
     }
 }
 
@@ -102,7 +105,10 @@ impl RdmaConfig {
 /// then get upstream's framing of their flavor).
 fn lean_from_env() -> bool {
     match std::env::var("RPC_RDMA_LEAN") {
-        Ok(v) => !matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "off" | "false" | "no"),
+        Ok(v) => !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "off" | "false" | "no"
+        ),
         Err(_) => true,
     }
 }
@@ -117,7 +123,11 @@ pub enum Activated {
 
 /// Decides the transport for a connection from the client's HELLO caps. Returns our reply caps
 /// (all zero = TCP) and the activated link, if any.
-pub fn negotiate(cfg: &RdmaConfig, local_ip: IpAddr, client: &[u8; 24]) -> ([u8; 24], Option<Activated>) {
+pub fn negotiate(
+    cfg: &RdmaConfig,
+    local_ip: IpAddr,
+    client: &[u8; 24],
+) -> ([u8; 24], Option<Activated>) {
     if cfg.mode == TransportMode::Tcp {
         return ([0; 24], None);
     }
@@ -132,7 +142,10 @@ pub fn negotiate(cfg: &RdmaConfig, local_ip: IpAddr, client: &[u8; 24]) -> ([u8;
         Choice::Lean(peer) => (peer, true),
     };
     let Ok(permit) = cfg.budget.clone().try_acquire_owned() else {
-        tracing::info!(max = cfg.max_connections, "RDMA connection budget used up; this client stays on TCP");
+        tracing::info!(
+            max = cfg.max_connections,
+            "RDMA connection budget used up; this client stays on TCP"
+        );
         return ([0; 24], None);
     };
     let prepared = match real::prepare_with(local_ip, peer.flavor, &cfg.opts, lean) {
@@ -146,7 +159,13 @@ pub fn negotiate(cfg: &RdmaConfig, local_ip: IpAddr, client: &[u8; 24]) -> ([u8;
     tracing::info!(
         "RDMA probed: flavor={}{} dev={} gid_index={} mtu={} qpn={} peer qpn={} peer gid={}",
         peer.flavor.name(),
-        if lean { " +lean" } else if peer.lean { " (lean offered, declined)" } else { "" },
+        if lean {
+            " +lean"
+        } else if peer.lean {
+            " (lean offered, declined)"
+        } else {
+            ""
+        },
         prepared.device,
         prepared.gid_index,
         prepared.mtu,
@@ -155,9 +174,15 @@ pub fn negotiate(cfg: &RdmaConfig, local_ip: IpAddr, client: &[u8; 24]) -> ([u8;
         gid_to_string(&peer.gid)
     );
     let activated = match (peer.flavor, lean) {
-        (flavor, true) => prepared.activate_lean(&peer).map(|l| Activated::Lean(l, flavor, permit)),
-        (Flavor::LinuxRc, false) => prepared.activate_rc(&peer).map(|l| Activated::Rc(l, permit)),
-        (Flavor::AppleUc, false) => prepared.activate_uc(&peer).map(|l| Activated::Uc(l, permit)),
+        (flavor, true) => prepared
+            .activate_lean(&peer)
+            .map(|l| Activated::Lean(l, flavor, permit)),
+        (Flavor::LinuxRc, false) => prepared
+            .activate_rc(&peer)
+            .map(|l| Activated::Rc(l, permit)),
+        (Flavor::AppleUc, false) => prepared
+            .activate_uc(&peer)
+            .map(|l| Activated::Uc(l, permit)),
     };
     match activated {
         Ok(a) => {

@@ -75,8 +75,15 @@ pub fn keepalive_deadline(idle: Duration) -> Duration {
 /// only probes a quiet connection).
 pub fn set_keepalive(stream: &TcpStream, idle: Duration) -> std::io::Result<()> {
     let interval = keepalive_interval(idle);
-    let ka = socket2::TcpKeepalive::new().with_time(idle).with_interval(interval);
-    #[cfg(any(target_os = "linux", target_os = "macos", target_os = "android", target_os = "freebsd"))]
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(interval);
+    #[cfg(any(
+        target_os = "linux",
+        target_os = "macos",
+        target_os = "android",
+        target_os = "freebsd"
+    ))]
     let ka = ka.with_retries(KEEPALIVE_PROBES);
     let sock = socket2::SockRef::from(stream);
     sock.set_tcp_keepalive(&ka)?;
@@ -98,7 +105,12 @@ pub async fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
             Err(e) => last = Some(e),
         }
     }
-    Err(last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, format!("no address for {host}"))))
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("no address for {host}"),
+        )
+    }))
 }
 
 /// Serves until `shutdown` resolves.
@@ -110,7 +122,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(opts.max_connections.max(1)));
-    let conn = ConnectionOptions { budget: Arc::new(MemoryBudget::new(opts.memory)), idle_timeout: opts.idle_timeout };
+    let conn = ConnectionOptions {
+        budget: Arc::new(MemoryBudget::new(opts.memory)),
+        idle_timeout: opts.idle_timeout,
+    };
     let keepalive = opts.keepalive;
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection thread holds a sender; `recv` answers `None` once all are gone.
@@ -168,7 +183,10 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     drop(listener);
     drop(alive_tx);
-    if tokio::time::timeout(Duration::from_secs(30), alive_rx.recv()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(30), alive_rx.recv())
+        .await
+        .is_err()
+    {
         tracing::warn!("connections still busy after 30 s; exiting without them");
     }
 }

@@ -28,7 +28,12 @@ impl Stats {
             .iter()
             .map(|&c| {
                 let i = c as usize;
-                (c, self.commands[i].load(Relaxed), self.bytes_in[i].load(Relaxed), self.bytes_out[i].load(Relaxed))
+                (
+                    c,
+                    self.commands[i].load(Relaxed),
+                    self.bytes_in[i].load(Relaxed),
+                    self.bytes_out[i].load(Relaxed),
+                )
             })
             .filter(|x| x.1 > 0)
             .collect()

@@ -27,12 +27,20 @@ struct Counters {
     recvs: AtomicU64,
 }
 
-async fn serve(mut client: TcpStream, worker: String, cfg: ClientConfig, n: Arc<Counters>) -> anyhow::Result<()> {
+async fn serve(
+    mut client: TcpStream,
+    worker: String,
+    cfg: ClientConfig,
+    n: Arc<Counters>,
+) -> anyhow::Result<()> {
     client.set_nodelay(true)?;
     // The client's HELLO: | 14 | u64 24 | caps[24] |, answered locally with zero caps.
     let mut hello = [0u8; 9 + 24];
     client.read_exact(&mut hello).await?;
-    anyhow::ensure!(hello[0] == rpc_proto::Command::Hello as u8, "first command is not HELLO");
+    anyhow::ensure!(
+        hello[0] == rpc_proto::Command::Hello as u8,
+        "first command is not HELLO"
+    );
     let up = TcpStream::connect(&worker).await?;
     let neg = negotiate_client(up, &cfg).await?;
     let (major, minor, patch) = neg.version;
@@ -43,8 +51,15 @@ async fn serve(mut client: TcpStream, worker: String, cfg: ClientConfig, n: Arc<
     client.write_all(&rsp).await?;
     let mut up = neg.conn;
     // Upstream's RC receiver needs one SEND per send_data() piece, which a byte relay cannot know.
-    anyhow::ensure!(!matches!(up, ClientConn::Rc(_)), "the server answered upstream's RC framing; a byte relay cannot segment for it");
-    eprintln!("lean_relay: upstream {} ({})", up.name(), neg.why_tcp.as_deref().unwrap_or("RDMA"));
+    anyhow::ensure!(
+        !matches!(up, ClientConn::Rc(_)),
+        "the server answered upstream's RC framing; a byte relay cannot segment for it"
+    );
+    eprintln!(
+        "lean_relay: upstream {} ({})",
+        up.name(),
+        neg.why_tcp.as_deref().unwrap_or("RDMA")
+    );
     let (mut crd, mut cwr) = client.into_split();
     let mut cbuf = vec![0u8; 1 << 20];
     let mut ubuf = vec![0u8; 1 << 20];
@@ -68,7 +83,10 @@ async fn serve(mut client: TcpStream, worker: String, cfg: ClientConfig, n: Arc<
     let (s, rc) = up.rdma_counters();
     n.sends.fetch_add(s, Relaxed);
     n.recvs.fetch_add(rc, Relaxed);
-    eprintln!("lean_relay: connection done ({}) sends={s} recvs={rc}", up.name());
+    eprintln!(
+        "lean_relay: connection done ({}) sends={s} recvs={rc}",
+        up.name()
+    );
     r
 }
 
@@ -95,7 +113,10 @@ async fn main() -> anyhow::Result<()> {
     }
     anyhow::ensure!(!worker.is_empty(), "--worker HOST:PORT is required");
     let l = TcpListener::bind(&listen).await?;
-    eprintln!("lean_relay: {listen} -> {worker} (flavor {:?}, lean {}, rdma {})", cfg.flavor, cfg.lean, cfg.rdma);
+    eprintln!(
+        "lean_relay: {listen} -> {worker} (flavor {:?}, lean {}, rdma {})",
+        cfg.flavor, cfg.lean, cfg.rdma
+    );
     let n = Arc::new(Counters::default());
     loop {
         let (c, _) = l.accept().await?;

@@ -26,17 +26,26 @@ fn flavor(s: &str) -> Flavor {
     }
 }
 
-async fn exchange(tcp: &mut TcpStream, flavor: Flavor) -> anyhow::Result<(rpc_transport::rdma::real::Prepared, Caps)> {
+async fn exchange(
+    tcp: &mut TcpStream,
+    flavor: Flavor,
+) -> anyhow::Result<(rpc_transport::rdma::real::Prepared, Caps)> {
     let local = tcp.local_addr()?.ip();
     let prepared = prepare(local, flavor, &RdmaOptions::default())?;
     tcp.write_all(&prepared.caps().encode()).await?;
     let mut peer = [0u8; 24];
     tcp.read_exact(&mut peer).await?;
-    let peer = Caps::decode(&peer, flavor).ok_or_else(|| anyhow::anyhow!("peer sent no RDMA caps"))?;
+    let peer =
+        Caps::decode(&peer, flavor).ok_or_else(|| anyhow::anyhow!("peer sent no RDMA caps"))?;
     Ok((prepared, peer))
 }
 
-async fn run<T: Transport>(mut t: T, server: bool, size: usize, iters: usize) -> anyhow::Result<()> {
+async fn run<T: Transport>(
+    mut t: T,
+    server: bool,
+    size: usize,
+    iters: usize,
+) -> anyhow::Result<()> {
     let mut buf = vec![0x5au8; size.max(1)];
     let buf = &mut buf[..size];
     if server {
@@ -82,11 +91,21 @@ async fn main() -> anyhow::Result<()> {
     };
     tcp.set_nodelay(true)?;
     let (prepared, peer) = exchange(&mut tcp, fl).await?;
-    let (size, iters) = if server { (0, 0) } else { (a[4].parse()?, a[5].parse()?) };
+    let (size, iters) = if server {
+        (0, 0)
+    } else {
+        (a[4].parse()?, a[5].parse()?)
+    };
     match fl {
         Flavor::LinuxRc => {
             let link = prepared.activate_rc(&peer)?;
-            run(RdmaTransport::new(link, Some(tcp), "rc"), server, size, iters).await
+            run(
+                RdmaTransport::new(link, Some(tcp), "rc"),
+                server,
+                size,
+                iters,
+            )
+            .await
         }
         Flavor::AppleUc => {
             let link = prepared.activate_uc(&peer)?;
@@ -94,7 +113,13 @@ async fn main() -> anyhow::Result<()> {
             tcp.write_all(&[0x2a]).await?;
             let mut b = [0u8; 1];
             tcp.read_exact(&mut b).await?;
-            run(RdmaTransport::new(link, Some(tcp), "uc"), server, size, iters).await
+            run(
+                RdmaTransport::new(link, Some(tcp), "uc"),
+                server,
+                size,
+                iters,
+            )
+            .await
         }
     }
 }

@@ -19,7 +19,10 @@ impl TcpTransport {
     pub fn new(stream: TcpStream) -> io::Result<TcpTransport> {
         stream.set_nodelay(true)?;
         let (rd, wr) = stream.into_split();
-        Ok(TcpTransport { rd: BufReader::with_capacity(256 * 1024, rd), wr })
+        Ok(TcpTransport {
+            rd: BufReader::with_capacity(256 * 1024, rd),
+            wr,
+        })
     }
 
     /// Bytes received but not consumed yet (must be empty before switching transports).

@@ -35,13 +35,18 @@ async fn tcp_pair() -> (TcpStream, TcpStream) {
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 /// A request shaped like the stock client's (cmd, size, payload as separate send_data calls)
 /// and a response (size, payload), through both flavors.
-async fn request_response<A, B>(mut client: RdmaTransport<A>, mut server: RdmaTransport<B>, payload: usize)
-where
+async fn request_response<A, B>(
+    mut client: RdmaTransport<A>,
+    mut server: RdmaTransport<B>,
+    payload: usize,
+) where
     A: rpc_transport::rdma::Flavored + 'static,
     B: rpc_transport::rdma::Flavored + 'static,
 {
@@ -55,7 +60,10 @@ where
         let mut data = vec![0u8; u64::from_le_bytes(sz) as usize];
         server.read_exact(&mut data).await.unwrap();
         let reply = pattern(1 << 20, 3);
-        server.send_message(&[&(reply.len() as u64).to_le_bytes(), &reply]).await.unwrap();
+        server
+            .send_message(&[&(reply.len() as u64).to_le_bytes(), &reply])
+            .await
+            .unwrap();
         (cmd[0], data, server)
     });
     client.send_message(&[&[6u8], &size, &body]).await.unwrap();
@@ -63,7 +71,10 @@ where
     client.read_exact(&mut sz).await.unwrap();
     let mut reply = vec![0u8; u64::from_le_bytes(sz) as usize];
     client.read_exact(&mut reply).await.unwrap();
-    let (cmd, data, _server) = tokio::time::timeout(Duration::from_secs(10), srv).await.unwrap().unwrap();
+    let (cmd, data, _server) = tokio::time::timeout(Duration::from_secs(10), srv)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(cmd, 6);
     assert_eq!(data, body);
     assert_eq!(reply, pattern(1 << 20, 3));
@@ -73,7 +84,12 @@ where
 async fn rc_request_response_small_and_large() {
     for payload in [0usize, 64, 28 * 1024, 300 * 1024, 3 << 20] {
         let (a, b, _) = rc_pair();
-        request_response(RdmaTransport::new(a, None, "rc"), RdmaTransport::new(b, None, "rc"), payload).await;
+        request_response(
+            RdmaTransport::new(a, None, "rc"),
+            RdmaTransport::new(b, None, "rc"),
+            payload,
+        )
+        .await;
     }
 }
 
@@ -102,7 +118,12 @@ async fn rc_one_send_per_part_and_256k_pieces() {
 async fn uc_request_response_small_and_large() {
     for payload in [0usize, 64, 28 * 1024, 131_064, 131_065, 3 << 20] {
         let (a, b) = uc_pair();
-        request_response(RdmaTransport::new(a, None, "uc"), RdmaTransport::new(b, None, "uc"), payload).await;
+        request_response(
+            RdmaTransport::new(a, None, "uc"),
+            RdmaTransport::new(b, None, "uc"),
+            payload,
+        )
+        .await;
     }
 }
 
@@ -131,7 +152,10 @@ async fn uc_stride_rule_violation_fails_the_receiver() {
     a.post_send(0, 0, 4096, false).unwrap();
     let mut r = RdmaTransport::new(b, None, "uc");
     let mut buf = [0u8; 1];
-    let e = tokio::time::timeout(Duration::from_secs(5), r.read_exact(&mut buf)).await.unwrap().unwrap_err();
+    let e = tokio::time::timeout(Duration::from_secs(5), r.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(e.to_string().contains("completion error"), "{e}");
 }
 
@@ -147,7 +171,10 @@ async fn a_inject_and_expect(a: UcLink<FakeQp>, b: UcLink<FakeQp>, f: Fault, nee
     t.send_message(&[b"hello"]).await.unwrap();
     let mut r = RdmaTransport::new(b, None, "uc");
     let mut buf = [0u8; 5];
-    let e = tokio::time::timeout(Duration::from_secs(5), r.read_exact(&mut buf)).await.unwrap().unwrap_err();
+    let e = tokio::time::timeout(Duration::from_secs(5), r.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(e.to_string().contains(needle), "{e}");
 }
 
@@ -158,7 +185,10 @@ async fn send_completion_error_fails_the_connection() {
     t.link().verbs().inject(Fault::Error);
     t.send_message(&[b"x"]).await.unwrap();
     // The failed completion surfaces at the next progress.
-    let e = tokio::time::timeout(Duration::from_secs(5), t.send_message(&[b"y"])).await.unwrap().unwrap_err();
+    let e = tokio::time::timeout(Duration::from_secs(5), t.send_message(&[b"y"]))
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(e.to_string().contains("completion error"), "{e}");
 }
 
@@ -170,7 +200,10 @@ async fn rc_dead_peer_fails_the_sender() {
     let mut b = b;
     b.verbs().kill();
     t.send_message(&[b"x"]).await.unwrap();
-    let e = tokio::time::timeout(Duration::from_secs(5), t.send_message(&[b"y"])).await.unwrap().unwrap_err();
+    let e = tokio::time::timeout(Duration::from_secs(5), t.send_message(&[b"y"]))
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(e.to_string().contains("completion error"), "{e}");
 }
 
@@ -189,9 +222,18 @@ async fn uc_silent_peer_death_is_detected_through_the_tcp_anchor() {
     let start = std::time::Instant::now();
     // A bare read reports end of stream, like a TCP close...
     let mut one = [0u8; 1];
-    assert_eq!(tokio::time::timeout(Duration::from_secs(5), t.read(&mut one)).await.expect("bounded").unwrap(), 0);
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(5), t.read(&mut one))
+            .await
+            .expect("bounded")
+            .unwrap(),
+        0
+    );
     // ...and a read inside a message is an error.
-    let e = tokio::time::timeout(Duration::from_secs(5), t.read_exact(&mut buf)).await.expect("bounded").unwrap_err();
+    let e = tokio::time::timeout(Duration::from_secs(5), t.read_exact(&mut buf))
+        .await
+        .expect("bounded")
+        .unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
     assert!(start.elapsed() < Duration::from_secs(2));
 }
@@ -224,7 +266,10 @@ async fn uc_idle_link_gets_bounded_keepalives_that_the_peer_ignores() {
     client.send_message(&[b"hello"]).await.unwrap();
     let mut reply = [0u8; 5];
     client.read_exact(&mut reply).await.unwrap();
-    assert_eq!(&reply, b"hello", "keepalive frames must be invisible to the byte stream");
+    assert_eq!(
+        &reply, b"hello",
+        "keepalive frames must be invisible to the byte stream"
+    );
     let server = srv.await.unwrap();
     let k = server.keepalives();
     assert!((1..=4).contains(&k), "keepalives sent: {k}");

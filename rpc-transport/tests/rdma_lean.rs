@@ -20,7 +20,10 @@ fn lean_pair(g: Geometry, rules: Rules) -> (Lean, Lean) {
     let mut b = LeanLink::new(b, g);
     a.post_all_receives().unwrap();
     b.post_all_receives().unwrap();
-    (RdmaTransport::new(a, None, "lean"), RdmaTransport::new(b, None, "lean"))
+    (
+        RdmaTransport::new(a, None, "lean"),
+        RdmaTransport::new(b, None, "lean"),
+    )
 }
 
 fn both() -> [(Geometry, Rules); 2] {
@@ -28,7 +31,14 @@ fn both() -> [(Geometry, Rules); 2] {
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add((i >> 8) as u8)).collect()
+    (0..n)
+        .map(|i| {
+            (i as u8)
+                .wrapping_mul(31)
+                .wrapping_add(seed)
+                .wrapping_add((i >> 8) as u8)
+        })
+        .collect()
 }
 
 const T: Duration = Duration::from_secs(20);
@@ -51,10 +61,16 @@ async fn round_trip(mut client: Lean, mut server: Lean, req: usize, rsp: usize) 
         let mut data = vec![0u8; u64::from_le_bytes(sz) as usize];
         server.read_exact(&mut data).await.unwrap();
         let reply = pattern(rsp, 3);
-        server.send_message(&[&(reply.len() as u64).to_le_bytes(), &reply]).await.unwrap();
+        server
+            .send_message(&[&(reply.len() as u64).to_le_bytes(), &reply])
+            .await
+            .unwrap();
         (cmd[0], data, server)
     });
-    client.send_message(&[&[6u8], &(req as u64).to_le_bytes(), &body]).await.unwrap();
+    client
+        .send_message(&[&[6u8], &(req as u64).to_le_bytes(), &body])
+        .await
+        .unwrap();
     let mut sz = [0u8; 8];
     client.read_exact(&mut sz).await.unwrap();
     let mut reply = vec![0u8; u64::from_le_bytes(sz) as usize];
@@ -70,12 +86,31 @@ async fn round_trip(mut client: Lean, mut server: Lean, req: usize, rsp: usize) 
 async fn round_trips_of_many_sizes_rc_and_uc() {
     let uc = Geometry::UC.payload();
     let rc = Geometry::RC.payload();
-    let sizes = [0, 1, 9, 20, 296, uc - 9, uc - 8, uc, uc + 1, 2 * uc, 65536, rc - 9, rc, rc + 1, (1 << 20) + 3, 3 << 20];
+    let sizes = [
+        0,
+        1,
+        9,
+        20,
+        296,
+        uc - 9,
+        uc - 8,
+        uc,
+        uc + 1,
+        2 * uc,
+        65536,
+        rc - 9,
+        rc,
+        rc + 1,
+        (1 << 20) + 3,
+        3 << 20,
+    ];
     for (g, rules) in both() {
         let (mut c, mut s) = lean_pair(g, rules);
         for (i, &req) in sizes.iter().enumerate() {
             let rsp = sizes[sizes.len() - 1 - i];
-            (c, s) = tokio::time::timeout(T, round_trip(c, s, req, rsp)).await.expect("bounded");
+            (c, s) = tokio::time::timeout(T, round_trip(c, s, req, rsp))
+                .await
+                .expect("bounded");
         }
         // Every SEND fitted one receive (the fabric fails the receive otherwise) and nothing
         // waited for a receive.
@@ -108,14 +143,18 @@ async fn rc_one_send_per_burst_and_inline_when_small() {
     assert_eq!(got, parts.concat());
     // The response: size prefix and payload in one SEND (upstream RC: 2 + pieces).
     let logits = pattern(28 * 1024, 9);
-    s.send_message(&[&(logits.len() as u64).to_le_bytes(), &logits]).await.unwrap();
+    s.send_message(&[&(logits.len() as u64).to_le_bytes(), &logits])
+        .await
+        .unwrap();
     assert_eq!(s.counters().0, 1);
     let mut r = vec![0u8; 8 + logits.len()];
     c.read_exact(&mut r).await.unwrap();
     assert_eq!(&r[8..], &logits[..]);
     // A small message goes inline.
     let before = c.link().verbs().sent_inline();
-    c.send_message(&[&[15u8], &0u64.to_le_bytes()]).await.unwrap();
+    c.send_message(&[&[15u8], &0u64.to_le_bytes()])
+        .await
+        .unwrap();
     assert_eq!(c.link().verbs().sent_inline(), before + 1);
     let mut b = [0u8; 9];
     s.read_exact(&mut b).await.unwrap();
@@ -134,7 +173,11 @@ async fn uc_frames_are_one_4k_frame_each_with_no_padding() {
         let frames = n.div_ceil(p) as u64;
         assert_eq!(sends1 - sends0, frames, "{n} bytes");
         // Exactly the payload plus one header per frame: no padding at all.
-        assert_eq!(bytes1 - bytes0, (n + LEAN_HEADER * frames as usize) as u64, "{n} bytes");
+        assert_eq!(
+            bytes1 - bytes0,
+            (n + LEAN_HEADER * frames as usize) as u64,
+            "{n} bytes"
+        );
         let mut got = vec![0u8; n];
         s.read_exact(&mut got).await.unwrap();
         assert_eq!(got, msg);
@@ -157,8 +200,20 @@ async fn credits_never_overrun_under_pipelined_bursts() {
             seed ^= seed << 5;
             seed % m
         };
-        let sizes: Vec<usize> = (0..600).map(|i| if i % 50 == 0 { 300_000 + rnd(5000) as usize } else { rnd(12_000) as usize }).collect();
-        let expect: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
+        let sizes: Vec<usize> = (0..600)
+            .map(|i| {
+                if i % 50 == 0 {
+                    300_000 + rnd(5000) as usize
+                } else {
+                    rnd(12_000) as usize
+                }
+            })
+            .collect();
+        let expect: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| pattern(n, i as u8))
+            .collect();
         let exp2 = expect.clone();
         // The server reads every message slowly and answers every 100th (so credits must also
         // come back in credit-only frames).
@@ -174,13 +229,17 @@ async fn credits_never_overrun_under_pipelined_bursts() {
                 assert_eq!(&m, e, "message {i}");
                 if i % 100 == 99 {
                     let echo = pattern(m.len() % 20_000, 1);
-                    s.send_message(&[&(echo.len() as u64).to_le_bytes(), &echo]).await.unwrap();
+                    s.send_message(&[&(echo.len() as u64).to_le_bytes(), &echo])
+                        .await
+                        .unwrap();
                 }
             }
             s
         });
         for (i, m) in expect.iter().enumerate() {
-            c.send_message(&[&(m.len() as u64).to_le_bytes(), m]).await.unwrap();
+            c.send_message(&[&(m.len() as u64).to_le_bytes(), m])
+                .await
+                .unwrap();
             if i % 100 == 99 {
                 let mut sz = [0u8; 8];
                 c.read_exact(&mut sz).await.unwrap();
@@ -189,11 +248,25 @@ async fn credits_never_overrun_under_pipelined_bursts() {
                 assert_eq!(e, pattern(m.len() % 20_000, 1));
             }
         }
-        let mut s = tokio::time::timeout(Duration::from_secs(60), srv).await.expect("bounded").unwrap();
-        assert_eq!(c.link().verbs().unmatched(), 0, "{rules:?}: a SEND found no receive");
-        assert_eq!(s.link().verbs().unmatched(), 0, "{rules:?}: a SEND found no receive");
+        let mut s = tokio::time::timeout(Duration::from_secs(60), srv)
+            .await
+            .expect("bounded")
+            .unwrap();
+        assert_eq!(
+            c.link().verbs().unmatched(),
+            0,
+            "{rules:?}: a SEND found no receive"
+        );
+        assert_eq!(
+            s.link().verbs().unmatched(),
+            0,
+            "{rules:?}: a SEND found no receive"
+        );
         assert!(c.link().credits() <= g.rx_slots && s.link().credits() <= g.rx_slots);
-        assert!(c.link().stats().credit_frames + s.link().stats().credit_frames > 0, "credits were returned");
+        assert!(
+            c.link().stats().credit_frames + s.link().stats().credit_frames > 0,
+            "credits were returned"
+        );
     }
 }
 
@@ -219,7 +292,10 @@ async fn sender_blocks_on_credits_until_the_reader_reads() {
         s.read_exact(&mut buf).await.unwrap();
         assert_eq!(buf, msg);
     }
-    let mut c = tokio::time::timeout(T, snd).await.expect("bounded").unwrap();
+    let mut c = tokio::time::timeout(T, snd)
+        .await
+        .expect("bounded")
+        .unwrap();
     assert_eq!(c.link().verbs().unmatched(), 0);
 }
 
@@ -228,7 +304,10 @@ async fn drain(t: &mut Lean, max: usize) -> (Vec<u8>, std::io::Error) {
     let mut got = Vec::new();
     let mut buf = vec![0u8; 4096];
     loop {
-        match tokio::time::timeout(Duration::from_secs(10), t.read(&mut buf)).await.expect("error within bounded time") {
+        match tokio::time::timeout(Duration::from_secs(10), t.read(&mut buf))
+            .await
+            .expect("error within bounded time")
+        {
             Ok(0) => panic!("end of stream instead of an error"),
             Ok(k) => {
                 got.extend_from_slice(&buf[..k]);
@@ -250,7 +329,10 @@ async fn dropped_frame_is_detected_and_nothing_after_it_is_delivered() {
     c.send_message(&[&msg[p..]]).await.unwrap();
     let (got, e) = drain(&mut s, msg.len()).await;
     assert!(e.to_string().contains("frame lost"), "{e}");
-    assert!(got.len() <= p && got[..] == msg[..got.len()], "only bytes of frames before the loss are delivered");
+    assert!(
+        got.len() <= p && got[..] == msg[..got.len()],
+        "only bytes of frames before the loss are delivered"
+    );
     // Sticky: the connection stays failed.
     assert!(s.read(&mut [0u8; 1]).await.is_err());
     assert!(s.send_message(&[b"x"]).await.is_err());
@@ -269,7 +351,10 @@ async fn lost_last_frame_is_revealed_by_the_idle_keepalive() {
     });
     let start = Instant::now();
     let mut b = [0u8; 14];
-    let e = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b)).await.expect("detected within bounded time").unwrap_err();
+    let e = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b))
+        .await
+        .expect("detected within bounded time")
+        .unwrap_err();
     assert!(e.to_string().contains("frame lost"), "{e}");
     assert!(start.elapsed() < Duration::from_secs(3));
     cli.abort();
@@ -286,16 +371,28 @@ async fn corrupted_payload_is_detected_and_never_delivered() {
         c.link().verbs().inject(Fault::Corrupt(LEAN_HEADER + 100));
         c.send_message(&[&msg[p..]]).await.unwrap();
         let (got, e) = drain(&mut s, msg.len()).await;
-        assert!(e.to_string().contains("checksum mismatch"), "{rules:?}: {e}");
+        assert!(
+            e.to_string().contains("checksum mismatch"),
+            "{rules:?}: {e}"
+        );
         // (Good frames checked in the same poll as the corrupt one may be withheld too.)
-        assert!(got.len() <= p && got[..] == msg[..got.len()], "{rules:?}: bytes of the corrupt frame were delivered");
+        assert!(
+            got.len() <= p && got[..] == msg[..got.len()],
+            "{rules:?}: bytes of the corrupt frame were delivered"
+        );
     }
 }
 
 #[tokio::test]
 async fn corrupted_header_fields_are_detected() {
     // magic, seq, len, credits, crc itself
-    for (at, needle) in [(0usize, "bad frame magic"), (5, "checksum"), (9, "checksum"), (12, "checksum"), (18, "checksum")] {
+    for (at, needle) in [
+        (0usize, "bad frame magic"),
+        (5, "checksum"),
+        (9, "checksum"),
+        (12, "checksum"),
+        (18, "checksum"),
+    ] {
         let (mut c, mut s) = lean_pair(Geometry::UC, Rules::Uc);
         c.link().verbs().inject(Fault::Corrupt(at));
         c.send_message(&[b"hello world"]).await.unwrap();
@@ -334,7 +431,13 @@ async fn dead_peer_is_detected_through_the_tcp_anchor() {
     c.send_message(&[b"ping"]).await.unwrap();
     drop(tb);
     let mut one = [0u8; 1];
-    assert_eq!(tokio::time::timeout(Duration::from_secs(5), c.read(&mut one)).await.expect("bounded").unwrap(), 0);
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(5), c.read(&mut one))
+            .await
+            .expect("bounded")
+            .unwrap(),
+        0
+    );
 }
 
 #[tokio::test]

@@ -38,21 +38,39 @@ struct Msg {
 }
 
 fn req(payload: usize) -> Msg {
-    Msg { from_client: true, parts: vec![1, 8, payload] }
+    Msg {
+        from_client: true,
+        parts: vec![1, 8, payload],
+    }
 }
 fn rsp(payload: usize) -> Msg {
-    Msg { from_client: false, parts: vec![8, payload] }
+    Msg {
+        from_client: false,
+        parts: vec![8, payload],
+    }
 }
 /// Several requests flushed as one burst (what our shim does with no-response commands).
 fn burst(payloads: &[usize]) -> Msg {
-    Msg { from_client: true, parts: payloads.iter().flat_map(|&p| [1, 8, p]).collect() }
+    Msg {
+        from_client: true,
+        parts: payloads.iter().flat_map(|&p| [1, 8, p]).collect(),
+    }
 }
 
 /// A token of a stock client (no-response SET_TENSORs, GRAPH_RECOMPUTE, a GET_TENSOR round trip)
 /// plus the shapes that cross every chunk boundary: 256 KiB (RC), 128 KiB - 8 (Apple stride),
 /// 4076 (lean UC frame), empty payloads.
 fn script(lean: bool) -> Vec<Msg> {
-    let sets = [296 + 12, 296 + 4096, 296 + 2048, 296 + 8, 296 + 4, 296 + 64, 296 + 512, 296 + 4];
+    let sets = [
+        296 + 12,
+        296 + 4096,
+        296 + 2048,
+        296 + 8,
+        296 + 4,
+        296 + 64,
+        296 + 512,
+        296 + 4,
+    ];
     let mut m = Vec::new();
     for _ in 0..3 {
         if lean {
@@ -67,7 +85,21 @@ fn script(lean: bool) -> Vec<Msg> {
         }
         m.push(rsp(262_144 * 4)); // 1 MiB of logits
     }
-    for p in [0, 1, 4076 - 9, 4076 - 8, 4077, 131_064 - 9, 131_064 - 8, 131_065, 262_124 - 9, 262_124 - 8, 262_144, 262_145, 700_000] {
+    for p in [
+        0,
+        1,
+        4076 - 9,
+        4076 - 8,
+        4077,
+        131_064 - 9,
+        131_064 - 8,
+        131_065,
+        262_124 - 9,
+        262_124 - 8,
+        262_144,
+        262_145,
+        700_000,
+    ] {
         m.push(req(p));
         m.push(rsp(p / 3));
     }
@@ -79,9 +111,18 @@ fn pattern(n: usize, seed: usize) -> Vec<u8> {
 }
 
 /// Plays the script through a transport pair, checking every byte.
-async fn play<A: OnFake, B: OnFake>(client: &mut RdmaTransport<A>, server: &mut RdmaTransport<B>, msgs: &[Msg]) {
+async fn play<A: OnFake, B: OnFake>(
+    client: &mut RdmaTransport<A>,
+    server: &mut RdmaTransport<B>,
+    msgs: &[Msg],
+) {
     for (i, m) in msgs.iter().enumerate() {
-        let data: Vec<Vec<u8>> = m.parts.iter().enumerate().map(|(k, &n)| pattern(n, i * 7 + k)).collect();
+        let data: Vec<Vec<u8>> = m
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| pattern(n, i * 7 + k))
+            .collect();
         let slices: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
         let want: Vec<u8> = data.concat();
         let mut got = vec![0u8; want.len()];
@@ -106,18 +147,39 @@ struct Seen {
 
 const MTUS: [usize; 3] = [256, 1024, 4096];
 
-async fn run<A: OnFake, B: OnFake>(a: A, b: B, msgs: &[Msg]) -> (Seen, RdmaTransport<A>, RdmaTransport<B>) {
+async fn run<A: OnFake, B: OnFake>(
+    a: A,
+    b: B,
+    msgs: &[Msg],
+) -> (Seen, RdmaTransport<A>, RdmaTransport<B>) {
     let mut client = RdmaTransport::new(a, None, "client");
     let mut server = RdmaTransport::new(b, None, "server");
-    tokio::time::timeout(std::time::Duration::from_secs(60), play(&mut client, &mut server, msgs))
-        .await
-        .expect("script timed out");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        play(&mut client, &mut server, msgs),
+    )
+    .await
+    .expect("script timed out");
     let c = client.link().qp();
-    let (csent, cpk): ((u64, u64), Vec<u64>) = (c.sent(), MTUS.iter().map(|&m| c.packets(m)).collect());
+    let (csent, cpk): ((u64, u64), Vec<u64>) =
+        (c.sent(), MTUS.iter().map(|&m| c.packets(m)).collect());
     let s = server.link().qp();
-    let (ssent, spk): ((u64, u64), Vec<u64>) = (s.sent(), MTUS.iter().map(|&m| s.packets(m)).collect());
-    let packets = MTUS.iter().enumerate().map(|(k, &m)| (m, cpk[k] + spk[k])).collect();
-    (Seen { client: csent, server: ssent, packets }, client, server)
+    let (ssent, spk): ((u64, u64), Vec<u64>) =
+        (s.sent(), MTUS.iter().map(|&m| s.packets(m)).collect());
+    let packets = MTUS
+        .iter()
+        .enumerate()
+        .map(|(k, &m)| (m, cpk[k] + spk[k]))
+        .collect();
+    (
+        Seen {
+            client: csent,
+            server: ssent,
+            packets,
+        },
+        client,
+        server,
+    )
 }
 
 fn model(f: Framing, msgs: &[Msg], mtu: usize) -> (WireCost, WireCost) {
@@ -137,9 +199,24 @@ fn model(f: Framing, msgs: &[Msg], mtu: usize) -> (WireCost, WireCost) {
 fn check_exact(f: Framing, seen: &Seen, msgs: &[Msg]) {
     for &(mtu, pk) in &seen.packets {
         let (c, s) = model(f, msgs, mtu);
-        assert_eq!(seen.client, (c.sends, c.bytes), "{}: client SENDs/bytes", f.name());
-        assert_eq!(seen.server, (s.sends, s.bytes), "{}: server SENDs/bytes", f.name());
-        assert_eq!(pk, c.packets + s.packets, "{}: packets at MTU {mtu}", f.name());
+        assert_eq!(
+            seen.client,
+            (c.sends, c.bytes),
+            "{}: client SENDs/bytes",
+            f.name()
+        );
+        assert_eq!(
+            seen.server,
+            (s.sends, s.bytes),
+            "{}: server SENDs/bytes",
+            f.name()
+        );
+        assert_eq!(
+            pk,
+            c.packets + s.packets,
+            "{}: packets at MTU {mtu}",
+            f.name()
+        );
     }
 }
 
@@ -167,7 +244,12 @@ async fn apple_uc_matches_the_model() {
 
 /// Lean: data frames exactly; credit-only frames at most what the model allows for.
 async fn check_lean(f: Framing, g: Geometry, rules: Rules) {
-    let (a, b) = fake::pair(rules, g.tx_size(), g.rx_size(), if rules == Rules::Rc { 256 } else { 0 });
+    let (a, b) = fake::pair(
+        rules,
+        g.tx_size(),
+        g.rx_size(),
+        if rules == Rules::Rc { 256 } else { 0 },
+    );
     let (mut a, mut b) = (LeanLink::new(a, g), LeanLink::new(b, g));
     a.post_all_receives().unwrap();
     b.post_all_receives().unwrap();
@@ -177,14 +259,46 @@ async fn check_lean(f: Framing, g: Geometry, rules: Rules) {
     for &(mtu, pk) in &seen.packets {
         let (c, s) = model(f, &msgs, mtu);
         // The model counts a message's credit-only frames with the message; the receiver sends them.
-        assert_eq!(cs.data_frames, c.sends - c.credit_sends, "{}: client data frames", f.name());
-        assert_eq!(ss.data_frames, s.sends - s.credit_sends, "{}: server data frames", f.name());
-        assert!(cs.credit_frames <= s.credit_sends, "{}: client credit frames {} > {}", f.name(), cs.credit_frames, s.credit_sends);
-        assert!(ss.credit_frames <= c.credit_sends, "{}: server credit frames {} > {}", f.name(), ss.credit_frames, c.credit_sends);
+        assert_eq!(
+            cs.data_frames,
+            c.sends - c.credit_sends,
+            "{}: client data frames",
+            f.name()
+        );
+        assert_eq!(
+            ss.data_frames,
+            s.sends - s.credit_sends,
+            "{}: server data frames",
+            f.name()
+        );
+        assert!(
+            cs.credit_frames <= s.credit_sends,
+            "{}: client credit frames {} > {}",
+            f.name(),
+            cs.credit_frames,
+            s.credit_sends
+        );
+        assert!(
+            ss.credit_frames <= c.credit_sends,
+            "{}: server credit frames {} > {}",
+            f.name(),
+            ss.credit_frames,
+            c.credit_sends
+        );
         let credits_seen = cs.credit_frames + ss.credit_frames;
         let credits_model = c.credit_sends + s.credit_sends;
-        assert_eq!(seen.client.0 + seen.server.0 + (credits_model - credits_seen), c.sends + s.sends, "{}: SENDs", f.name());
-        assert_eq!(pk + (credits_model - credits_seen), c.packets + s.packets, "{}: packets at MTU {mtu}", f.name());
+        assert_eq!(
+            seen.client.0 + seen.server.0 + (credits_model - credits_seen),
+            c.sends + s.sends,
+            "{}: SENDs",
+            f.name()
+        );
+        assert_eq!(
+            pk + (credits_model - credits_seen),
+            c.packets + s.packets,
+            "{}: packets at MTU {mtu}",
+            f.name()
+        );
         assert_eq!(
             seen.client.1 + seen.server.1 + 20 * (credits_model - credits_seen),
             c.bytes + s.bytes,
@@ -194,7 +308,10 @@ async fn check_lean(f: Framing, g: Geometry, rules: Rules) {
     }
     // The big responses really did make the receiver return credits on its own (UC: 258 frames).
     if rules == Rules::Uc {
-        assert!(cs.credit_frames > 0, "no credit-only frames at all: the bound is not exercised");
+        assert!(
+            cs.credit_frames > 0,
+            "no credit-only frames at all: the bound is not exercised"
+        );
     }
 }
 

@@ -22,14 +22,26 @@ use tokio::net::{TcpListener, TcpStream};
 type Lean = RdmaTransport<LeanLink<FakeQp>>;
 
 fn lean_pair(rules: Rules) -> (Lean, Lean) {
-    let g = if rules == Rules::Rc { Geometry::RC } else { Geometry::UC };
-    let (a, b) = fake::pair(rules, g.tx_size(), g.rx_size(), if rules == Rules::Rc { 256 } else { 0 });
+    let g = if rules == Rules::Rc {
+        Geometry::RC
+    } else {
+        Geometry::UC
+    };
+    let (a, b) = fake::pair(
+        rules,
+        g.tx_size(),
+        g.rx_size(),
+        if rules == Rules::Rc { 256 } else { 0 },
+    );
     a.drop_unmatched(true);
     let mut a = LeanLink::new(a, g);
     let mut b = LeanLink::new(b, g);
     a.post_all_receives().unwrap();
     b.post_all_receives().unwrap();
-    (RdmaTransport::new(a, None, "lean"), RdmaTransport::new(b, None, "lean"))
+    (
+        RdmaTransport::new(a, None, "lean"),
+        RdmaTransport::new(b, None, "lean"),
+    )
 }
 
 /// One client connection: HELLO answered here, then bytes relayed to a server command loop
@@ -44,10 +56,22 @@ async fn relay(mut tcp: TcpStream, rules: Rules, done: Arc<AtomicUsize>) {
     rsp.extend_from_slice(&[0; 24]);
     tcp.write_all(&rsp).await.unwrap();
     let (mut up, mut srv) = lean_pair(rules);
-    let config = Arc::new(SessionConfig { devices: vec![cpu_device()], n_threads: 1, cache: None });
+    let config = Arc::new(SessionConfig {
+        devices: vec![cpu_device()],
+        n_threads: 1,
+        cache: None,
+    });
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(async move {
-        let r = rpc_server::connection::run(&mut srv, Session::new(config), Limits::default(), Arc::new(Stats::default()), Default::default(), shutdown).await;
+        let r = rpc_server::connection::run(
+            &mut srv,
+            Session::new(config),
+            Limits::default(),
+            Arc::new(Stats::default()),
+            Default::default(),
+            shutdown,
+        )
+        .await;
         (r.map_err(|e| e.to_string()), srv)
     });
     let (mut rd, mut wr) = tcp.into_split();
@@ -71,8 +95,16 @@ async fn relay(mut tcp: TcpStream, rules: Rules, done: Arc<AtomicUsize>) {
     let (r, mut srv) = within("server loop stops", server).await.unwrap();
     r.unwrap();
     assert!(up.counters().0 > 0 && srv.counters().0 > 0);
-    assert_eq!(up.link().verbs().unmatched(), 0, "{rules:?}: relay -> server");
-    assert_eq!(srv.link().verbs().unmatched(), 0, "{rules:?}: server -> relay");
+    assert_eq!(
+        up.link().verbs().unmatched(),
+        0,
+        "{rules:?}: relay -> server"
+    );
+    assert_eq!(
+        srv.link().verbs().unmatched(),
+        0,
+        "{rules:?}: server -> relay"
+    );
     done.fetch_add(1, SeqCst);
 }
 
@@ -97,7 +129,14 @@ async fn full_service(rules: Rules) {
         let n = 3 << 20;
         let buf = alloc(&mut c, n as u64).await;
         let t = buf.f32(1, &[(n / 4) as u32], 0).build();
-        for (size, seed) in [(1usize, 1u64), (4076, 2), (4077, 3), (65536, 4), (262_144, 5), (n, 6)] {
+        for (size, seed) in [
+            (1usize, 1u64),
+            (4076, 2),
+            (4077, 3),
+            (65536, 4),
+            (262_144, 5),
+            (n, 6),
+        ] {
             let data = pattern(size, seed);
             c.set_tensor(&t, 0, &data, false).await.expect("SET_TENSOR");
             let back = c.get_tensor(&t, 0, size as u64).await.expect("GET_TENSOR");

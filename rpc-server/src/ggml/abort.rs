@@ -27,7 +27,9 @@ extern "C" fn on_ggml_abort(message: *const std::os::raw::c_char) {
         String::from("(no message)")
     } else {
         // SAFETY: ggml passes a NUL-terminated message buffer that lives for this call.
-        unsafe { std::ffi::CStr::from_ptr(message) }.to_string_lossy().into_owned()
+        unsafe { std::ffi::CStr::from_ptr(message) }
+            .to_string_lossy()
+            .into_owned()
     };
     let n = PARKED.fetch_add(1, Ordering::SeqCst) + 1;
     if n > MAX_PARKED {
@@ -64,11 +66,21 @@ mod tests {
         // The thread calls ggml_abort (what GGML_ASSERT does) and never returns; it stays parked.
         std::thread::spawn(|| {
             // SAFETY: valid NUL-terminated strings; ggml_abort does not return (our callback parks).
-            unsafe { sys::ggml_abort(c"test".as_ptr(), 1, c"%s".as_ptr(), c"simulated assertion".as_ptr()) };
+            unsafe {
+                sys::ggml_abort(
+                    c"test".as_ptr(),
+                    1,
+                    c"%s".as_ptr(),
+                    c"simulated assertion".as_ptr(),
+                )
+            };
         });
         let t0 = std::time::Instant::now();
         while parked_threads() == before {
-            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "callback not reached");
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "callback not reached"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         // Still alive: this test finishing proves the process did not abort.

@@ -33,7 +33,12 @@ impl Buffer {
                 sys::ggml_backend_buffer_is_host(raw),
             )
         };
-        Some(Buffer { raw, base, size, is_host })
+        Some(Buffer {
+            raw,
+            base,
+            size,
+            is_host,
+        })
     }
 
     pub(crate) fn raw(&self) -> sys::ggml_backend_buffer_t {
@@ -91,7 +96,9 @@ impl Buffer {
             dst.copy_from_slice(data);
             return true;
         }
-        let Some(off) = self.check(offset, data.len()) else { return false };
+        let Some(off) = self.check(offset, data.len()) else {
+            return false;
+        };
         if data.is_empty() {
             return true;
         }
@@ -108,7 +115,9 @@ impl Buffer {
             out.copy_from_slice(src);
             return true;
         }
-        let Some(off) = self.check(offset, out.len()) else { return false };
+        let Some(off) = self.check(offset, out.len()) else {
+            return false;
+        };
         if out.is_empty() {
             return true;
         }
@@ -122,12 +131,16 @@ impl Buffer {
 
     /// Fills `[offset, offset+len)` with `value`. Returns false when out of bounds.
     pub fn memset(&self, offset: u64, len: u64, value: u8) -> bool {
-        let Ok(len) = usize::try_from(len) else { return false };
+        let Ok(len) = usize::try_from(len) else {
+            return false;
+        };
         if let Some(dst) = self.host_slice_mut(offset, len) {
             dst.fill(value);
             return true;
         }
-        let Some(off) = self.check(offset, len) else { return false };
+        let Some(off) = self.check(offset, len) else {
+            return false;
+        };
         if len == 0 {
             return true;
         }

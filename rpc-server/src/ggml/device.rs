@@ -33,7 +33,10 @@ unsafe impl Sync for Device {}
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("name", &self.name).field("kind", &self.kind).finish()
+        f.debug_struct("Device")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .finish()
     }
 }
 
@@ -78,12 +81,19 @@ impl Device {
             sys::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accel,
             _ => DeviceKind::Other,
         };
-        Some(Device { raw, name, description, kind })
+        Some(Device {
+            raw,
+            name,
+            description,
+            kind,
+        })
     }
 
     /// Looks a device up by its ggml name (e.g. `CPU`, `CUDA0`, `MTL0`), case-insensitively.
     pub fn by_name(name: &str) -> Option<Device> {
-        Device::all().into_iter().find(|d| d.name.eq_ignore_ascii_case(name))
+        Device::all()
+            .into_iter()
+            .find(|d| d.name.eq_ignore_ascii_case(name))
     }
 
     pub fn name(&self) -> &str {
@@ -153,7 +163,10 @@ impl Device {
             // SAFETY: raw is a freshly created CPU backend.
             unsafe { sys::ggml_backend_cpu_set_n_threads(raw, n) };
         }
-        Some(Backend { raw, device: self.name.clone() })
+        Some(Backend {
+            raw,
+            device: self.name.clone(),
+        })
     }
 }
 
@@ -184,14 +197,19 @@ unsafe impl Send for Backend {}
 impl Backend {
     /// Runs every node of segment `segment` of `graph` on this backend.
     pub fn compute(&mut self, graph: &mut Graph, segment: usize) -> Result<(), GraphError> {
-        let Some(g) = graph.segment_raw(segment) else { return Err(GraphError::BadIndex(segment as u32)) };
+        let Some(g) = graph.segment_raw(segment) else {
+            return Err(GraphError::BadIndex(segment as u32));
+        };
         // SAFETY: self.raw is live; the graph's tensors point into buffers the graph keeps alive
         // (Arc<Buffer>) and into its own context; validated by the session before building.
         let status = unsafe { sys::ggml_backend_graph_compute(self.raw, g) };
         if status == sys::GGML_STATUS_SUCCESS {
             Ok(())
         } else {
-            Err(GraphError::ComputeFailed { device: self.device.clone(), status: status as i32 })
+            Err(GraphError::ComputeFailed {
+                device: self.device.clone(),
+                status: status as i32,
+            })
         }
     }
 }

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use super::buffer::Buffer;
 use super::device::Device;
-use super::tensor::{Context, TensorSpec};
 use super::sys;
+use super::tensor::{Context, TensorSpec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
@@ -45,7 +45,12 @@ impl Graph {
     /// Builds a graph: creates every tensor, links sources and views by index (no recursion),
     /// then appends `nodes` in order, starting a new segment at each position in `cuts`
     /// (ascending, each in `1..nodes.len()`).
-    pub fn build(specs: &[TensorSpec], links: &[GraphLinks], nodes: &[u32], cuts: &[usize]) -> Result<Graph, GraphError> {
+    pub fn build(
+        specs: &[TensorSpec],
+        links: &[GraphLinks],
+        nodes: &[u32],
+        cuts: &[usize],
+    ) -> Result<Graph, GraphError> {
         let mut bounds: Vec<usize> = vec![0];
         for &c in cuts {
             if c > *bounds.last().unwrap_or(&0) && c < nodes.len() {
@@ -54,9 +59,15 @@ impl Graph {
         }
         bounds.push(nodes.len());
         let seg_sizes: Vec<usize> = bounds.windows(2).map(|w| (w[1] - w[0]).max(1)).collect();
-        let mut ctx = Context::new_for_graphs(specs.len(), &seg_sizes).ok_or(GraphError::Context(specs.len()))?;
+        let mut ctx = Context::new_for_graphs(specs.len(), &seg_sizes)
+            .ok_or(GraphError::Context(specs.len()))?;
         let tensors: Vec<*mut sys::ggml_tensor> = specs.iter().map(|s| ctx.new_tensor(s)).collect();
-        let get = |i: u32| tensors.get(i as usize).copied().ok_or(GraphError::BadIndex(i));
+        let get = |i: u32| {
+            tensors
+                .get(i as usize)
+                .copied()
+                .ok_or(GraphError::BadIndex(i))
+        };
         for (t, l) in tensors.iter().zip(links) {
             for (slot, s) in l.src.iter().enumerate() {
                 if let Some(s) = s {
@@ -95,7 +106,13 @@ impl Graph {
                 }
             }
         }
-        Ok(Graph { _ctx: ctx, segments, tensors, nodes: nodes.to_vec(), _buffers: buffers })
+        Ok(Graph {
+            _ctx: ctx,
+            segments,
+            tensors,
+            nodes: nodes.to_vec(),
+            _buffers: buffers,
+        })
     }
 
     /// Number of segments (at least one).
@@ -106,7 +123,9 @@ impl Graph {
     /// The graph node (tensor index) of each node position whose op the device cannot run.
     pub fn first_unsupported(&self, device: &Device) -> Option<u32> {
         self.nodes.iter().copied().find(|&n| {
-            let Some(&t) = self.tensors.get(n as usize) else { return true };
+            let Some(&t) = self.tensors.get(n as usize) else {
+                return true;
+            };
             // SAFETY: t lives in our context.
             let op = unsafe { (*t).op } as u32;
             !super::ops::is_empty(op) && !device.supports_op(t)

@@ -146,7 +146,11 @@ pub mod ops {
             return None;
         }
         // SAFETY: p is non-null and points to a static C string (see above).
-        Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        Some(
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 }
 
@@ -186,7 +190,10 @@ pub fn tune_malloc(arenas: usize) {
         const M_MMAP_THRESHOLD: std::os::raw::c_int = -3;
         const M_ARENA_MAX: std::os::raw::c_int = -8;
         extern "C" {
-            fn mallopt(param: std::os::raw::c_int, value: std::os::raw::c_int) -> std::os::raw::c_int;
+            fn mallopt(
+                param: std::os::raw::c_int,
+                value: std::os::raw::c_int,
+            ) -> std::os::raw::c_int;
         }
         if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
             let n = std::os::raw::c_int::try_from(arenas.max(1)).unwrap_or(8);

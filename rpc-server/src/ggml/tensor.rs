@@ -32,8 +32,13 @@ pub fn type_info(t: u32) -> Option<TypeInfo> {
     }
     let ty = t as sys::ggml_type;
     // SAFETY: ty < GGML_TYPE_COUNT; these functions index ggml's static type-traits table.
-    let (blck, size, q) =
-        unsafe { (sys::ggml_blck_size(ty), sys::ggml_type_size(ty), sys::ggml_is_quantized(ty)) };
+    let (blck, size, q) = unsafe {
+        (
+            sys::ggml_blck_size(ty),
+            sys::ggml_type_size(ty),
+            sys::ggml_is_quantized(ty),
+        )
+    };
     if blck <= 0 || size == 0 {
         return None;
     }
@@ -46,7 +51,12 @@ pub fn type_info(t: u32) -> Option<TypeInfo> {
         if cpu.is_null() {
             (has_to_float, false, false, u32::MAX)
         } else {
-            (has_to_float, (*cpu).from_float.is_some(), (*cpu).vec_dot.is_some(), (*cpu).vec_dot_type as u32)
+            (
+                has_to_float,
+                (*cpu).from_float.is_some(),
+                (*cpu).vec_dot.is_some(),
+                (*cpu).vec_dot_type as u32,
+            )
         }
     };
     Some(TypeInfo {
@@ -96,7 +106,11 @@ impl Context {
             .checked_mul(n_tensors.checked_add(1)?)?
             .checked_add(graph_mem)?
             .checked_add(1024)?;
-        let params = sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true };
+        let params = sys::ggml_init_params {
+            mem_size: mem,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        };
         // SAFETY: valid params; ggml allocates the pool itself; NULL handled below.
         let raw = unsafe { sys::ggml_init(params) };
         (!raw.is_null()).then_some(Context { raw })
@@ -114,7 +128,11 @@ impl Context {
             .checked_mul(n_tensors.checked_add(1)?)?
             .checked_add(graph_mem)?
             .checked_add(1024)?;
-        let params = sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true };
+        let params = sys::ggml_init_params {
+            mem_size: mem,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        };
         // SAFETY: valid params; ggml allocates the pool itself; NULL handled below.
         let raw = unsafe { sys::ggml_init(params) };
         (!raw.is_null()).then_some(Context { raw })
@@ -213,15 +231,25 @@ pub struct ScratchTensors {
 extern "C" {
     // Exported by ggml-base (ggml-backend-impl.h) but not part of the public headers the
     // bindings are generated from.
-    fn ggml_backend_buffer_copy_tensor(src: *const sys::ggml_tensor, dst: *mut sys::ggml_tensor) -> bool;
+    fn ggml_backend_buffer_copy_tensor(
+        src: *const sys::ggml_tensor,
+        dst: *mut sys::ggml_tensor,
+    ) -> bool;
 }
 
 impl ScratchTensors {
     pub fn new(specs: &[TensorSpec]) -> Option<ScratchTensors> {
         let mut ctx = Context::new(specs.len(), None)?;
         let tensors = specs.iter().map(|s| ctx.new_tensor(s)).collect();
-        let buffers = specs.iter().filter_map(|s| s.buffer.as_ref().map(|(b, _)| b.clone())).collect();
-        Some(ScratchTensors { ctx, tensors, _buffers: buffers })
+        let buffers = specs
+            .iter()
+            .filter_map(|s| s.buffer.as_ref().map(|(b, _)| b.clone()))
+            .collect();
+        Some(ScratchTensors {
+            ctx,
+            tensors,
+            _buffers: buffers,
+        })
     }
 
     /// Makes tensor `src` the `slot`-th source of tensor `of`.
@@ -273,7 +301,9 @@ impl ScratchTensors {
     /// Copies tensor `src` into tensor `dst` through the destination buffer's copy hook.
     /// Both extents were checked against their buffers by the caller.
     pub fn copy(&self, src: usize, dst: usize) -> bool {
-        let (Some(&s), Some(&d)) = (self.tensors.get(src), self.tensors.get(dst)) else { return false };
+        let (Some(&s), Some(&d)) = (self.tensors.get(src), self.tensors.get(dst)) else {
+            return false;
+        };
         // SAFETY: both tensors live in self.ctx with live buffers and checked extents.
         unsafe { ggml_backend_buffer_copy_tensor(s, d) }
     }

@@ -29,6 +29,9 @@ pub enum SessionError {
 
 impl SessionError {
     pub(crate) fn tensor(t: &rpc_proto::RpcTensor, why: impl Into<String>) -> SessionError {
-        SessionError::InvalidTensor { name: t.name_str(), why: why.into() }
+        SessionError::InvalidTensor {
+            name: t.name_str(),
+            why: why.into(),
+        }
     }
 }

@@ -37,7 +37,9 @@ impl Session {
             index.entry(id).or_insert(i as u32);
         }
         let lookup = |id: u64, what: &str| {
-            index.get(&id).copied().ok_or_else(|| SessionError::InvalidGraph(format!("{what} references unknown tensor id {id:#x}")))
+            index.get(&id).copied().ok_or_else(|| {
+                SessionError::InvalidGraph(format!("{what} references unknown tensor id {id:#x}"))
+            })
         };
 
         // Walk everything reachable from the nodes, iteratively, rejecting cycles.
@@ -68,7 +70,11 @@ impl Session {
                 }
                 let e = *edge;
                 *edge += 1;
-                let child_id = if e < 10 { t.src[e].get() } else { t.view_src.get() };
+                let child_id = if e < 10 {
+                    t.src[e].get()
+                } else {
+                    t.view_src.get()
+                };
                 if child_id == 0 {
                     continue;
                 }
@@ -80,7 +86,11 @@ impl Session {
                 }
                 match mark[child as usize] {
                     Mark::Done => {}
-                    Mark::Open => return Err(SessionError::InvalidGraph(format!("cycle through tensor id {child_id:#x}"))),
+                    Mark::Open => {
+                        return Err(SessionError::InvalidGraph(format!(
+                            "cycle through tensor id {child_id:#x}"
+                        )))
+                    }
                     Mark::New => {
                         mark[child as usize] = Mark::Open;
                         stack.push((child, 0));
@@ -137,11 +147,22 @@ impl Session {
                 let by = match reader[li] {
                     Some(r) => {
                         let r = &g.tensors[r as usize];
-                        format!("read by '{}' (op {})", r.name_str(), crate::ggml::ops::name(r.op.get()).unwrap_or_default())
+                        format!(
+                            "read by '{}' (op {})",
+                            r.name_str(),
+                            crate::ggml::ops::name(r.op.get()).unwrap_or_default()
+                        )
                     }
                     None => "a graph node".to_string(),
                 };
-                return Err(SessionError::tensor(t, format!("{by} but not in a buffer of this connection (op {}, flags {})", t.op.get(), t.flags.get())));
+                return Err(SessionError::tensor(
+                    t,
+                    format!(
+                        "{by} but not in a buffer of this connection (op {}, flags {})",
+                        t.op.get(),
+                        t.flags.get()
+                    ),
+                ));
             }
             let mut l = GraphLinks::default();
             for (slot, s) in t.src.iter().enumerate() {
@@ -158,13 +179,19 @@ impl Session {
         }
         let nodes: Vec<u32> = node_idx
             .iter()
-            .map(|wi| local.get(wi).copied().ok_or_else(|| SessionError::InvalidGraph("node not materialized".into())))
+            .map(|wi| {
+                local
+                    .get(wi)
+                    .copied()
+                    .ok_or_else(|| SessionError::InvalidGraph("node not materialized".into()))
+            })
             .collect::<Result<_, _>>()?;
 
         // Views stay inside the tensor they view.
         for (li, l) in links.iter().enumerate() {
             if let Some(v) = l.view_src {
-                validate::check_view(&specs[li], &specs[v as usize]).map_err(|e| SessionError::tensor(&g.tensors[order[li] as usize], e))?;
+                validate::check_view(&specs[li], &specs[v as usize])
+                    .map_err(|e| SessionError::tensor(&g.tensors[order[li] as usize], e))?;
             }
         }
 
@@ -181,10 +208,17 @@ impl Session {
             for (slot, s) in l.src.iter().enumerate() {
                 src[slot] = s.map(|i| &specs[i as usize]);
             }
-            let node = validate::Node { d, src, src_idx: l.src };
+            let node = validate::Node {
+                d,
+                src,
+                src_idx: l.src,
+            };
             let checks = validate::check_node(&node, cpu).map_err(|e| {
                 let t = &g.tensors[order[ni as usize] as usize];
-                SessionError::tensor(t, format!("{} node: {e}", ops::name(d.op).unwrap_or_default()))
+                SessionError::tensor(
+                    t,
+                    format!("{} node: {e}", ops::name(d.op).unwrap_or_default()),
+                )
             })?;
             pending.extend(checks.into_iter().map(|c| (pos, c)));
         }
@@ -195,7 +229,11 @@ impl Session {
             let t = &g.tensors[order[n as usize] as usize];
             return Err(SessionError::tensor(
                 t,
-                format!("op {} with these types is not supported by device {}", ops::name(t.op.get()).unwrap_or_default(), self.config.devices[device].name()),
+                format!(
+                    "op {} with these types is not supported by device {}",
+                    ops::name(t.op.get()).unwrap_or_default(),
+                    self.config.devices[device].name()
+                ),
             ));
         }
         let mut stored = StoredGraph { graph, checks };
@@ -280,14 +318,19 @@ fn schedule_checks(
         }
     }
     if pending.len().saturating_mul(writers.len().max(1)) > MAX_SCHEDULE_WORK {
-        return Err(SessionError::InvalidGraph("too many index checks for the graph size".into()));
+        return Err(SessionError::InvalidGraph(
+            "too many index checks for the graph size".into(),
+        ));
     }
     // (earliest cut, consumer position, check)
     let mut items: Vec<(usize, usize, DataCheck)> = Vec::with_capacity(pending.len());
     for (consumer, c) in pending {
         let t = &specs[c.tensor as usize];
         let Some((buf, off)) = &t.buffer else {
-            return Err(SessionError::InvalidGraph(format!("{}: index tensor not in a buffer", c.what)));
+            return Err(SessionError::InvalidGraph(format!(
+                "{}: index tensor not in a buffer",
+                c.what
+            )));
         };
         let len = nbytes(t.type_, &t.ne, &t.nb).unwrap_or(u64::MAX);
         let end = off.saturating_add(len);
@@ -297,12 +340,23 @@ fn schedule_checks(
                 continue;
             }
             if pos == consumer {
-                return Err(SessionError::InvalidGraph(format!("{}: the node writes over its own index tensor", c.what)));
+                return Err(SessionError::InvalidGraph(format!(
+                    "{}: the node writes over its own index tensor",
+                    c.what
+                )));
             }
             last_writer = Some(last_writer.map_or(pos, |p: usize| p.max(pos)));
         }
         let lo = last_writer.map_or(0, |w| w + 1);
-        let check = DataCheck { buf: buf.clone(), off: *off, ne: t.ne, nb: t.nb, type_: c.type_, bound: c.bound, what: c.what };
+        let check = DataCheck {
+            buf: buf.clone(),
+            off: *off,
+            ne: t.ne,
+            nb: t.nb,
+            type_: c.type_,
+            bound: c.bound,
+            what: c.what,
+        };
         items.push((lo, consumer, check));
     }
     items.sort_by_key(|x| x.1);
@@ -320,7 +374,11 @@ fn schedule_checks(
     }
     let mut checks: Vec<Vec<DataCheck>> = (0..=cuts.len()).map(|_| Vec::new()).collect();
     for (cut, check) in assigned {
-        let seg = if cut == 0 { 0 } else { cuts.iter().position(|&k| k == cut).map_or(0, |i| i + 1) };
+        let seg = if cut == 0 {
+            0
+        } else {
+            cuts.iter().position(|&k| k == cut).map_or(0, |i| i + 1)
+        };
         checks[seg].push(check);
     }
     Ok((cuts, checks))
@@ -339,14 +397,16 @@ pub(crate) struct DataCheck {
 
 impl DataCheck {
     pub(crate) fn run(&self) -> Result<(), SessionError> {
-        let len = nbytes(self.type_, &self.ne, &self.nb).ok_or(SessionError::OutOfMemory("index check"))?;
+        let len = nbytes(self.type_, &self.ne, &self.nb)
+            .ok_or(SessionError::OutOfMemory("index check"))?;
         let ulen = usize::try_from(len).map_err(|_| SessionError::OutOfMemory("index check"))?;
         let owned;
         let bytes: &[u8] = match self.buf.host_slice(self.off, ulen) {
             Some(s) => s,
             None => {
                 let mut v = Vec::new();
-                v.try_reserve_exact(ulen).map_err(|_| SessionError::OutOfMemory("index check"))?;
+                v.try_reserve_exact(ulen)
+                    .map_err(|_| SessionError::OutOfMemory("index check"))?;
                 v.resize(ulen, 0);
                 if !self.buf.read(self.off, &mut v) {
                     return Err(SessionError::OutOfMemory("index check"));
@@ -372,7 +432,10 @@ impl DataCheck {
                         if v < 0 || v as u64 >= self.bound {
                             return Err(SessionError::OutOfBounds {
                                 what: self.what,
-                                detail: format!("index {v} at [{i0}, {i1}, {i2}, {i3}] not in [0, {})", self.bound),
+                                detail: format!(
+                                    "index {v} at [{i0}, {i1}, {i2}, {i3}] not in [0, {})",
+                                    self.bound
+                                ),
                             });
                         }
                     }

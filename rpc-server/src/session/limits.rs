@@ -17,7 +17,10 @@ pub struct MemoryLimits {
 impl Default for MemoryLimits {
     /// Unlimited (the binary sets the defaults from the devices' memory, see `cli.rs`).
     fn default() -> Self {
-        MemoryLimits { per_connection: u64::MAX, total: u64::MAX }
+        MemoryLimits {
+            per_connection: u64::MAX,
+            total: u64::MAX,
+        }
     }
 }
 
@@ -30,7 +33,10 @@ pub struct MemoryBudget {
 
 impl MemoryBudget {
     pub fn new(limits: MemoryLimits) -> MemoryBudget {
-        MemoryBudget { limits, used: AtomicU64::new(0) }
+        MemoryBudget {
+            limits,
+            used: AtomicU64::new(0),
+        }
     }
 
     pub fn unlimited() -> MemoryBudget {
@@ -49,13 +55,21 @@ impl MemoryBudget {
     /// Reserves `n` bytes for a session that already holds `held`; false if either limit would
     /// be exceeded.
     pub(crate) fn try_reserve(&self, held: u64, n: u64) -> bool {
-        if held.checked_add(n).is_none_or(|x| x > self.limits.per_connection) {
+        if held
+            .checked_add(n)
+            .is_none_or(|x| x > self.limits.per_connection)
+        {
             return false;
         }
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
-            let Some(next) = cur.checked_add(n).filter(|&x| x <= self.limits.total) else { return false };
-            match self.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+            let Some(next) = cur.checked_add(n).filter(|&x| x <= self.limits.total) else {
+                return false;
+            };
+            match self
+                .used
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) => return true,
                 Err(actual) => cur = actual,
             }
@@ -66,7 +80,10 @@ impl MemoryBudget {
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
             let next = cur.saturating_sub(n);
-            match self.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+            match self
+                .used
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) => return,
                 Err(actual) => cur = actual,
             }
@@ -80,7 +97,10 @@ mod tests {
 
     #[test]
     fn limits_are_enforced() {
-        let b = MemoryBudget::new(MemoryLimits { per_connection: 100, total: 150 });
+        let b = MemoryBudget::new(MemoryLimits {
+            per_connection: 100,
+            total: 150,
+        });
         assert!(b.try_reserve(0, 100));
         assert!(!b.try_reserve(100, 1), "per-connection limit");
         assert!(b.try_reserve(0, 50));

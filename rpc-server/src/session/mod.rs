@@ -81,16 +81,24 @@ impl Session {
         self.config
             .devices
             .get(device as usize)
-            .ok_or(SessionError::BadDevice { device, count: self.config.devices.len() })
+            .ok_or(SessionError::BadDevice {
+                device,
+                count: self.config.devices.len(),
+            })
     }
 
     fn buffer(&self, handle: u64) -> Result<&BufferEntry, SessionError> {
-        self.buffers.get(&handle).ok_or(SessionError::UnknownBuffer(handle))
+        self.buffers
+            .get(&handle)
+            .ok_or(SessionError::UnknownBuffer(handle))
     }
 
     /// Number of live buffers and their total size.
     pub fn allocated(&self) -> (usize, u64) {
-        (self.buffers.len(), self.buffers.values().map(|e| e.buffer.size()).sum())
+        (
+            self.buffers.len(),
+            self.buffers.values().map(|e| e.buffer.size()).sum(),
+        )
     }
 
     /// Whether this session holds anything a client relies on: a buffer or a stored graph. A
@@ -104,21 +112,28 @@ impl Session {
     pub fn handle(&mut self, req: Request<'_>) -> Result<Option<Response>, SessionError> {
         Ok(match req {
             Request::Hello { .. } => return Err(SessionError::UnexpectedHello),
-            Request::DeviceCount => Some(Response::DeviceCount { count: self.config.devices.len() as u32 }),
-            Request::GetAlignment { device } => {
-                Some(Response::GetAlignment { alignment: self.device(device)?.alignment() })
-            }
-            Request::GetMaxSize { device } => Some(Response::GetMaxSize { max_size: self.device(device)?.max_size() }),
+            Request::DeviceCount => Some(Response::DeviceCount {
+                count: self.config.devices.len() as u32,
+            }),
+            Request::GetAlignment { device } => Some(Response::GetAlignment {
+                alignment: self.device(device)?.alignment(),
+            }),
+            Request::GetMaxSize { device } => Some(Response::GetMaxSize {
+                max_size: self.device(device)?.max_size(),
+            }),
             Request::GetDeviceMemory { device } => {
                 let (free, total) = self.device(device)?.memory();
                 Some(Response::GetDeviceMemory { free, total })
             }
             Request::AllocBuffer { device, size } => Some(self.alloc_buffer(device, size)?),
-            Request::BufferGetBase { remote_ptr } => {
-                Some(Response::BufferGetBase { base_ptr: self.buffer(remote_ptr)?.vbase })
-            }
+            Request::BufferGetBase { remote_ptr } => Some(Response::BufferGetBase {
+                base_ptr: self.buffer(remote_ptr)?.vbase,
+            }),
             Request::FreeBuffer { remote_ptr } => {
-                let e = self.buffers.remove(&remote_ptr).ok_or(SessionError::UnknownBuffer(remote_ptr))?;
+                let e = self
+                    .buffers
+                    .remove(&remote_ptr)
+                    .ok_or(SessionError::UnknownBuffer(remote_ptr))?;
                 self.budget.release(e.buffer.size());
                 self.held = self.held.saturating_sub(e.buffer.size());
                 // A stored graph pointing into this buffer can never be recomputed (#25703).
@@ -133,8 +148,14 @@ impl Session {
                 self.buffer(remote_ptr)?.buffer.clear(value);
                 None
             }
-            Request::SetTensor { tensor, cache_flag, offset, data } => {
-                let (buf, off) = self.resolve_region("SET_TENSOR", &tensor, offset, data.len() as u64)?;
+            Request::SetTensor {
+                tensor,
+                cache_flag,
+                offset,
+                data,
+            } => {
+                let (buf, off) =
+                    self.resolve_region("SET_TENSOR", &tensor, offset, data.len() as u64)?;
                 buf.write(off, data);
                 if cache_flag != 0 {
                     if let Some(cache) = &self.config.cache {
@@ -143,17 +164,32 @@ impl Session {
                 }
                 None
             }
-            Request::SetTensorHash { tensor, offset, hash } => Some(self.set_tensor_hash(&tensor, offset, hash)?),
-            Request::GetTensor { tensor, offset, size } => {
+            Request::SetTensorHash {
+                tensor,
+                offset,
+                hash,
+            } => Some(self.set_tensor_hash(&tensor, offset, hash)?),
+            Request::GetTensor {
+                tensor,
+                offset,
+                size,
+            } => {
                 let (buf, off) = self.resolve_region("GET_TENSOR", &tensor, offset, size)?;
-                let len = usize::try_from(size).map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
+                let len = usize::try_from(size)
+                    .map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
                 let mut out = Vec::new();
-                out.try_reserve_exact(len).map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
+                out.try_reserve_exact(len)
+                    .map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
                 out.resize(len, 0);
                 buf.read(off, &mut out);
                 Some(Response::GetTensor(out))
             }
-            Request::MemsetTensor { tensor, offset, size, value } => {
+            Request::MemsetTensor {
+                tensor,
+                offset,
+                size,
+                value,
+            } => {
                 let spec = self.resolve_tensor(&tensor, UnknownBuffer::Reject)?;
                 let tsize = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
                 if offset > tsize || size > tsize - offset {
@@ -170,12 +206,17 @@ impl Session {
             Request::InitTensor { tensor } => {
                 let spec = self.resolve_tensor(&tensor, UnknownBuffer::Reject)?;
                 if spec.buffer.is_some() {
-                    let mut s = ScratchTensors::new(&[spec]).ok_or(SessionError::OutOfMemory("INIT_TENSOR"))?;
+                    let mut s = ScratchTensors::new(&[spec])
+                        .ok_or(SessionError::OutOfMemory("INIT_TENSOR"))?;
                     s.init_tensor(0).map_err(SessionError::InitTensor)?;
                 }
                 None
             }
-            Request::GetAllocSize { device, tensor, srcs } => {
+            Request::GetAllocSize {
+                device,
+                tensor,
+                srcs,
+            } => {
                 let dev = self.device(device)?.clone();
                 let main = self.resolve_tensor(&tensor, UnknownBuffer::Ignore)?;
                 let mut specs = vec![main];
@@ -189,11 +230,14 @@ impl Session {
                         }
                     }
                 }
-                let mut scratch = ScratchTensors::new(&specs).ok_or(SessionError::OutOfMemory("GET_ALLOC_SIZE"))?;
+                let mut scratch = ScratchTensors::new(&specs)
+                    .ok_or(SessionError::OutOfMemory("GET_ALLOC_SIZE"))?;
                 for (slot, idx) in slots {
                     scratch.set_src(0, slot, idx);
                 }
-                let alloc_size = scratch.alloc_size(0, &dev).ok_or(SessionError::OutOfMemory("GET_ALLOC_SIZE"))?;
+                let alloc_size = scratch
+                    .alloc_size(0, &dev)
+                    .ok_or(SessionError::OutOfMemory("GET_ALLOC_SIZE"))?;
                 Some(Response::GetAllocSize { alloc_size })
             }
             Request::GraphCompute(g) => {
@@ -203,8 +247,12 @@ impl Session {
             Request::GraphRecompute { device } => {
                 self.device(device)?;
                 let d = device as usize;
-                let mut graph = self.graphs[d].take().ok_or(SessionError::NoStoredGraph(device))?;
-                let r = self.backend(d).and_then(|b| graph::run_graph(b, &mut graph));
+                let mut graph = self.graphs[d]
+                    .take()
+                    .ok_or(SessionError::NoStoredGraph(device))?;
+                let r = self
+                    .backend(d)
+                    .and_then(|b| graph::run_graph(b, &mut graph));
                 self.graphs[d] = Some(graph);
                 r?;
                 None
@@ -214,12 +262,24 @@ impl Session {
 
     fn alloc_buffer(&mut self, device: u32, size: u64) -> Result<Response, SessionError> {
         let dev = self.device(device)?;
-        let align = dev.alignment().clamp(1, 1 << 30).next_power_of_two().max(4096);
-        let null = Response::AllocBuffer { remote_ptr: 0, remote_size: 0 };
+        let align = dev
+            .alignment()
+            .clamp(1, 1 << 30)
+            .next_power_of_two()
+            .max(4096);
+        let null = Response::AllocBuffer {
+            remote_ptr: 0,
+            remote_size: 0,
+        };
         if !self.budget.try_reserve(self.held, size) {
             let l = self.budget.limits();
             tracing::warn!(
-                device, size, held = self.held, server_used = self.budget.used(), per_connection = l.per_connection, total = l.total,
+                device,
+                size,
+                held = self.held,
+                server_used = self.budget.used(),
+                per_connection = l.per_connection,
+                total = l.total,
                 "ALLOC_BUFFER beyond the memory limit; answering a null handle"
             );
             return Ok(null);
@@ -232,7 +292,10 @@ impl Session {
         let remote_size = buffer.size();
         // Account for the size ggml actually allocated.
         if remote_size > size {
-            if !self.budget.try_reserve(self.held + size, remote_size - size) {
+            if !self
+                .budget
+                .try_reserve(self.held + size, remote_size - size)
+            {
                 self.budget.release(size);
                 return Ok(null);
             }
@@ -249,11 +312,25 @@ impl Session {
             }
         };
         let vbase = (VBASE_MIN + rng.gen_range(0..VBASE_SPAN)) & !(align - 1);
-        self.buffers.insert(handle, BufferEntry { buffer: Arc::new(buffer), vbase });
-        Ok(Response::AllocBuffer { remote_ptr: handle, remote_size })
+        self.buffers.insert(
+            handle,
+            BufferEntry {
+                buffer: Arc::new(buffer),
+                vbase,
+            },
+        );
+        Ok(Response::AllocBuffer {
+            remote_ptr: handle,
+            remote_size,
+        })
     }
 
-    fn set_tensor_hash(&mut self, tensor: &RpcTensor, offset: u64, hash: u64) -> Result<Response, SessionError> {
+    fn set_tensor_hash(
+        &mut self,
+        tensor: &RpcTensor,
+        offset: u64,
+        hash: u64,
+    ) -> Result<Response, SessionError> {
         let Some(cache) = &self.config.cache else {
             return Ok(Response::SetTensorHash { result: 0 });
         };
@@ -274,36 +351,58 @@ impl Session {
         let s = self.resolve_tensor(src, UnknownBuffer::Reject)?;
         let d = self.resolve_tensor(dst, UnknownBuffer::Reject)?;
         let (Some((_, _)), Some((dbuf, doff))) = (&s.buffer, &d.buffer) else {
-            return Err(SessionError::tensor(dst, "COPY_TENSOR needs both tensors in buffers"));
+            return Err(SessionError::tensor(
+                dst,
+                "COPY_TENSOR needs both tensors in buffers",
+            ));
         };
         let ssize = nbytes(s.type_, &s.ne, &s.nb).unwrap_or(u64::MAX);
         if doff.checked_add(ssize).is_none_or(|end| end > dbuf.size()) {
             return Err(SessionError::OutOfBounds {
                 what: "COPY_TENSOR",
-                detail: format!("{ssize} bytes at offset {doff} of a {}-byte buffer", dbuf.size()),
+                detail: format!(
+                    "{ssize} bytes at offset {doff} of a {}-byte buffer",
+                    dbuf.size()
+                ),
             });
         }
-        let scratch = ScratchTensors::new(&[s, d]).ok_or(SessionError::OutOfMemory("COPY_TENSOR"))?;
-        Ok(Response::CopyTensor { result: scratch.copy(0, 1) as u8 })
+        let scratch =
+            ScratchTensors::new(&[s, d]).ok_or(SessionError::OutOfMemory("COPY_TENSOR"))?;
+        Ok(Response::CopyTensor {
+            result: scratch.copy(0, 1) as u8,
+        })
     }
 
     fn backend(&mut self, device: usize) -> Result<&mut Backend, SessionError> {
         if self.backends[device].is_none() {
             let dev = &self.config.devices[device];
-            let b = dev.init_backend(self.config.n_threads).ok_or_else(|| SessionError::Backend(dev.name().into()))?;
+            let b = dev
+                .init_backend(self.config.n_threads)
+                .ok_or_else(|| SessionError::Backend(dev.name().into()))?;
             self.backends[device] = Some(b);
         }
-        Ok(self.backends[device].as_mut().expect("backend just created"))
+        Ok(self.backends[device]
+            .as_mut()
+            .expect("backend just created"))
     }
 
     /// Where a streamed SET_TENSOR payload of `len` bytes goes: the buffer and the offset inside
     /// it. Lets the connection read a large payload straight into tensor memory.
-    pub fn set_tensor_target(&self, hdr: &SetTensorHeader, len: u64) -> Result<(Arc<Buffer>, u64), SessionError> {
+    pub fn set_tensor_target(
+        &self,
+        hdr: &SetTensorHeader,
+        len: u64,
+    ) -> Result<(Arc<Buffer>, u64), SessionError> {
         self.resolve_region("SET_TENSOR", &hdr.tensor, hdr.offset, len)
     }
 
     /// Where a GET_TENSOR reads from: the buffer and the offset inside it (region checked).
-    pub fn get_tensor_source(&self, tensor: &RpcTensor, offset: u64, size: u64) -> Result<(Arc<Buffer>, u64), SessionError> {
+    pub fn get_tensor_source(
+        &self,
+        tensor: &RpcTensor,
+        offset: u64,
+        size: u64,
+    ) -> Result<(Arc<Buffer>, u64), SessionError> {
         self.resolve_region("GET_TENSOR", tensor, offset, size)
     }
 

@@ -40,20 +40,34 @@ pub fn nbytes(type_: u32, ne: &[u32; 4], nb: &[u64; 4]) -> Option<u64> {
 
 impl Session {
     /// Validates a wire tensor: known type, whole blocks per row, extent inside its buffer.
-    pub(crate) fn resolve_tensor(&self, t: &RpcTensor, unknown: UnknownBuffer) -> Result<TensorSpec, SessionError> {
+    pub(crate) fn resolve_tensor(
+        &self,
+        t: &RpcTensor,
+        unknown: UnknownBuffer,
+    ) -> Result<TensorSpec, SessionError> {
         let type_ = t.r#type.get();
-        let info = type_info(type_).ok_or_else(|| SessionError::tensor(t, format!("invalid type {type_}")))?;
+        let info = type_info(type_)
+            .ok_or_else(|| SessionError::tensor(t, format!("invalid type {type_}")))?;
         let ne = t.ne.map(|x| x.get());
         let nb = t.nb.map(|x| x.get() as u64);
         if ne[0] as u64 % info.blck_size != 0 {
-            return Err(SessionError::tensor(t, format!("ne[0]={} is not a multiple of the block size {}", ne[0], info.blck_size)));
+            return Err(SessionError::tensor(
+                t,
+                format!(
+                    "ne[0]={} is not a multiple of the block size {}",
+                    ne[0], info.blck_size
+                ),
+            ));
         }
         // ggml_new_tensor_impl's GGML_ASSERT(INT64_MAX / ne[i] > current_nelements), exactly.
         let mut nel = ne[0] as i64;
         for &n in &ne[1..] {
             if n > 1 {
                 if i64::MAX / n as i64 <= nel {
-                    return Err(SessionError::tensor(t, format!("element count of {ne:?} overflows int64")));
+                    return Err(SessionError::tensor(
+                        t,
+                        format!("element count of {ne:?} overflows int64"),
+                    ));
                 }
                 nel *= n as i64;
             }
@@ -62,10 +76,17 @@ impl Session {
         if op >= ops::COUNT {
             return Err(SessionError::tensor(t, format!("invalid op {op}")));
         }
-        if matches!(op, ops::CUSTOM | ops::MAP_CUSTOM1 | ops::MAP_CUSTOM2 | ops::MAP_CUSTOM3) {
-            return Err(SessionError::tensor(t, "custom ops carry code pointers and are refused"));
+        if matches!(
+            op,
+            ops::CUSTOM | ops::MAP_CUSTOM1 | ops::MAP_CUSTOM2 | ops::MAP_CUSTOM3
+        ) {
+            return Err(SessionError::tensor(
+                t,
+                "custom ops carry code pointers and are refused",
+            ));
         }
-        let size = nbytes(type_, &ne, &nb).ok_or_else(|| SessionError::tensor(t, "size overflows"))?;
+        let size =
+            nbytes(type_, &ne, &nb).ok_or_else(|| SessionError::tensor(t, "size overflows"))?;
         let handle = t.buffer.get();
         let data = t.data.get();
         let buffer = match (handle, self.buffers.get(&handle)) {
@@ -80,11 +101,18 @@ impl Session {
             Some(e) => {
                 let off = data
                     .checked_sub(e.vbase)
-                    .filter(|off| off.checked_add(size).is_some_and(|end| end <= e.buffer.size()))
+                    .filter(|off| {
+                        off.checked_add(size)
+                            .is_some_and(|end| end <= e.buffer.size())
+                    })
                     .ok_or_else(|| {
                         SessionError::tensor(
                             t,
-                            format!("data {data:#x}+{size} outside its buffer [{:#x}, +{})", e.vbase, e.buffer.size()),
+                            format!(
+                                "data {data:#x}+{size} outside its buffer [{:#x}, +{})",
+                                e.vbase,
+                                e.buffer.size()
+                            ),
                         )
                     })?;
                 Some((e.buffer.clone(), off))
@@ -122,13 +150,23 @@ impl Session {
         len: u64,
     ) -> Result<(Arc<Buffer>, u64), SessionError> {
         let handle = t.buffer.get();
-        let e = self.buffers.get(&handle).ok_or(SessionError::UnknownBuffer(handle))?;
+        let e = self
+            .buffers
+            .get(&handle)
+            .ok_or(SessionError::UnknownBuffer(handle))?;
         let data = t.data.get();
         let oob = || SessionError::OutOfBounds {
             what,
-            detail: format!("data={data:#x} offset={offset} len={len} buffer=[{:#x}, +{})", e.vbase, e.buffer.size()),
+            detail: format!(
+                "data={data:#x} offset={offset} len={len} buffer=[{:#x}, +{})",
+                e.vbase,
+                e.buffer.size()
+            ),
         };
-        let start = data.checked_sub(e.vbase).and_then(|d| d.checked_add(offset)).ok_or_else(oob)?;
+        let start = data
+            .checked_sub(e.vbase)
+            .and_then(|d| d.checked_add(offset))
+            .ok_or_else(oob)?;
         let end = start.checked_add(len).ok_or_else(oob)?;
         if end > e.buffer.size() {
             return Err(oob());

@@ -74,7 +74,9 @@ pub(crate) trait Shape {
         type_info(self.ty()).map(|i| i.type_size).unwrap_or(0)
     }
     fn blck(&self) -> i64 {
-        type_info(self.ty()).map(|i| i.blck_size as i64).unwrap_or(1)
+        type_info(self.ty())
+            .map(|i| i.blck_size as i64)
+            .unwrap_or(1)
     }
     fn quantized(&self) -> bool {
         type_info(self.ty()).is_some_and(|i| i.is_quantized)
@@ -106,7 +108,9 @@ pub(crate) trait Shape {
     /// `ggml_nbytes`.
     fn nbytes(&self) -> u128 {
         let s = self.spec();
-        crate::session::nbytes(s.type_, &s.ne, &s.nb).map(|n| n as u128).unwrap_or(u128::MAX)
+        crate::session::nbytes(s.type_, &s.ne, &s.nb)
+            .map(|n| n as u128)
+            .unwrap_or(u128::MAX)
     }
     /// `ggml_is_contiguous_m_n`.
     fn contiguous_m_n(&self, m: usize, n: usize) -> bool {
@@ -217,17 +221,32 @@ fn fresh(d: &TensorSpec) -> R {
 }
 
 fn nb0_is_ts(t: &TensorSpec, what: &str) -> R {
-    ensure!(t.nb(0) == t.ts(), "{what}: nb[0]={} must be the element size {}", t.nb(0), t.ts());
+    ensure!(
+        t.nb(0) == t.ts(),
+        "{what}: nb[0]={} must be the element size {}",
+        t.nb(0),
+        t.ts()
+    );
     Ok(())
 }
 
 fn ty_is(t: &TensorSpec, want: u32, what: &str) -> R {
-    ensure!(t.ty() == want, "{what}: type {} where {} is required", t.ty(), want);
+    ensure!(
+        t.ty() == want,
+        "{what}: type {} where {} is required",
+        t.ty(),
+        want
+    );
     Ok(())
 }
 
 fn ty_in(t: &TensorSpec, want: &[u32], what: &str) -> R {
-    ensure!(want.contains(&t.ty()), "{what}: type {} not in {:?}", t.ty(), want);
+    ensure!(
+        want.contains(&t.ty()),
+        "{what}: type {} not in {:?}",
+        t.ty(),
+        want
+    );
     Ok(())
 }
 
@@ -237,7 +256,12 @@ pub(crate) fn check_layout(t: &TensorSpec) -> R {
     // Elements (or blocks) do not overlap their neighbours in dim 0; with the extent check this
     // bounds every row read or written as `ne[0]` consecutive elements.
     if t.ne.iter().all(|&n| n > 0) && t.ne[0] > 1 {
-        ensure!(t.nb[0] >= info.type_size, "nb[0]={} is smaller than the element size {}", t.nb[0], info.type_size);
+        ensure!(
+            t.nb[0] >= info.type_size,
+            "nb[0]={} is smaller than the element size {}",
+            t.nb[0],
+            info.type_size
+        );
     }
     // ggml computes element counts in int64.
     ensure!(t.nelements() < (1i128 << 62), "too many elements");
@@ -247,12 +271,17 @@ pub(crate) fn check_layout(t: &TensorSpec) -> R {
 /// A view of `src` (VIEW/RESHAPE/PERMUTE/TRANSPOSE/NONE with `view_src`, or an in-place result)
 /// must stay inside the memory of the tensor it views when both live in buffers.
 pub(crate) fn check_view(view: &TensorSpec, src: &TensorSpec) -> R {
-    let (Some((vb, voff)), Some((sb, soff))) = (&view.buffer, &src.buffer) else { return Ok(()) };
+    let (Some((vb, voff)), Some((sb, soff))) = (&view.buffer, &src.buffer) else {
+        return Ok(());
+    };
     let vsize = view.nbytes();
     if vsize == 0 {
         return Ok(());
     }
-    ensure!(std::sync::Arc::ptr_eq(vb, sb), "view and its view_src are in different buffers");
+    ensure!(
+        std::sync::Arc::ptr_eq(vb, sb),
+        "view and its view_src are in different buffers"
+    );
     let (v0, s0) = (*voff as u128, *soff as u128);
     ensure!(
         v0 >= s0 && v0 + vsize <= s0 + src.nbytes(),
@@ -290,17 +319,24 @@ impl<'a> Node<'a> {
 /// result that starts inside a source's memory elsewhere makes the kernels copy between overlapping
 /// ranges (undefined behaviour, found by fuzzing: `memcpy` in RMS_NORM).
 fn check_no_partial_overlap(n: &Node<'_>) -> R {
-    let Some((db, doff)) = &n.d.buffer else { return Ok(()) };
+    let Some((db, doff)) = &n.d.buffer else {
+        return Ok(());
+    };
     let dlen = n.d.nbytes();
     for (i, s) in n.src.iter().enumerate() {
         let Some(s) = s else { continue };
-        let Some((sb, soff)) = &s.buffer else { continue };
+        let Some((sb, soff)) = &s.buffer else {
+            continue;
+        };
         if !std::sync::Arc::ptr_eq(db, sb) || soff == doff {
             continue;
         }
         let (d0, s0) = (*doff as u128, *soff as u128);
         let slen = s.nbytes();
-        ensure!(d0 + dlen <= s0 || s0 + slen <= d0 || dlen == 0 || slen == 0, "result partially overlaps src[{i}]");
+        ensure!(
+            d0 + dlen <= s0 || s0 + slen <= d0 || dlen == 0 || slen == 0,
+            "result partially overlaps src[{i}]"
+        );
     }
     Ok(())
 }
@@ -337,8 +373,16 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(2)?;
             // The result is a view of b (ggml_cpy) or b itself (ggml_cast); kernels write through
             // the result with b's shape and strides.
-            ensure!(same_shape(b, d) && same_stride(b, d) && b.ty() == d.ty(), "CPY result must be its destination src[1]");
-            ensure!(a.nelements() == d.nelements(), "element counts differ ({} vs {})", a.nelements(), d.nelements());
+            ensure!(
+                same_shape(b, d) && same_stride(b, d) && b.ty() == d.ty(),
+                "CPY result must be its destination src[1]"
+            );
+            ensure!(
+                a.nelements() == d.nelements(),
+                "element counts differ ({} vs {})",
+                a.nelements(),
+                d.nelements()
+            );
             copy_rules(a, d, cpu)?;
         }
         ops::ADD | ops::SUB | ops::MUL | ops::DIV => {
@@ -349,16 +393,32 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             if a.quantized() {
                 // add_q_f32 (ggml_add_cast): same shapes, src1 f32.
                 ensure!(op == ops::ADD, "only ADD takes a quantized src[0]");
-                ensure!(same_shape(a, b), "ADD of a quantized tensor needs equal shapes");
+                ensure!(
+                    same_shape(a, b),
+                    "ADD of a quantized tensor needs equal shapes"
+                );
                 ty_is(b, ty::F32, "src[1]")?;
                 nb0_is_ts(a, "src[0]")?;
                 nb0_is_ts(b, "src[1]")?;
-                ensure!(d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3), "result strides must increase");
+                ensure!(
+                    d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
+                    "result strides must increase"
+                );
                 // Rows are dequantized, added, and converted back with the result type's
                 // from_float, or copied as `ne0*nb0` bytes of f32 when it has none.
-                ensure!(type_info(a.ty()).is_some_and(|i| i.has_to_float), "no dequantization for type {}", a.ty());
-                ensure!(d.ty() == ty::F32 || type_info(d.ty()).is_some_and(|i| i.cpu_from_float), "no conversion to the result type");
-                ensure!(d.ne(0) % d.blck() == 0 && d.contiguous_rows(), "result rows");
+                ensure!(
+                    type_info(a.ty()).is_some_and(|i| i.has_to_float),
+                    "no dequantization for type {}",
+                    a.ty()
+                );
+                ensure!(
+                    d.ty() == ty::F32 || type_info(d.ty()).is_some_and(|i| i.cpu_from_float),
+                    "no conversion to the result type"
+                );
+                ensure!(
+                    d.ne(0) % d.blck() == 0 && d.contiguous_rows(),
+                    "result rows"
+                );
             } else {
                 ensure!(can_repeat(b, a), "src[1] cannot be broadcast to src[0]");
                 if d.ty() == a.ty() {
@@ -378,7 +438,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let b = n.s(1)?;
             let ids = n.s(2)?;
             n.none_from(3)?;
-            ensure!(a.ne(0) == b.ne(0) && a.ne(1) == ids.ne(0) && a.ne(2) == ids.ne(1), "ADD_ID shapes");
+            ensure!(
+                a.ne(0) == b.ne(0) && a.ne(1) == ids.ne(0) && a.ne(2) == ids.ne(1),
+                "ADD_ID shapes"
+            );
             ty_is(ids, ty::I32, "ids")?;
             ensure!(same_shape(a, d), "result shape differs from src[0]");
             fresh(d)?;
@@ -386,7 +449,12 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
                 ty_is(t, ty::F32, w)?;
                 nb0_is_ts(t, w)?;
             }
-            checks.push(IndexCheck { tensor: n.idx(2), type_: ty::I32, bound: b.ne(1) as u64, what: "ADD_ID row of src[1]" });
+            checks.push(IndexCheck {
+                tensor: n.idx(2),
+                type_: ty::I32,
+                bound: b.ne(1) as u64,
+                what: "ADD_ID row of src[1]",
+            });
             rows_of(ids, 1)?;
         }
         ops::ADD1 => {
@@ -409,7 +477,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
                 ) || (a.quantized() && a.ty() == d.ty() && b.ty() == ty::F32);
                 ensure!(ok, "ADD1 types");
                 if a.quantized() {
-                    ensure!(d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3), "result strides must increase");
+                    ensure!(
+                        d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
+                        "result strides must increase"
+                    );
                 }
             }
         }
@@ -419,7 +490,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(2)?;
             ensure!(b.nelements() <= a.nelements(), "src[1] larger than src[0]");
             ensure!(same_shape(a, d), "result shape differs from src[0]");
-            ensure!(a.contiguous() && d.contiguous(), "ACC/SET need contiguous tensors");
+            ensure!(
+                a.contiguous() && d.contiguous(),
+                "ACC/SET need contiguous tensors"
+            );
             let esz: u64 = match (op, a.ty()) {
                 (ops::ACC, ty::F32) => 4,
                 (ops::SET, ty::F32) | (ops::SET, ty::I32) => 4,
@@ -429,17 +503,29 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             nb0_is_ts(b, "src[1]")?;
             // op_params: nb1, nb2, nb3, offset (int32, used as size_t), inplace.
             let p: Vec<i64> = (0..4).map(|i| d.op_i32(i) as i64).collect();
-            ensure!(p.iter().all(|&x| x >= 0), "negative stride or offset in op_params");
+            ensure!(
+                p.iter().all(|&x| x >= 0),
+                "negative stride or offset in op_params"
+            );
             let mut last: i128 = p[3] as i128;
             last += (b.ne(0).max(1) - 1) as i128 * esz as i128;
             for i in 1..4 {
                 last += (b.ne(i).max(1) - 1) as i128 * p[i - 1] as i128;
             }
-            ensure!(last + esz as i128 <= d.nbytes() as i128, "ACC/SET writes past the result");
-            ensure!(last + esz as i128 <= a.nbytes() as i128, "ACC/SET reads past src[0]");
+            ensure!(
+                last + esz as i128 <= d.nbytes() as i128,
+                "ACC/SET writes past the result"
+            );
+            ensure!(
+                last + esz as i128 <= a.nbytes() as i128,
+                "ACC/SET reads past src[0]"
+            );
             ensure!(matches!(d.op_i32(4), 0 | 1), "inplace flag");
             if d.op_i32(4) == 1 {
-                ensure!(d.spec().buffer.as_ref().map(|x| x.1) == a.spec().buffer.as_ref().map(|x| x.1), "in-place ACC/SET must alias src[0]");
+                ensure!(
+                    d.spec().buffer.as_ref().map(|x| x.1) == a.spec().buffer.as_ref().map(|x| x.1),
+                    "in-place ACC/SET must alias src[0]"
+                );
             }
         }
         ops::SQR | ops::SQRT | ops::LOG | ops::SIN | ops::COS => {
@@ -484,7 +570,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
         ops::ARGMAX => {
             let a = n.s(0)?;
             n.none_from(1)?;
-            ensure!(a.is_matrix() && a.ne(0) <= i32::MAX as i64, "ARGMAX needs a matrix");
+            ensure!(
+                a.is_matrix() && a.ne(0) <= i32::MAX as i64,
+                "ARGMAX needs a matrix"
+            );
             ne_eq(d, [a.ne(1), 1, 1, 1])?;
             ty_is(d, ty::I32, "result")?;
             ty_is(a, ty::F32, "src[0]")?;
@@ -542,8 +631,14 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             fresh(d)?;
             // The f32/f16/i8-sized kernels copy element by element through the strides; the
             // generic one copies whole rows.
-            if !matches!(a.ty(), ty::F32 | ty::I32 | ty::F16 | ty::BF16 | ty::I16 | 24) {
-                ensure!(a.contiguous_rows() && b.contiguous_rows(), "CONCAT sources need contiguous rows");
+            if !matches!(
+                a.ty(),
+                ty::F32 | ty::I32 | ty::F16 | ty::BF16 | ty::I16 | 24
+            ) {
+                ensure!(
+                    a.contiguous_rows() && b.contiguous_rows(),
+                    "CONCAT sources need contiguous rows"
+                );
             }
         }
         ops::SILU_BACK => {
@@ -552,7 +647,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(2)?;
             ensure!(same_shape(a, d) && same_shape(a, b), "SILU_BACK shapes");
             fresh(d)?;
-            ensure!(a.contiguous_1() && b.contiguous_1(), "SILU_BACK needs contiguous rows");
+            ensure!(
+                a.contiguous_1() && b.contiguous_1(),
+                "SILU_BACK needs contiguous rows"
+            );
             ensure!(a.ty() == d.ty() && b.ty() == d.ty(), "SILU_BACK types");
             ty_in(d, &[ty::F32, ty::F16], "result")?;
         }
@@ -567,7 +665,11 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
                 // NORM and L2_NORM go through the strides; these two read rows as float arrays.
                 nb0_is_ts(a, "src[0]")?;
             }
-            let eps = if op == ops::GROUP_NORM { d.op_f32(1) } else { d.op_f32(0) };
+            let eps = if op == ops::GROUP_NORM {
+                d.op_f32(1)
+            } else {
+                d.op_f32(0)
+            };
             ensure!(eps >= 0.0, "negative eps");
             if op == ops::GROUP_NORM {
                 ensure!(d.op_i32(0) > 0, "GROUP_NORM n_groups");
@@ -598,7 +700,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             ne_eq(d, [a.ne(1), b.ne(1), b.ne(2), b.ne(3)])?;
             ty_is(d, ty::F32, "result")?;
             nb0_is_ts(d, "result")?;
-            ensure!(d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3), "result strides must increase");
+            ensure!(
+                d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
+                "result strides must increase"
+            );
             ensure!(d.flat_fits() || d.contiguous_rows(), "result layout");
             nb0_is_ts(a, "src[0]")?;
             nb0_is_ts(b, "src[1]")?;
@@ -614,27 +719,50 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             ensure!(!a.transposed(), "MUL_MAT_ID: src[0] is transposed");
             ty_is(ids, ty::I32, "ids")?;
             ensure!(a.ne(3) == 1 && b.ne(3) == 1, "MUL_MAT_ID needs 3d sources");
-            ensure!(ids.ne(2) == 1 && ids.ne(3) == 1, "MUL_MAT_ID ids must be 2d");
-            ensure!(ids.ne(1) == b.ne(2), "MUL_MAT_ID: one expert list per src[1] row");
-            ensure!(a.ne(0) == b.ne(0), "MUL_MAT_ID: src[0] and src[1] cannot be multiplied");
-            ensure!(divides(b.ne(1), ids.ne(0)), "MUL_MAT_ID: src[1] cannot be broadcast to ids");
+            ensure!(
+                ids.ne(2) == 1 && ids.ne(3) == 1,
+                "MUL_MAT_ID ids must be 2d"
+            );
+            ensure!(
+                ids.ne(1) == b.ne(2),
+                "MUL_MAT_ID: one expert list per src[1] row"
+            );
+            ensure!(
+                a.ne(0) == b.ne(0),
+                "MUL_MAT_ID: src[0] and src[1] cannot be multiplied"
+            );
+            ensure!(
+                divides(b.ne(1), ids.ne(0)),
+                "MUL_MAT_ID: src[1] cannot be broadcast to ids"
+            );
             ensure!(a.ne(2) > 0, "MUL_MAT_ID: no experts");
             ne_eq(d, [a.ne(1), ids.ne(0), b.ne(2), 1])?;
             ty_is(d, ty::F32, "result")?;
             nb0_is_ts(d, "result")?;
-            ensure!(d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3), "result strides must increase");
+            ensure!(
+                d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
+                "result strides must increase"
+            );
             nb0_is_ts(a, "src[0]")?;
             nb0_is_ts(b, "src[1]")?;
             if cpu {
                 mul_mat_types(a.ty(), b.ty())?;
             }
-            checks.push(IndexCheck { tensor: n.idx(2), type_: ty::I32, bound: a.ne(2) as u64, what: "MUL_MAT_ID expert" });
+            checks.push(IndexCheck {
+                tensor: n.idx(2),
+                type_: ty::I32,
+                bound: a.ne(2) as u64,
+                what: "MUL_MAT_ID expert",
+            });
         }
         ops::OUT_PROD => {
             let a = n.s(0)?;
             let b = n.s(1)?;
             n.none_from(2)?;
-            ensure!(a.ne(1) == b.ne(1) && divides(a.ne(2), b.ne(2)) && divides(a.ne(3), b.ne(3)), "OUT_PROD shapes");
+            ensure!(
+                a.ne(1) == b.ne(1) && divides(a.ne(2), b.ne(2)) && divides(a.ne(3), b.ne(3)),
+                "OUT_PROD shapes"
+            );
             ensure!(!a.transposed(), "OUT_PROD: src[0] is transposed");
             ne_eq(d, [a.ne(0), b.ne(0), b.ne(2), b.ne(3)])?;
             ty_is(d, ty::F32, "result")?;
@@ -643,8 +771,14 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             nb0_is_ts(a, "src[0]")?;
             if a.ty() != ty::F32 {
                 ensure!(a.ty() == ty::F16 || a.quantized(), "OUT_PROD src[0] type");
-                ensure!(a.ne(2) == b.ne(2) && a.ne(3) == b.ne(3), "OUT_PROD of f16/quantized does not broadcast");
-                ensure!(a.ty() == ty::F16 || type_info(a.ty()).is_some_and(|i| i.has_to_float), "OUT_PROD: no dequantization");
+                ensure!(
+                    a.ne(2) == b.ne(2) && a.ne(3) == b.ne(3),
+                    "OUT_PROD of f16/quantized does not broadcast"
+                );
+                ensure!(
+                    a.ty() == ty::F16 || type_info(a.ty()).is_some_and(|i| i.has_to_float),
+                    "OUT_PROD: no dequantization"
+                );
             }
         }
         ops::SCALE => {
@@ -652,14 +786,22 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(1)?;
             ensure!(a.padded_1d(), "SCALE: src[0] must be padded 1d");
             ensure!(same_shape(a, d) && d.ty() == a.ty(), "SCALE result");
-            ensure!(a.contiguous() && d.contiguous(), "SCALE needs contiguous tensors");
+            ensure!(
+                a.contiguous() && d.contiguous(),
+                "SCALE needs contiguous tensors"
+            );
             ty_in(a, &[ty::F32, ty::BF16], "src[0]")?;
         }
         ops::GET_ROWS => {
             let a = n.s(0)?;
             let b = n.s(1)?;
             n.none_from(2)?;
-            ensure!(a.ne(2) == b.ne(1) && a.ne(3) == b.ne(2) && b.ne(3) == 1, "GET_ROWS: src[0] {:?} rows {:?}", a.ne, b.ne);
+            ensure!(
+                a.ne(2) == b.ne(1) && a.ne(3) == b.ne(2) && b.ne(3) == 1,
+                "GET_ROWS: src[0] {:?} rows {:?}",
+                a.ne,
+                b.ne
+            );
             ty_is(b, ty::I32, "row ids")?;
             let want_ty = if a.ty() == ty::I32 { ty::I32 } else { ty::F32 };
             ensure!(d.ty() == want_ty, "GET_ROWS result type {}", d.ty());
@@ -671,7 +813,12 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
                 ensure!(ok, "GET_ROWS src[0] type {}", a.ty());
                 nb0_is_ts(a, "src[0]")?;
             }
-            checks.push(IndexCheck { tensor: n.idx(1), type_: ty::I32, bound: a.ne(1) as u64, what: "GET_ROWS row" });
+            checks.push(IndexCheck {
+                tensor: n.idx(1),
+                type_: ty::I32,
+                bound: a.ne(1) as u64,
+                what: "GET_ROWS row",
+            });
         }
         ops::GET_ROWS_BACK => {
             // ggml_get_rows_back(a, b, c): src[0] = a (gradient rows), src[1] = b (row ids); c
@@ -679,16 +826,27 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let a = n.s(0)?;
             let b = n.s(1)?;
             n.none_from(2)?;
-            ensure!(a.is_matrix() && b.is_vector() && b.ty() == ty::I32, "GET_ROWS_BACK sources");
+            ensure!(
+                a.is_matrix() && b.is_vector() && b.ty() == ty::I32,
+                "GET_ROWS_BACK sources"
+            );
             ensure!(d.is_matrix() && a.ne(0) == d.ne(0), "GET_ROWS_BACK shapes");
             ty_is(d, ty::F32, "result")?;
             ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
             fresh(d)?;
             nb0_is_ts(a, "src[0]")?;
             // The kernel reads b as a flat array of nelements(b) ids and src[0] row i for each.
-            ensure!(b.nelements() <= a.ne(1) as i128, "GET_ROWS_BACK: more ids than src[0] rows");
+            ensure!(
+                b.nelements() <= a.ne(1) as i128,
+                "GET_ROWS_BACK: more ids than src[0] rows"
+            );
             ensure!(b.flat_fits(), "GET_ROWS_BACK ids layout");
-            checks.push(IndexCheck { tensor: n.idx(1), type_: ty::I32, bound: d.ne(1) as u64, what: "GET_ROWS_BACK row" });
+            checks.push(IndexCheck {
+                tensor: n.idx(1),
+                type_: ty::I32,
+                bound: d.ne(1) as u64,
+                what: "GET_ROWS_BACK row",
+            });
         }
         ops::SET_ROWS => {
             // ggml_set_rows(a, b, c): result = view of a, src[0] = b (values), src[1] = c (row
@@ -697,19 +855,45 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let c = n.s(1)?;
             n.none_from(3)?;
             if let Some(a) = n.src[2] {
-                ensure!(same_shape(a, d) && same_stride(a, d) && a.ty() == d.ty(), "SET_ROWS result must be a view of src[2]");
+                ensure!(
+                    same_shape(a, d) && same_stride(a, d) && a.ty() == d.ty(),
+                    "SET_ROWS result must be a view of src[2]"
+                );
             }
-            ensure!(d.ne(0) == b.ne(0) && d.ne(2) == b.ne(2) && d.ne(3) == b.ne(3), "SET_ROWS: destination {:?} values {:?}", d.ne, b.ne);
+            ensure!(
+                d.ne(0) == b.ne(0) && d.ne(2) == b.ne(2) && d.ne(3) == b.ne(3),
+                "SET_ROWS: destination {:?} values {:?}",
+                d.ne,
+                b.ne
+            );
             ensure!(b.ne(1) == c.ne(0), "SET_ROWS: one row id per value row");
-            ensure!(divides(c.ne(1), b.ne(2)) && divides(c.ne(2), b.ne(3)) && c.ne(3) == 1, "SET_ROWS: row ids cannot be broadcast");
+            ensure!(
+                divides(c.ne(1), b.ne(2)) && divides(c.ne(2), b.ne(3)) && c.ne(3) == 1,
+                "SET_ROWS: row ids cannot be broadcast"
+            );
             ty_in(b, &[ty::F32, ty::F16], "values")?;
             ty_in(c, &[ty::I64, ty::I32], "row ids")?;
-            ensure!(d.contiguous_rows() && b.contiguous_rows(), "SET_ROWS needs contiguous rows");
+            ensure!(
+                d.contiguous_rows() && b.contiguous_rows(),
+                "SET_ROWS needs contiguous rows"
+            );
             if cpu {
-                ensure!(type_info(d.ty()).is_some_and(|i| i.cpu_from_float), "SET_ROWS: no conversion to type {}", d.ty());
-                ensure!(!d.quantized() || d.ne(0) % d.blck() == 0, "SET_ROWS: partial blocks");
+                ensure!(
+                    type_info(d.ty()).is_some_and(|i| i.cpu_from_float),
+                    "SET_ROWS: no conversion to type {}",
+                    d.ty()
+                );
+                ensure!(
+                    !d.quantized() || d.ne(0) % d.blck() == 0,
+                    "SET_ROWS: partial blocks"
+                );
             }
-            checks.push(IndexCheck { tensor: n.idx(1), type_: c.ty(), bound: d.ne(1) as u64, what: "SET_ROWS row" });
+            checks.push(IndexCheck {
+                tensor: n.idx(1),
+                type_: c.ty(),
+                bound: d.ne(1) as u64,
+                what: "SET_ROWS row",
+            });
         }
         ops::DIAG => {
             let a = n.s(0)?;
@@ -724,10 +908,16 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
         ops::DIAG_MASK_INF | ops::DIAG_MASK_ZERO => {
             let a = n.s(0)?;
             n.none_from(1)?;
-            ensure!(same_shape(a, d) && d.ty() == a.ty(), "result shape differs from src[0]");
+            ensure!(
+                same_shape(a, d) && d.ty() == a.ty(),
+                "result shape differs from src[0]"
+            );
             ensure!(d.op_i32(0) >= 0, "negative n_past");
             ty_is(a, ty::F32, "src[0]")?;
-            ensure!(a.contiguous() && d.contiguous(), "DIAG_MASK needs contiguous tensors");
+            ensure!(
+                a.contiguous() && d.contiguous(),
+                "DIAG_MASK needs contiguous tensors"
+            );
         }
         ops::SOFT_MAX => {
             let a = n.s(0)?;
@@ -740,10 +930,21 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             if let Some(m) = n.src[1] {
                 ty_in(m, &[ty::F16, ty::F32], "mask")?;
                 ensure!(m.contiguous(), "SOFT_MAX: mask must be contiguous");
-                ensure!(m.ne(0) == a.ne(0) && m.ne(1) >= a.ne(1), "SOFT_MAX: mask {:?} for {:?}", m.ne, a.ne);
-                ensure!(divides(m.ne(2), a.ne(2)) && divides(m.ne(3), a.ne(3)), "SOFT_MAX: mask cannot be broadcast");
+                ensure!(
+                    m.ne(0) == a.ne(0) && m.ne(1) >= a.ne(1),
+                    "SOFT_MAX: mask {:?} for {:?}",
+                    m.ne,
+                    a.ne
+                );
+                ensure!(
+                    divides(m.ne(2), a.ne(2)) && divides(m.ne(3), a.ne(3)),
+                    "SOFT_MAX: mask cannot be broadcast"
+                );
             } else {
-                ensure!(d.op_f32(1) <= 0.0 || d.op_f32(1).is_nan(), "SOFT_MAX: max_bias without a mask");
+                ensure!(
+                    d.op_f32(1) <= 0.0 || d.op_f32(1).is_nan(),
+                    "SOFT_MAX: max_bias without a mask"
+                );
             }
             if let Some(s) = n.src[2] {
                 ty_is(s, ty::F32, "sinks")?;
@@ -755,7 +956,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let b = n.s(1)?;
             n.none_from(2)?;
             ensure!(same_shape(a, d) && same_shape(b, d), "SOFT_MAX_BACK shapes");
-            ensure!(a.contiguous() && b.contiguous() && d.contiguous(), "SOFT_MAX_BACK needs contiguous tensors");
+            ensure!(
+                a.contiguous() && b.contiguous() && d.contiguous(),
+                "SOFT_MAX_BACK needs contiguous tensors"
+            );
             for (t, w) in [(d, "result"), (a, "src[0]"), (b, "src[1]")] {
                 ty_is(t, ty::F32, w)?;
             }
@@ -765,24 +969,47 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let a = n.s(0)?;
             let pos = n.s(1)?;
             n.none_from(3)?;
-            ensure!(same_shape(a, d) && d.ty() == a.ty(), "result shape differs from src[0]");
+            ensure!(
+                same_shape(a, d) && d.ty() == a.ty(),
+                "result shape differs from src[0]"
+            );
             fresh_or_inplace(d, a)?;
             ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
-            ensure!(pos.is_vector() && pos.ty() == ty::I32, "ROPE positions must be an i32 vector");
+            ensure!(
+                pos.is_vector() && pos.ty() == ty::I32,
+                "ROPE positions must be an i32 vector"
+            );
             let n_dims = d.op_i32(1) as i64;
             let mode = d.op_i32(2);
             let n_offs = d.op_i32(15) as i64;
             ensure!(matches!(mode, 0 | 2 | 8 | 24 | 40), "ROPE mode {mode}");
             let mrope = mode & 8 != 0;
             let want = if mrope { a.ne(2) * 4 } else { a.ne(2) };
-            ensure!(pos.ne(0) == want, "ROPE: {} positions for {} rows", pos.ne(0), a.ne(2));
-            ensure!(n_dims >= 2 && n_dims % 2 == 0 && n_dims <= a.ne(0), "ROPE n_dims {n_dims}");
-            ensure!(n_offs >= 0 && n_offs % 2 == 0 && n_offs + n_dims <= a.ne(0), "ROPE offset {n_offs}");
+            ensure!(
+                pos.ne(0) == want,
+                "ROPE: {} positions for {} rows",
+                pos.ne(0),
+                a.ne(2)
+            );
+            ensure!(
+                n_dims >= 2 && n_dims % 2 == 0 && n_dims <= a.ne(0),
+                "ROPE n_dims {n_dims}"
+            );
+            ensure!(
+                n_offs >= 0 && n_offs % 2 == 0 && n_offs + n_dims <= a.ne(0),
+                "ROPE offset {n_offs}"
+            );
             ensure!(d.nb(0) == a.nb(0) && d.nb(0) == d.ts(), "ROPE strides");
             if mrope {
                 let s: Vec<i32> = (11..15).map(|i| d.op_i32(i)).collect();
-                ensure!(s.iter().all(|&x| x >= 0) && (s[0] > 0 || s[1] > 0 || s[2] > 0), "ROPE sections");
-                ensure!(s.iter().map(|&x| x as i64).sum::<i64>() <= a.ne(0), "ROPE sections larger than a row");
+                ensure!(
+                    s.iter().all(|&x| x >= 0) && (s[0] > 0 || s[1] > 0 || s[2] > 0),
+                    "ROPE sections"
+                );
+                ensure!(
+                    s.iter().map(|&x| x as i64).sum::<i64>() <= a.ne(0),
+                    "ROPE sections larger than a row"
+                );
             }
             if mode == 24 {
                 ensure!(n_dims == a.ne(0) / 2 && n_offs == 0, "ROPE vision dims");
@@ -795,7 +1022,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
         ops::CLAMP => {
             let a = n.s(0)?;
             n.none_from(1)?;
-            ensure!(same_shape(a, d) && d.ty() == a.ty(), "result shape differs from src[0]");
+            ensure!(
+                same_shape(a, d) && d.ty() == a.ty(),
+                "result shape differs from src[0]"
+            );
             fresh_or_inplace(d, a)?;
             ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
             nb0_is_ts(a, "src[0]")?;
@@ -804,17 +1034,27 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
         ops::LEAKY_RELU => {
             let a = n.s(0)?;
             n.none_from(1)?;
-            ensure!(same_shape(a, d) && d.ty() == a.ty(), "result shape differs from src[0]");
+            ensure!(
+                same_shape(a, d) && d.ty() == a.ty(),
+                "result shape differs from src[0]"
+            );
             fresh_or_inplace(d, a)?;
             ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
             nb0_is_ts(a, "src[0]")?;
             nb0_is_ts(d, "result")?;
-            ensure!(a.flat_rows_fit() && d.flat_rows_fit(), "LEAKY_RELU row layout");
+            ensure!(
+                a.flat_rows_fit() && d.flat_rows_fit(),
+                "LEAKY_RELU row layout"
+            );
         }
         ops::UNARY => {
             let a = n.s(0)?;
             n.none_from(1)?;
-            ensure!((0..22).contains(&d.op_i32(0)), "unknown unary op {}", d.op_i32(0));
+            ensure!(
+                (0..22).contains(&d.op_i32(0)),
+                "unknown unary op {}",
+                d.op_i32(0)
+            );
             ensure!(a.contiguous_rows(), "UNARY: src[0] rows must be contiguous");
             ensure!(same_shape(a, d), "result shape differs from src[0]");
             ensure!(d.ty() == a.ty() || d.contiguous(), "UNARY result");
@@ -823,11 +1063,18 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
         ops::GLU => {
             let a = n.s(0)?;
             n.none_from(2)?;
-            ensure!((0..7).contains(&d.op_i32(0)), "unknown GLU op {}", d.op_i32(0));
+            ensure!(
+                (0..7).contains(&d.op_i32(0)),
+                "unknown GLU op {}",
+                d.op_i32(0)
+            );
             ensure!(matches!(d.op_i32(1), 0 | 1), "GLU swapped flag");
             ensure!(a.contiguous_1(), "GLU: src[0] must be contiguous");
             if let Some(b) = n.src[1] {
-                ensure!(b.contiguous_1() && same_shape(a, b) && a.ty() == b.ty(), "GLU: src[1]");
+                ensure!(
+                    b.contiguous_1() && same_shape(a, b) && a.ty() == b.ty(),
+                    "GLU: src[1]"
+                );
                 ne_eq(d, [a.ne(0), a.ne(1), a.ne(2), a.ne(3)])?;
             } else {
                 ne_eq(d, [a.ne(0) / 2, a.ne(1), a.ne(2), a.ne(3)])?;
@@ -836,7 +1083,7 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             ensure!(d.contiguous_1(), "GLU: result must be contiguous");
             ty_in(a, &[ty::F32, ty::F16, ty::BF16], "src[0]")?;
             match d.op_i32(0) {
-                3 => ty_is(a, ty::F32, "src[0]")?,            // SWIGLU_OAI: f32 kernel only
+                3 => ty_is(a, ty::F32, "src[0]")?, // SWIGLU_OAI: f32 kernel only
                 6 => ty_in(a, &[ty::F32, ty::F16], "src[0]")?, // SWIGLU_CLAMP: f32, f16
                 _ => {}
             }
@@ -849,17 +1096,31 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let (s0, s1, p0, p1, d0, d1, is2d) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
             ensure!(matches!(is2d, 0 | 1), "IM2COL is_2D flag");
             let is2d = is2d == 1;
-            ensure!(s0 > 0 && d0 > 0 && p0 >= 0 && (!is2d || (s1 > 0 && d1 > 0 && p1 >= 0)), "IM2COL parameters");
+            ensure!(
+                s0 > 0 && d0 > 0 && p0 >= 0 && (!is2d || (s1 > 0 && d1 > 0 && p1 >= 0)),
+                "IM2COL parameters"
+            );
             if is2d {
                 ensure!(a.ne(2) == b.ne(2), "IM2COL channels");
             } else {
                 ensure!(b.ne(1) == a.ne(1) && b.ne(3) == 1, "IM2COL 1d shapes");
             }
-            let oh = if is2d { conv_out(b.ne(1), a.ne(1), s1, p1, d1) } else { 0 };
+            let oh = if is2d {
+                conv_out(b.ne(1), a.ne(1), s1, p1, d1)
+            } else {
+                0
+            };
             let ow = conv_out(b.ne(0), a.ne(0), s0, p0, d0);
-            ensure!((!is2d || oh > 0) && ow > 0, "IM2COL: input smaller than the kernel");
+            ensure!(
+                (!is2d || oh > 0) && ow > 0,
+                "IM2COL: input smaller than the kernel"
+            );
             let want = [
-                if is2d { a.ne(2) * a.ne(1) * a.ne(0) } else { a.ne(1) * a.ne(0) },
+                if is2d {
+                    a.ne(2) * a.ne(1) * a.ne(0)
+                } else {
+                    a.ne(1) * a.ne(0)
+                },
                 ow,
                 if is2d { oh } else { b.ne(2) },
                 if is2d { b.ne(3) } else { 1 },
@@ -872,13 +1133,19 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             }
             fresh(d)?;
             nb0_is_ts(b, "src[1]")?;
-            ensure!(b.contiguous_rows() && two_d_planes_fit(b, is2d), "IM2COL input layout");
+            ensure!(
+                b.contiguous_rows() && two_d_planes_fit(b, is2d),
+                "IM2COL input layout"
+            );
         }
         ops::CONV_TRANSPOSE_1D => {
             let a = n.s(0)?;
             let b = n.s(1)?;
             n.none_from(2)?;
-            ensure!(b.is_matrix() && a.ne(2) == b.ne(1) && a.ne(3) == 1, "CONV_TRANSPOSE_1D shapes");
+            ensure!(
+                b.is_matrix() && a.ne(2) == b.ne(1) && a.ne(3) == 1,
+                "CONV_TRANSPOSE_1D shapes"
+            );
             let (s0, p0, d0) = (d.op_i32(0) as i64, d.op_i32(1), d.op_i32(2));
             ensure!(s0 > 0 && p0 == 0 && d0 == 1, "CONV_TRANSPOSE_1D parameters");
             ne_eq(d, [(b.ne(0) - 1) * s0 + a.ne(0), a.ne(1), b.ne(2), 1])?;
@@ -886,13 +1153,24 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             ty_is(b, ty::F32, "src[1]")?;
             ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
             fresh(d)?;
-            ensure!(a.contiguous() && b.contiguous(), "CONV_TRANSPOSE_1D needs contiguous sources");
+            ensure!(
+                a.contiguous() && b.contiguous(),
+                "CONV_TRANSPOSE_1D needs contiguous sources"
+            );
         }
         ops::POOL_1D => {
             let a = n.s(0)?;
             n.none_from(1)?;
-            let (pop, k0, s0, p0) = (d.op_i32(0), d.op_i32(1) as i64, d.op_i32(2) as i64, d.op_i32(3) as i64);
-            ensure!(matches!(pop, 0 | 1) && k0 > 0 && s0 > 0, "POOL_1D parameters");
+            let (pop, k0, s0, p0) = (
+                d.op_i32(0),
+                d.op_i32(1) as i64,
+                d.op_i32(2) as i64,
+                d.op_i32(3) as i64,
+            );
+            ensure!(
+                matches!(pop, 0 | 1) && k0 > 0 && s0 > 0,
+                "POOL_1D parameters"
+            );
             let w = (a.ne(0) + 2 * p0 - k0) / s0 + 1;
             ensure!(w > 0, "POOL_1D: empty result");
             ne_eq(d, [w, a.ne(1), a.ne(2), a.ne(3)])?;
@@ -906,14 +1184,20 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(1)?;
             let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
             let (pop, k0, k1, s0, s1, p0, p1) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
-            ensure!(matches!(pop, 0 | 1) && k0 > 0 && k1 > 0 && s0 > 0 && s1 > 0 && p0 >= 0 && p1 >= 0, "POOL_2D parameters");
+            ensure!(
+                matches!(pop, 0 | 1) && k0 > 0 && k1 > 0 && s0 > 0 && s1 > 0 && p0 >= 0 && p1 >= 0,
+                "POOL_2D parameters"
+            );
             let w = (a.ne(0) + 2 * p0 - k0) / s0 + 1;
             let h = (a.ne(1) + 2 * p1 - k1) / s1 + 1;
             ensure!(w > 0 && h > 0, "POOL_2D: empty result");
             ne_eq(d, [w, h, a.ne(2), a.ne(3)])?;
             ty_is(d, ty::F32, "result")?;
             ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
-            ensure!(a.contiguous() && d.contiguous(), "POOL_2D needs contiguous tensors");
+            ensure!(
+                a.contiguous() && d.contiguous(),
+                "POOL_2D needs contiguous tensors"
+            );
         }
         ops::POOL_2D_BACK => {
             let a = n.s(0)?;
@@ -922,33 +1206,65 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             ne_eq(d, [af.ne(0), af.ne(1), af.ne(2), af.ne(3)])?;
             let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
             let (pop, k0, k1, s0, s1, p0, p1) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
-            ensure!(matches!(pop, 0 | 1) && k0 > 0 && k1 > 0 && s0 > 0 && s1 > 0 && p0 >= 0 && p1 >= 0, "POOL_2D_BACK parameters");
+            ensure!(
+                matches!(pop, 0 | 1) && k0 > 0 && k1 > 0 && s0 > 0 && s1 > 0 && p0 >= 0 && p1 >= 0,
+                "POOL_2D_BACK parameters"
+            );
             let w = (af.ne(0) + 2 * p0 - k0) / s0 + 1;
             let h = (af.ne(1) + 2 * p1 - k1) / s1 + 1;
-            ensure!(a.ne(0) == w && a.ne(1) == h && a.ne(2) == af.ne(2) && a.ne(3) == af.ne(3), "POOL_2D_BACK shapes");
+            ensure!(
+                a.ne(0) == w && a.ne(1) == h && a.ne(2) == af.ne(2) && a.ne(3) == af.ne(3),
+                "POOL_2D_BACK shapes"
+            );
             ty_is(d, ty::F32, "result")?;
             ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
-            ensure!(af.ty() == d.ty() || af.ty() == ty::F16, "POOL_2D_BACK types");
-            ensure!(a.contiguous() && af.contiguous() && d.contiguous(), "POOL_2D_BACK needs contiguous tensors");
+            ensure!(
+                af.ty() == d.ty() || af.ty() == ty::F16,
+                "POOL_2D_BACK types"
+            );
+            ensure!(
+                a.contiguous() && af.contiguous() && d.contiguous(),
+                "POOL_2D_BACK needs contiguous tensors"
+            );
         }
         ops::UPSCALE => {
             let a = n.s(0)?;
             n.none_from(1)?;
             let mode = d.op_i32(0);
-            ensure!((mode & 0xff) < 3 && (mode & !0x3ff) == 0, "UPSCALE mode {mode:#x}");
-            ensure!(mode & (1 << 9) == 0 || mode & 0xff == 1, "UPSCALE antialias needs bilinear");
+            ensure!(
+                (mode & 0xff) < 3 && (mode & !0x3ff) == 0,
+                "UPSCALE mode {mode:#x}"
+            );
+            ensure!(
+                mode & (1 << 9) == 0 || mode & 0xff == 1,
+                "UPSCALE antialias needs bilinear"
+            );
             ty_is(a, ty::F32, "src[0]")?;
             ty_is(d, ty::F32, "result")?;
             ensure!(!a.is_empty() || d.is_empty(), "UPSCALE of an empty tensor");
-            ensure!((0..4).all(|i| d.ne(i) < (1 << 22) && a.ne(i) < (1 << 22)), "UPSCALE dimensions too large");
+            ensure!(
+                (0..4).all(|i| d.ne(i) < (1 << 22) && a.ne(i) < (1 << 22)),
+                "UPSCALE dimensions too large"
+            );
         }
         ops::PAD => {
             let a = n.s(0)?;
             n.none_from(1)?;
             let p: Vec<i64> = (0..8).map(|i| d.op_i32(i) as i64).collect();
-            ensure!(p.iter().all(|&x| x >= 0), "PAD amounts must not be negative");
+            ensure!(
+                p.iter().all(|&x| x >= 0),
+                "PAD amounts must not be negative"
+            );
             ensure!(matches!(d.op_i32(8), 0 | 1), "PAD circular flag");
-            ne_eq(d, [a.ne(0) + p[0] + p[1], a.ne(1) + p[2] + p[3], a.ne(2) + p[4] + p[5], a.ne(3) + p[6] + p[7]])?;
+            ne_eq(
+                d,
+                [
+                    a.ne(0) + p[0] + p[1],
+                    a.ne(1) + p[2] + p[3],
+                    a.ne(2) + p[4] + p[5],
+                    a.ne(3) + p[6] + p[7],
+                ],
+            )?;
             ty_is(a, ty::F32, "src[0]")?;
             ty_is(d, ty::F32, "result")?;
             fresh(d)?;
@@ -960,7 +1276,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let a = n.s(0)?;
             n.none_from(1)?;
             let (p0, p1) = (d.op_i32(0) as i64, d.op_i32(1) as i64);
-            ensure!(p0 >= 0 && p1 >= 0 && p0 < a.ne(0) && p1 < a.ne(0), "PAD_REFLECT_1D amounts");
+            ensure!(
+                p0 >= 0 && p1 >= 0 && p0 < a.ne(0) && p1 < a.ne(0),
+                "PAD_REFLECT_1D amounts"
+            );
             ensure!(a.contiguous(), "PAD_REFLECT_1D: src[0] must be contiguous");
             ty_is(a, ty::F32, "src[0]")?;
             ty_is(d, ty::F32, "result")?;
@@ -974,16 +1293,30 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             for i in 0..4 {
                 ensure!((d.op_i32(i) as i64).abs() < a.ne(i), "ROLL shift {i}");
             }
-            ensure!(same_shape(a, d) && d.ty() == a.ty(), "result shape differs from src[0]");
+            ensure!(
+                same_shape(a, d) && d.ty() == a.ty(),
+                "result shape differs from src[0]"
+            );
             ty_is(a, ty::F32, "src[0]")?;
             fresh(d)?;
         }
         ops::ARANGE => {
             n.none_from(0)?;
             let (start, stop, step) = (d.op_f32(0), d.op_f32(1), d.op_f32(2));
-            ensure!(stop > start && step > 0.0 && step.is_finite() && start.is_finite() && stop.is_finite(), "ARANGE range");
+            ensure!(
+                stop > start
+                    && step > 0.0
+                    && step.is_finite()
+                    && start.is_finite()
+                    && stop.is_finite(),
+                "ARANGE range"
+            );
             let steps = ((stop - start) / step).ceil();
-            ensure!(steps.is_finite() && steps as i128 == d.nelements(), "ARANGE: {} elements for {steps} steps", d.nelements());
+            ensure!(
+                steps.is_finite() && steps as i128 == d.nelements(),
+                "ARANGE: {} elements for {steps} steps",
+                d.nelements()
+            );
             ty_is(d, ty::F32, "result")?;
             fresh(d)?;
         }
@@ -1011,7 +1344,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
         ops::TOP_K => {
             let a = n.s(0)?;
             n.none_from(1)?;
-            ensure!(d.ne(0) <= a.ne(0) && (1..4).all(|i| d.ne(i) == a.ne(i)), "TOP_K shapes");
+            ensure!(
+                d.ne(0) <= a.ne(0) && (1..4).all(|i| d.ne(i) == a.ne(i)),
+                "TOP_K shapes"
+            );
             ty_is(d, ty::I32, "result")?;
             ty_is(a, ty::F32, "src[0]")?;
             nb0_is_ts(d, "result")?;
@@ -1020,7 +1356,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
         ops::TRI => {
             let a = n.s(0)?;
             n.none_from(1)?;
-            ensure!(a.ty() == ty::F32 && a.contiguous() && a.ne(0) == a.ne(1), "TRI source");
+            ensure!(
+                a.ty() == ty::F32 && a.contiguous() && a.ne(0) == a.ne(1),
+                "TRI source"
+            );
             ensure!((0..4).contains(&d.op_i32(0)), "TRI type");
             ensure!(same_shape(a, d) && d.ty() == ty::F32, "TRI result");
             fresh(d)?;
@@ -1039,33 +1378,66 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let k = n.s(1)?;
             let v = n.s(2)?;
             n.none_from(5)?;
-            ensure!(k.ne(0) == q.ne(0) && divides(k.ne(2), q.ne(2)) && divides(k.ne(3), q.ne(3)), "FLASH_ATTN_EXT: q {:?} k {:?}", q.ne, k.ne);
-            ensure!(q.ne(3) == k.ne(3) && q.ne(3) == v.ne(3), "FLASH_ATTN_EXT batch");
+            ensure!(
+                k.ne(0) == q.ne(0) && divides(k.ne(2), q.ne(2)) && divides(k.ne(3), q.ne(3)),
+                "FLASH_ATTN_EXT: q {:?} k {:?}",
+                q.ne,
+                k.ne
+            );
+            ensure!(
+                q.ne(3) == k.ne(3) && q.ne(3) == v.ne(3),
+                "FLASH_ATTN_EXT batch"
+            );
             ensure!(divides(v.ne(2), q.ne(2)), "FLASH_ATTN_EXT: v heads");
             ensure!(v.ne(1) == k.ne(1), "FLASH_ATTN_EXT: k and v lengths differ");
             ne_eq(d, [v.ne(0), q.ne(2), q.ne(1), q.ne(3)])?;
             // op_params[3] is the precision; the CPU kernel knows DEFAULT (0) and F32 (10).
-            ensure!(!cpu || matches!(d.op_i32(3), 0 | 10), "FLASH_ATTN_EXT precision {}", d.op_i32(3));
+            ensure!(
+                !cpu || matches!(d.op_i32(3), 0 | 10),
+                "FLASH_ATTN_EXT precision {}",
+                d.op_i32(3)
+            );
             ty_is(d, ty::F32, "result")?;
             nb0_is_ts(d, "result")?;
-            ensure!(d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3), "result strides must increase");
+            ensure!(
+                d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
+                "result strides must increase"
+            );
             for (t, w) in [(q, "q"), (k, "k"), (v, "v")] {
                 nb0_is_ts(t, w)?;
             }
             if cpu {
                 ty_in(q, &[ty::F32, ty::F16], "q")?;
                 let kt = type_info(k.ty()).ok_or("k type")?;
-                ensure!(k.ty() == ty::F32 || k.ty() == ty::F16 || kt.has_to_float || kt.cpu_vec_dot, "FLASH_ATTN_EXT k type");
+                ensure!(
+                    k.ty() == ty::F32 || k.ty() == ty::F16 || kt.has_to_float || kt.cpu_vec_dot,
+                    "FLASH_ATTN_EXT k type"
+                );
                 let vt = type_info(v.ty()).ok_or("v type")?;
-                ensure!(v.ty() == ty::F32 || v.ty() == ty::F16 || vt.has_to_float, "FLASH_ATTN_EXT v type");
+                ensure!(
+                    v.ty() == ty::F32 || v.ty() == ty::F16 || vt.has_to_float,
+                    "FLASH_ATTN_EXT v type"
+                );
             }
             if let Some(m) = n.src[3] {
                 ty_is(m, ty::F16, "mask")?;
                 ensure!(m.contiguous(), "FLASH_ATTN_EXT: mask must be contiguous");
-                ensure!(divides(m.ne(2), q.ne(2)) && divides(m.ne(3), q.ne(3)), "FLASH_ATTN_EXT: mask cannot be broadcast");
-                ensure!(m.ne(0) >= k.ne(1) && m.ne(1) >= q.ne(1), "FLASH_ATTN_EXT: mask {:?} too small for {} kv x {} q", m.ne, k.ne(1), q.ne(1));
+                ensure!(
+                    divides(m.ne(2), q.ne(2)) && divides(m.ne(3), q.ne(3)),
+                    "FLASH_ATTN_EXT: mask cannot be broadcast"
+                );
+                ensure!(
+                    m.ne(0) >= k.ne(1) && m.ne(1) >= q.ne(1),
+                    "FLASH_ATTN_EXT: mask {:?} too small for {} kv x {} q",
+                    m.ne,
+                    k.ne(1),
+                    q.ne(1)
+                );
             } else {
-                ensure!(d.op_f32(1) <= 0.0 || d.op_f32(1).is_nan(), "FLASH_ATTN_EXT: max_bias without a mask");
+                ensure!(
+                    d.op_f32(1) <= 0.0 || d.op_f32(1).is_nan(),
+                    "FLASH_ATTN_EXT: max_bias without a mask"
+                );
             }
             if let Some(s) = n.src[4] {
                 ty_is(s, ty::F32, "sinks")?;
@@ -1084,8 +1456,14 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
                 ty_is(t, ty::F32, w)?;
                 nb0_is_ts(t, w)?;
             }
-            ensure!(sx.nb(1) == sx.ne(0) as u64 * 4, "SSM_CONV: src[0] rows must be packed");
-            ensure!(c.nb(1) == c.ne(0) as u64 * 4, "SSM_CONV: src[1] rows must be packed");
+            ensure!(
+                sx.nb(1) == sx.ne(0) as u64 * 4,
+                "SSM_CONV: src[0] rows must be packed"
+            );
+            ensure!(
+                c.nb(1) == c.ne(0) as u64 * 4,
+                "SSM_CONV: src[1] rows must be packed"
+            );
         }
         ops::SSM_SCAN => {
             let s = n.s(0)?;
@@ -1098,30 +1476,66 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(7)?;
             let kk = d.op_i32(0) as i64;
             ensure!(kk >= 1, "SSM_SCAN K");
-            ensure!(s.contiguous() && dt.contiguous() && a.contiguous(), "SSM_SCAN contiguity");
+            ensure!(
+                s.contiguous() && dt.contiguous() && a.contiguous(),
+                "SSM_SCAN contiguity"
+            );
             for (t, w) in [(x, "x"), (b, "B"), (c, "C")] {
                 nb0_is_ts(t, w)?;
-                ensure!(t.nb(1) == t.ne(0) as u64 * t.nb(0), "SSM_SCAN: {w} rows must be packed");
+                ensure!(
+                    t.nb(1) == t.ne(0) as u64 * t.nb(0),
+                    "SSM_SCAN: {w} rows must be packed"
+                );
             }
             ensure!(same_shape(b, c), "SSM_SCAN: B and C shapes");
             ty_is(ids, ty::I32, "ids")?;
-            for (t, w) in [(d, "result"), (s, "s"), (x, "x"), (dt, "dt"), (a, "A"), (b, "B"), (c, "C")] {
+            for (t, w) in [
+                (d, "result"),
+                (s, "s"),
+                (x, "x"),
+                (dt, "dt"),
+                (a, "A"),
+                (b, "B"),
+                (c, "C"),
+            ] {
                 ty_is(t, ty::F32, w)?;
             }
-            let (d_state, head_dim, n_head, n_tok, n_seqs) = (s.ne(0), x.ne(0), x.ne(1), x.ne(2), x.ne(3));
-            ensure!(dt.ne(0) == n_head && dt.ne(1) == n_tok && dt.ne(2) == n_seqs && dt.is_3d(), "SSM_SCAN dt");
+            let (d_state, head_dim, n_head, n_tok, n_seqs) =
+                (s.ne(0), x.ne(0), x.ne(1), x.ne(2), x.ne(3));
+            ensure!(
+                dt.ne(0) == n_head && dt.ne(1) == n_tok && dt.ne(2) == n_seqs && dt.is_3d(),
+                "SSM_SCAN dt"
+            );
             ensure!(s.ne(1) == head_dim && s.ne(2) == n_head, "SSM_SCAN s");
-            ensure!(b.ne(0) == d_state && b.ne(2) == n_tok && b.ne(3) == n_seqs, "SSM_SCAN B");
-            ensure!(ids.ne(0) == n_seqs && ids.is_vector() && ids.flat_fits(), "SSM_SCAN ids");
+            ensure!(
+                b.ne(0) == d_state && b.ne(2) == n_tok && b.ne(3) == n_seqs,
+                "SSM_SCAN B"
+            );
+            ensure!(
+                ids.ne(0) == n_seqs && ids.is_vector() && ids.flat_fits(),
+                "SSM_SCAN ids"
+            );
             ensure!(a.ne(1) == n_head && a.is_matrix(), "SSM_SCAN A");
-            ensure!(a.ne(0) == 1 || (a.ne(0) == d_state && kk == 1), "SSM_SCAN A shape");
+            ensure!(
+                a.ne(0) == 1 || (a.ne(0) == d_state && kk == 1),
+                "SSM_SCAN A shape"
+            );
             ensure!(divides(b.ne(1), n_head), "SSM_SCAN groups");
             ensure!(s.ne(3) >= 1, "SSM_SCAN states");
-            let want = x.nelements() + kk as i128 * (s.ne(0) * s.ne(1) * s.ne(2) * ids.ne(0)) as i128;
-            ensure!(d.nelements() == want && d.is_vector(), "SSM_SCAN result size");
+            let want =
+                x.nelements() + kk as i128 * (s.ne(0) * s.ne(1) * s.ne(2) * ids.ne(0)) as i128;
+            ensure!(
+                d.nelements() == want && d.is_vector(),
+                "SSM_SCAN result size"
+            );
             fresh(d)?;
             ensure!(x.flat_fits() || x.contiguous_rows(), "SSM_SCAN x");
-            checks.push(IndexCheck { tensor: n.idx(6), type_: ty::I32, bound: s.ne(3) as u64, what: "SSM_SCAN state" });
+            checks.push(IndexCheck {
+                tensor: n.idx(6),
+                type_: ty::I32,
+                bound: s.ne(3) as u64,
+                what: "SSM_SCAN state",
+            });
         }
         ops::WIN_PART => {
             let a = n.s(0)?;
@@ -1133,41 +1547,73 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let py = (w - a.ne(2) % w) % w;
             let npx = (px + a.ne(1)) / w;
             let npy = (py + a.ne(2)) / w;
-            ensure!(d.op_i32(0) as i64 == npx && d.op_i32(1) as i64 == npy, "WIN_PART parameters");
+            ensure!(
+                d.op_i32(0) as i64 == npx && d.op_i32(1) as i64 == npy,
+                "WIN_PART parameters"
+            );
             ne_eq(d, [a.ne(0), w, w, npx * npy])?;
             ty_is(d, ty::F32, "result")?;
-            ensure!(a.contiguous() && d.contiguous(), "WIN_PART needs contiguous tensors");
+            ensure!(
+                a.contiguous() && d.contiguous(),
+                "WIN_PART needs contiguous tensors"
+            );
         }
         ops::WIN_UNPART => {
             let a = n.s(0)?;
             n.none_from(1)?;
             let w = d.op_i32(0) as i64;
-            ensure!(w > 0 && a.ty() == ty::F32 && d.ty() == ty::F32, "WIN_UNPART parameters");
-            ensure!(d.ne(3) == 1 && d.ne(0) == a.ne(0) && a.ne(1) == w && a.ne(2) == w, "WIN_UNPART shapes");
+            ensure!(
+                w > 0 && a.ty() == ty::F32 && d.ty() == ty::F32,
+                "WIN_UNPART parameters"
+            );
+            ensure!(
+                d.ne(3) == 1 && d.ne(0) == a.ne(0) && a.ne(1) == w && a.ne(2) == w,
+                "WIN_UNPART shapes"
+            );
             let px = (w - d.ne(1) % w) % w;
             let py = (w - d.ne(2) % w) % w;
             let npx = (px + d.ne(1)) / w;
             let npy = (py + d.ne(2)) / w;
             ensure!(a.ne(3) == npx * npy, "WIN_UNPART window count");
-            ensure!(a.contiguous() && d.contiguous(), "WIN_UNPART needs contiguous tensors");
+            ensure!(
+                a.contiguous() && d.contiguous(),
+                "WIN_UNPART needs contiguous tensors"
+            );
         }
         ops::GET_REL_POS => {
             let a = n.s(0)?;
             n.none_from(1)?;
             let k = d.ne(1);
-            ensure!(d.ne(2) == k && 2 * k - 1 == a.ne(1) && d.ne(0) == a.ne(0) && d.ne(3) == 1, "GET_REL_POS shapes");
+            ensure!(
+                d.ne(2) == k && 2 * k - 1 == a.ne(1) && d.ne(0) == a.ne(0) && d.ne(3) == 1,
+                "GET_REL_POS shapes"
+            );
             ty_is(a, ty::F16, "src[0]")?;
             ty_is(d, ty::F16, "result")?;
-            ensure!(a.contiguous() && d.contiguous(), "GET_REL_POS needs contiguous tensors");
+            ensure!(
+                a.contiguous() && d.contiguous(),
+                "GET_REL_POS needs contiguous tensors"
+            );
         }
         ops::ADD_REL_POS => {
             let a = n.s(0)?;
             let pw = n.s(1)?;
             let ph = n.s(2)?;
             n.none_from(3)?;
-            ensure!(same_shape(pw, ph) && a.contiguous() && pw.contiguous() && ph.contiguous(), "ADD_REL_POS sources");
-            ensure!(ph.ty() == ty::F32 && pw.ty() == ty::F32 && a.ty() == ty::F32 && d.ty() == ty::F32, "ADD_REL_POS types");
-            ensure!(pw.ne(3) == a.ne(2) && pw.ne(0) * pw.ne(0) == a.ne(0) && pw.ne(1) * pw.ne(2) == a.ne(1), "ADD_REL_POS shapes");
+            ensure!(
+                same_shape(pw, ph) && a.contiguous() && pw.contiguous() && ph.contiguous(),
+                "ADD_REL_POS sources"
+            );
+            ensure!(
+                ph.ty() == ty::F32 && pw.ty() == ty::F32 && a.ty() == ty::F32 && d.ty() == ty::F32,
+                "ADD_REL_POS types"
+            );
+            ensure!(
+                pw.ne(3) == a.ne(2)
+                    && pw.ne(0) * pw.ne(0) == a.ne(0)
+                    && pw.ne(1) * pw.ne(2) == a.ne(1),
+                "ADD_REL_POS shapes"
+            );
             ensure!(same_shape(a, d) && d.contiguous(), "ADD_REL_POS result");
             ensure!(matches!(d.op_i32(0), 0 | 1), "ADD_REL_POS inplace flag");
         }
@@ -1180,9 +1626,16 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let srcs: Vec<&TensorSpec> = (0..n_in).map(|i| n.s(i)).collect::<Result<_, _>>()?;
             n.none_from(n_in)?;
             for (i, t) in srcs.iter().enumerate() {
-                ensure!(t.contiguous() && t.ty() == ty::F32, "src[{i}] must be contiguous f32");
+                ensure!(
+                    t.contiguous() && t.ty() == ty::F32,
+                    "src[{i}] must be contiguous f32"
+                );
             }
-            let k = if op == ops::RWKV_WKV7 { srcs[2] } else { srcs[0] };
+            let k = if op == ops::RWKV_WKV7 {
+                srcs[2]
+            } else {
+                srcs[0]
+            };
             let state = srcs[n_in - 1];
             let (sz, h, n_tok, n_seqs) = (k.ne(0), k.ne(1), k.ne(2), state.ne(1));
             ensure!(h > 0 && sz > 0, "empty heads");
@@ -1191,9 +1644,15 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
                     ensure!(t.nelements() >= (sz * h) as i128, "time_faaaa size");
                     continue;
                 }
-                ensure!(t.ne(0) == sz && t.ne(1) == h && t.ne(2) == n_tok && t.ne(3) == 1, "src[{i}] shape");
+                ensure!(
+                    t.ne(0) == sz && t.ne(1) == h && t.ne(2) == n_tok && t.ne(3) == 1,
+                    "src[{i}] shape"
+                );
             }
-            ensure!(state.nelements() == (sz * sz * h * n_seqs) as i128, "state size");
+            ensure!(
+                state.nelements() == (sz * sz * h * n_seqs) as i128,
+                "state size"
+            );
             ensure!(n_seqs > 0 && divides(n_seqs, n_tok), "tokens per sequence");
             ne_eq(d, [sz * h, n_tok + sz * n_seqs, 1, 1])?;
             ty_is(d, ty::F32, "result")?;
@@ -1203,8 +1662,17 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let a = n.s(0)?;
             let b = n.s(1)?;
             n.none_from(2)?;
-            ensure!(a.ty() == ty::F32 && b.ty() == ty::F32 && a.contiguous() && b.contiguous(), "SOLVE_TRI sources");
-            ensure!(a.ne(0) == a.ne(1) && a.ne(1) == b.ne(1) && a.ne(2) == b.ne(2) && a.ne(3) == b.ne(3), "SOLVE_TRI shapes");
+            ensure!(
+                a.ty() == ty::F32 && b.ty() == ty::F32 && a.contiguous() && b.contiguous(),
+                "SOLVE_TRI sources"
+            );
+            ensure!(
+                a.ne(0) == a.ne(1)
+                    && a.ne(1) == b.ne(1)
+                    && a.ne(2) == b.ne(2)
+                    && a.ne(3) == b.ne(3),
+                "SOLVE_TRI shapes"
+            );
             ensure!(same_shape(b, d) && d.ty() == ty::F32, "SOLVE_TRI result");
             fresh(d)?;
         }
@@ -1216,19 +1684,50 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let beta = n.s(4)?;
             let state = n.s(5)?;
             n.none_from(6)?;
-            for (t, w) in [(q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta"), (state, "state")] {
+            for (t, w) in [
+                (q, "q"),
+                (k, "k"),
+                (v, "v"),
+                (g, "g"),
+                (beta, "beta"),
+                (state, "state"),
+            ] {
                 ty_is(t, ty::F32, w)?;
             }
-            ensure!(q.contiguous_rows() && k.contiguous_rows() && v.contiguous_rows(), "GATED_DELTA_NET rows");
-            ensure!(g.contiguous() && beta.contiguous() && state.contiguous(), "GATED_DELTA_NET contiguity");
+            ensure!(
+                q.contiguous_rows() && k.contiguous_rows() && v.contiguous_rows(),
+                "GATED_DELTA_NET rows"
+            );
+            ensure!(
+                g.contiguous() && beta.contiguous() && state.contiguous(),
+                "GATED_DELTA_NET contiguity"
+            );
             let (sv, h, n_tok, n_seqs) = (v.ne(0), v.ne(1), v.ne(2), v.ne(3));
             let kk = d.op_i32(0) as i64;
             ensure!(kk >= 1, "GATED_DELTA_NET K");
-            ensure!(q.ne(0) == sv && k.ne(0) == sv && same_shape(q, k), "GATED_DELTA_NET q/k shapes");
-            ensure!(divides(q.ne(1), h) && q.ne(2) == n_tok && divides(q.ne(3), n_seqs), "GATED_DELTA_NET q/k broadcast");
-            ensure!((g.ne(0) == 1 || g.ne(0) == sv) && g.ne(1) == h && g.ne(2) == n_tok && g.ne(3) == n_seqs, "GATED_DELTA_NET g");
-            ensure!(beta.ne(0) == 1 && beta.ne(1) == h && beta.ne(2) == n_tok && beta.ne(3) == n_seqs, "GATED_DELTA_NET beta");
-            ensure!(state.ne(0) == sv && state.ne(1) == sv && state.ne(2) == h && state.ne(3) == n_seqs, "GATED_DELTA_NET state");
+            ensure!(
+                q.ne(0) == sv && k.ne(0) == sv && same_shape(q, k),
+                "GATED_DELTA_NET q/k shapes"
+            );
+            ensure!(
+                divides(q.ne(1), h) && q.ne(2) == n_tok && divides(q.ne(3), n_seqs),
+                "GATED_DELTA_NET q/k broadcast"
+            );
+            ensure!(
+                (g.ne(0) == 1 || g.ne(0) == sv)
+                    && g.ne(1) == h
+                    && g.ne(2) == n_tok
+                    && g.ne(3) == n_seqs,
+                "GATED_DELTA_NET g"
+            );
+            ensure!(
+                beta.ne(0) == 1 && beta.ne(1) == h && beta.ne(2) == n_tok && beta.ne(3) == n_seqs,
+                "GATED_DELTA_NET beta"
+            );
+            ensure!(
+                state.ne(0) == sv && state.ne(1) == sv && state.ne(2) == h && state.ne(3) == n_seqs,
+                "GATED_DELTA_NET state"
+            );
             ne_eq(d, [sv * h, n_tok * n_seqs + kk * sv * n_seqs, 1, 1])?;
             ty_is(d, ty::F32, "result")?;
             fresh(d)?;
@@ -1239,17 +1738,38 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let w = n.s(2)?;
             let m = n.s(3)?;
             n.none_from(4)?;
-            ensure!(q.ty() == ty::F32 && w.ty() == ty::F32 && m.ty() == ty::F16 && d.ty() == ty::F32, "LIGHTNING_INDEXER types");
-            ensure!(q.ne(0) == k.ne(0) && m.ne(0) == k.ne(2) && q.ne(1) == w.ne(0) && k.ne(1) == 1, "LIGHTNING_INDEXER shapes");
-            ensure!(m.ne(1) == q.ne(2) && q.ne(2) == w.ne(1) && w.ne(2) == 1 && m.ne(2) == 1, "LIGHTNING_INDEXER shapes");
-            ensure!(q.ne(3) == k.ne(3) && k.ne(3) == w.ne(3) && divides(m.ne(3), w.ne(3)), "LIGHTNING_INDEXER batch");
+            ensure!(
+                q.ty() == ty::F32 && w.ty() == ty::F32 && m.ty() == ty::F16 && d.ty() == ty::F32,
+                "LIGHTNING_INDEXER types"
+            );
+            ensure!(
+                q.ne(0) == k.ne(0) && m.ne(0) == k.ne(2) && q.ne(1) == w.ne(0) && k.ne(1) == 1,
+                "LIGHTNING_INDEXER shapes"
+            );
+            ensure!(
+                m.ne(1) == q.ne(2) && q.ne(2) == w.ne(1) && w.ne(2) == 1 && m.ne(2) == 1,
+                "LIGHTNING_INDEXER shapes"
+            );
+            ensure!(
+                q.ne(3) == k.ne(3) && k.ne(3) == w.ne(3) && divides(m.ne(3), w.ne(3)),
+                "LIGHTNING_INDEXER batch"
+            );
             ne_eq(d, [k.ne(2), q.ne(2), 1, q.ne(3)])?;
-            for (t, wn) in [(d, "result"), (q, "q"), (k, "k"), (w, "weights"), (m, "mask")] {
+            for (t, wn) in [
+                (d, "result"),
+                (q, "q"),
+                (k, "k"),
+                (w, "weights"),
+                (m, "mask"),
+            ] {
                 nb0_is_ts(t, wn)?;
             }
             if cpu {
                 let kt = type_info(k.ty()).ok_or("k type")?;
-                ensure!(k.ty() == ty::F32 || kt.has_to_float || k.ty() == ty::F16 || k.ty() == ty::BF16, "LIGHTNING_INDEXER k type");
+                ensure!(
+                    k.ty() == ty::F32 || kt.has_to_float || k.ty() == ty::F16 || k.ty() == ty::BF16,
+                    "LIGHTNING_INDEXER k type"
+                );
             }
         }
         ops::DSV4_HC_COMB => {
@@ -1257,62 +1777,131 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let scale = n.s(1)?;
             let base = n.s(2)?;
             n.none_from(3)?;
-            ensure!(mixes.ty() == ty::F32 && scale.ty() == ty::F32 && base.ty() == ty::F32 && d.ty() == ty::F32, "DSV4_HC_COMB types");
+            ensure!(
+                mixes.ty() == ty::F32
+                    && scale.ty() == ty::F32
+                    && base.ty() == ty::F32
+                    && d.ty() == ty::F32,
+                "DSV4_HC_COMB types"
+            );
             ensure!(d.op_i32(1) > 0, "DSV4_HC_COMB iterations");
             let hc = 4;
-            ensure!(mixes.ne(0) == (2 + hc) * hc && mixes.ne(2) == 1 && mixes.ne(3) == 1, "DSV4_HC_COMB mixes");
-            ensure!(scale.ne(0) >= 3 && scale.is_vector() && base.ne(0) == mixes.ne(0) && base.is_vector(), "DSV4_HC_COMB scale/base");
+            ensure!(
+                mixes.ne(0) == (2 + hc) * hc && mixes.ne(2) == 1 && mixes.ne(3) == 1,
+                "DSV4_HC_COMB mixes"
+            );
+            ensure!(
+                scale.ne(0) >= 3
+                    && scale.is_vector()
+                    && base.ne(0) == mixes.ne(0)
+                    && base.is_vector(),
+                "DSV4_HC_COMB scale/base"
+            );
             ne_eq(d, [hc, hc, mixes.ne(1), 1])?;
-            ensure!(mixes.contiguous() && scale.contiguous() && base.contiguous() && d.contiguous(), "DSV4_HC_COMB contiguity");
+            ensure!(
+                mixes.contiguous() && scale.contiguous() && base.contiguous() && d.contiguous(),
+                "DSV4_HC_COMB contiguity"
+            );
         }
         ops::DSV4_HC_PRE => {
             let x = n.s(0)?;
             let w = n.s(1)?;
             n.none_from(2)?;
-            ensure!(x.ty() == ty::F32 && w.ty() == ty::F32 && d.ty() == ty::F32, "DSV4_HC_PRE types");
+            ensure!(
+                x.ty() == ty::F32 && w.ty() == ty::F32 && d.ty() == ty::F32,
+                "DSV4_HC_PRE types"
+            );
             let (n_embd, hc, n_tok) = (x.ne(0), x.ne(1), x.ne(2));
             ensure!(hc > 0 && x.ne(3) == 1 && w.ne(3) == 1, "DSV4_HC_PRE shapes");
             match d.op_i32(1) {
-                1 => ensure!(w.ne(0) == n_embd && w.ne(1) == hc && w.ne(2) == n_tok, "DSV4_HC_PRE gate"),
-                0 => ensure!(w.ne(0) == hc && w.ne(1) == n_tok && w.ne(2) == 1, "DSV4_HC_PRE weights"),
+                1 => ensure!(
+                    w.ne(0) == n_embd && w.ne(1) == hc && w.ne(2) == n_tok,
+                    "DSV4_HC_PRE gate"
+                ),
+                0 => ensure!(
+                    w.ne(0) == hc && w.ne(1) == n_tok && w.ne(2) == 1,
+                    "DSV4_HC_PRE weights"
+                ),
                 _ => return Err("DSV4_HC_PRE gated flag".into()),
             }
             ne_eq(d, [n_embd, n_tok, 1, 1])?;
-            ensure!(x.contiguous() && w.contiguous() && d.contiguous(), "DSV4_HC_PRE contiguity");
+            ensure!(
+                x.contiguous() && w.contiguous() && d.contiguous(),
+                "DSV4_HC_PRE contiguity"
+            );
         }
         ops::DSV4_HC_POST => {
             let x = n.s(0)?;
             let res = n.s(1)?;
             let post = n.s(2)?;
             n.none_from(4)?;
-            ensure!(x.ty() == ty::F32 && res.ty() == ty::F32 && post.ty() == ty::F32 && d.ty() == ty::F32, "DSV4_HC_POST types");
+            ensure!(
+                x.ty() == ty::F32
+                    && res.ty() == ty::F32
+                    && post.ty() == ty::F32
+                    && d.ty() == ty::F32,
+                "DSV4_HC_POST types"
+            );
             let (n_embd, n_tok, hc) = (x.ne(0), x.ne(1), res.ne(1));
-            ensure!(hc > 0 && x.is_matrix() && res.ne(0) == n_embd && res.ne(2) == n_tok && res.ne(3) == 1, "DSV4_HC_POST shapes");
-            ensure!(post.ne(0) == hc && post.ne(1) == n_tok && post.is_matrix(), "DSV4_HC_POST post");
+            ensure!(
+                hc > 0
+                    && x.is_matrix()
+                    && res.ne(0) == n_embd
+                    && res.ne(2) == n_tok
+                    && res.ne(3) == 1,
+                "DSV4_HC_POST shapes"
+            );
+            ensure!(
+                post.ne(0) == hc && post.ne(1) == n_tok && post.is_matrix(),
+                "DSV4_HC_POST post"
+            );
             if let Some(c) = n.src[3] {
-                ensure!(c.ty() == ty::F32 && c.ne(0) == hc && c.ne(1) == hc && c.ne(2) == n_tok && c.ne(3) == 1 && c.contiguous(), "DSV4_HC_POST comb");
+                ensure!(
+                    c.ty() == ty::F32
+                        && c.ne(0) == hc
+                        && c.ne(1) == hc
+                        && c.ne(2) == n_tok
+                        && c.ne(3) == 1
+                        && c.contiguous(),
+                    "DSV4_HC_POST comb"
+                );
             }
             ne_eq(d, [n_embd, hc, n_tok, 1])?;
-            ensure!(x.contiguous() && res.contiguous() && post.contiguous() && d.contiguous(), "DSV4_HC_POST contiguity");
+            ensure!(
+                x.contiguous() && res.contiguous() && post.contiguous() && d.contiguous(),
+                "DSV4_HC_POST contiguity"
+            );
         }
         ops::CROSS_ENTROPY_LOSS => {
             let a = n.s(0)?;
             let b = n.s(1)?;
             n.none_from(2)?;
-            ensure!(same_shape(a, b) && a.ty() == ty::F32 && b.ty() == ty::F32, "CROSS_ENTROPY_LOSS sources");
+            ensure!(
+                same_shape(a, b) && a.ty() == ty::F32 && b.ty() == ty::F32,
+                "CROSS_ENTROPY_LOSS sources"
+            );
             ne_eq(d, [1, 1, 1, 1])?;
             ty_is(d, ty::F32, "result")?;
             nb0_is_ts(a, "src[0]")?;
             nb0_is_ts(b, "src[1]")?;
-            ensure!(a.flat_rows_fit() && b.flat_rows_fit(), "CROSS_ENTROPY_LOSS row layout");
+            ensure!(
+                a.flat_rows_fit() && b.flat_rows_fit(),
+                "CROSS_ENTROPY_LOSS row layout"
+            );
         }
         ops::CROSS_ENTROPY_LOSS_BACK => {
             let g = n.s(0)?;
             let a = n.s(1)?;
             let b = n.s(2)?;
             n.none_from(3)?;
-            ensure!(g.is_scalar() && same_shape(a, b) && same_shape(a, d), "CROSS_ENTROPY_LOSS_BACK shapes");
-            ensure!(d.contiguous() && a.contiguous() && b.contiguous() && g.contiguous(), "CROSS_ENTROPY_LOSS_BACK contiguity");
+            ensure!(
+                g.is_scalar() && same_shape(a, b) && same_shape(a, d),
+                "CROSS_ENTROPY_LOSS_BACK shapes"
+            );
+            ensure!(
+                d.contiguous() && a.contiguous() && b.contiguous() && g.contiguous(),
+                "CROSS_ENTROPY_LOSS_BACK contiguity"
+            );
             for (t, w) in [(d, "result"), (g, "grad"), (a, "src[1]"), (b, "src[2]")] {
                 ty_is(t, ty::F32, w)?;
             }
@@ -1320,22 +1909,41 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
         ops::OPT_STEP_ADAMW | ops::OPT_STEP_SGD => {
             let a = n.s(0)?;
             let grad = n.s(1)?;
-            let (np, params) = if op == ops::OPT_STEP_ADAMW { (7, n.s(4)?) } else { (2, n.s(2)?) };
-            ensure!(a.spec().flags & FLAG_PARAM != 0, "optimizer step on a tensor that is not a parameter");
+            let (np, params) = if op == ops::OPT_STEP_ADAMW {
+                (7, n.s(4)?)
+            } else {
+                (2, n.s(2)?)
+            };
+            ensure!(
+                a.spec().flags & FLAG_PARAM != 0,
+                "optimizer step on a tensor that is not a parameter"
+            );
             ensure!(same_shape(a, grad), "gradient shape");
             if op == ops::OPT_STEP_ADAMW {
-                ensure!(same_shape(a, n.s(2)?) && same_shape(a, n.s(3)?), "moment shapes");
+                ensure!(
+                    same_shape(a, n.s(2)?) && same_shape(a, n.s(3)?),
+                    "moment shapes"
+                );
                 n.none_from(5)?;
             } else {
                 n.none_from(3)?;
             }
-            ensure!(params.ty() == ty::F32 && params.nelements() == np && params.flat_fits(), "optimizer parameters");
-            ensure!(same_shape(a, d) && same_stride(a, d) && d.ty() == a.ty(), "optimizer step result must be a view of src[0]");
+            ensure!(
+                params.ty() == ty::F32 && params.nelements() == np && params.flat_fits(),
+                "optimizer parameters"
+            );
+            ensure!(
+                same_shape(a, d) && same_stride(a, d) && d.ty() == a.ty(),
+                "optimizer step result must be a view of src[0]"
+            );
             for i in 0..if op == ops::OPT_STEP_ADAMW { 4 } else { 2 } {
                 let t = n.s(i)?;
                 ty_is(t, ty::F32, "optimizer tensor")?;
                 nb0_is_ts(t, "optimizer tensor")?;
-                ensure!(t.flat_rows_fit() || t.contiguous_1(), "optimizer tensor layout");
+                ensure!(
+                    t.flat_rows_fit() || t.contiguous_1(),
+                    "optimizer tensor layout"
+                );
             }
         }
         ops::IM2COL_BACK => {
@@ -1344,19 +1952,36 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(2)?;
             let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
             let (s0, s1, p0, p1, d0, d1, is2d) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
-            ensure!(matches!(is2d, 0 | 1) && s0 > 0 && d0 > 0 && p0 >= 0, "IM2COL_BACK parameters");
+            ensure!(
+                matches!(is2d, 0 | 1) && s0 > 0 && d0 > 0 && p0 >= 0,
+                "IM2COL_BACK parameters"
+            );
             let is2d = is2d == 1;
-            ensure!(!is2d || (s1 > 0 && d1 > 0 && p1 >= 0), "IM2COL_BACK parameters");
+            ensure!(
+                !is2d || (s1 > 0 && d1 > 0 && p1 >= 0),
+                "IM2COL_BACK parameters"
+            );
             ty_is(a, ty::F32, "src[0]")?;
             ty_in(b, &[ty::F32, ty::F16], "src[1]")?;
             ty_is(d, ty::F32, "result")?;
             // The result has the shape of the original im2col input; the gradient src[0] the shape
             // im2col produced from it with kernel src[1].
-            let oh = if is2d { conv_out(d.ne(1), b.ne(1), s1, p1, d1) } else { 1 };
+            let oh = if is2d {
+                conv_out(d.ne(1), b.ne(1), s1, p1, d1)
+            } else {
+                1
+            };
             let ow = conv_out(d.ne(0), b.ne(0), s0, p0, d0);
-            ensure!(oh > 0 && ow > 0, "IM2COL_BACK: input smaller than the kernel");
+            ensure!(
+                oh > 0 && ow > 0,
+                "IM2COL_BACK: input smaller than the kernel"
+            );
             let want = [
-                if is2d { b.ne(2) * b.ne(1) * b.ne(0) } else { b.ne(1) * b.ne(0) },
+                if is2d {
+                    b.ne(2) * b.ne(1) * b.ne(0)
+                } else {
+                    b.ne(1) * b.ne(0)
+                },
                 ow,
                 if is2d { oh } else { d.ne(2) },
                 if is2d { d.ne(3) } else { 1 },
@@ -1375,15 +2000,24 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(2)?;
             let p: Vec<i64> = (0..10).map(|i| d.op_i32(i) as i64).collect();
             let ic = p[9];
-            ensure!(p[0] > 0 && p[1] > 0 && p[2] > 0 && p[3] >= 0 && p[4] >= 0 && p[5] >= 0, "IM2COL_3D parameters");
+            ensure!(
+                p[0] > 0 && p[1] > 0 && p[2] > 0 && p[3] >= 0 && p[4] >= 0 && p[5] >= 0,
+                "IM2COL_3D parameters"
+            );
             // With fewer input channels than IC there is no batch (N = 0) and the result is
             // empty, which the CPU backend skips (the kernel would divide by N).
-            ensure!(p[6] > 0 && p[7] > 0 && p[8] > 0 && ic > 0 && (b.ne(3) >= ic || d.is_empty()), "IM2COL_3D parameters");
+            ensure!(
+                p[6] > 0 && p[7] > 0 && p[8] > 0 && ic > 0 && (b.ne(3) >= ic || d.is_empty()),
+                "IM2COL_3D parameters"
+            );
             let n_b = b.ne(3) / ic;
             let od = conv_out(b.ne(2), a.ne(2), p[2], p[5], p[8]);
             let oh = conv_out(b.ne(1), a.ne(1), p[1], p[4], p[7]);
             let ow = conv_out(b.ne(0), a.ne(0), p[0], p[3], p[6]);
-            ensure!(od > 0 && oh > 0 && ow > 0, "IM2COL_3D: input smaller than the kernel");
+            ensure!(
+                od > 0 && oh > 0 && ow > 0,
+                "IM2COL_3D: input smaller than the kernel"
+            );
             ne_eq(d, [a.ne(0) * a.ne(1) * a.ne(2) * ic, ow, oh, od * n_b])?;
             ty_in(d, &[ty::F32, ty::F16], "result")?;
             ty_is(b, ty::F32, "src[1]")?;
@@ -1409,7 +2043,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(2)?;
             ensure!(a.ne(2) == b.ne(2), "CONV_2D channels");
             let p: Vec<i64> = (0..6).map(|i| d.op_i32(i) as i64).collect();
-            ensure!(p[0] > 0 && p[1] > 0 && p[2] >= 0 && p[3] >= 0 && p[4] > 0 && p[5] > 0, "CONV_2D parameters");
+            ensure!(
+                p[0] > 0 && p[1] > 0 && p[2] >= 0 && p[3] >= 0 && p[4] > 0 && p[5] > 0,
+                "CONV_2D parameters"
+            );
             let w = conv_out(b.ne(0), a.ne(0), p[0], p[2], p[4]);
             let h = conv_out(b.ne(1), a.ne(1), p[1], p[3], p[5]);
             ensure!(w > 0 && h > 0, "CONV_2D: input smaller than the kernel");
@@ -1426,17 +2063,29 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(2)?;
             let p: Vec<i64> = (0..12).map(|i| d.op_i32(i) as i64).collect();
             let (c, nn, oc) = (p[9], p[10], p[11]);
-            ensure!((0..3).all(|i| p[i] > 0 && p[i + 3] >= 0 && p[i + 6] > 0) && c > 0 && nn > 0 && oc > 0, "CONV_3D parameters");
+            ensure!(
+                (0..3).all(|i| p[i] > 0 && p[i + 3] >= 0 && p[i + 6] > 0)
+                    && c > 0
+                    && nn > 0
+                    && oc > 0,
+                "CONV_3D parameters"
+            );
             ensure!(a.ne(3) == c * oc && b.ne(3) == c * nn, "CONV_3D channels");
             let w = conv_out(b.ne(0), a.ne(0), p[0], p[3], p[6]);
             let h = conv_out(b.ne(1), a.ne(1), p[1], p[4], p[7]);
             let dd = conv_out(b.ne(2), a.ne(2), p[2], p[5], p[8]);
-            ensure!(w > 0 && h > 0 && dd > 0, "CONV_3D: input smaller than the kernel");
+            ensure!(
+                w > 0 && h > 0 && dd > 0,
+                "CONV_3D: input smaller than the kernel"
+            );
             ne_eq(d, [w, h, dd, oc * nn])?;
             ty_is(d, ty::F32, "result")?;
             ty_in(a, &[ty::F32, ty::F16], "kernel")?;
             ty_is(b, ty::F32, "src[1]")?;
-            ensure!(a.contiguous() && b.contiguous() && d.contiguous(), "CONV_3D contiguity");
+            ensure!(
+                a.contiguous() && b.contiguous() && d.contiguous(),
+                "CONV_3D contiguity"
+            );
         }
         ops::CONV_2D_DW => {
             let a = n.s(0)?;
@@ -1444,7 +2093,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             n.none_from(2)?;
             ensure!(a.ne(2) == 1 && a.ne(3) == b.ne(2), "CONV_2D_DW shapes");
             let p: Vec<i64> = (0..6).map(|i| d.op_i32(i) as i64).collect();
-            ensure!(p[0] > 0 && p[1] > 0 && p[2] >= 0 && p[3] >= 0 && p[4] > 0 && p[5] > 0, "CONV_2D_DW parameters");
+            ensure!(
+                p[0] > 0 && p[1] > 0 && p[2] >= 0 && p[3] >= 0 && p[4] > 0 && p[5] > 0,
+                "CONV_2D_DW parameters"
+            );
             let w = conv_out(b.ne(0), a.ne(0), p[0], p[2], p[4]);
             let h = conv_out(b.ne(1), a.ne(1), p[1], p[3], p[5]);
             ensure!(w > 0 && h > 0, "CONV_2D_DW: input smaller than the kernel");
@@ -1453,13 +2105,20 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             ty_in(a, &[ty::F32, ty::F16], "kernel")?;
             // Both kernels address kernel, input and result as flat arrays (WHCN when the input
             // is contiguous, channels-innermost CWHN when it is contiguous in channels).
-            ensure!(a.flat_fits() && b.flat_fits() && d.flat_fits(), "CONV_2D_DW: tensors must be packed");
-            let channels = |t: &TensorSpec| t.nb(0) > t.nb(2) && t.nb(1) > t.nb(0) && t.nb(2) == t.ts();
+            ensure!(
+                a.flat_fits() && b.flat_fits() && d.flat_fits(),
+                "CONV_2D_DW: tensors must be packed"
+            );
+            let channels =
+                |t: &TensorSpec| t.nb(0) > t.nb(2) && t.nb(1) > t.nb(0) && t.nb(2) == t.ts();
             if b.contiguous() {
                 ensure!(a.contiguous() && d.contiguous(), "CONV_2D_DW (WHCN) layout");
             } else {
                 ensure!(channels(b), "CONV_2D_DW: input layout not supported");
-                ensure!(a.nb(0) >= a.nb(2) && a.nb(1) >= a.nb(0), "CONV_2D_DW (CWHN) kernel layout");
+                ensure!(
+                    a.nb(0) >= a.nb(2) && a.nb(1) >= a.nb(0),
+                    "CONV_2D_DW (CWHN) kernel layout"
+                );
             }
         }
         ops::CONV_TRANSPOSE_2D => {
@@ -1469,17 +2128,33 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             ensure!(a.ne(3) == b.ne(2), "CONV_TRANSPOSE_2D channels");
             let s = d.op_i32(0) as i64;
             ensure!(s > 0, "CONV_TRANSPOSE_2D stride");
-            ne_eq(d, [(b.ne(0) - 1) * s + a.ne(0), (b.ne(1) - 1) * s + a.ne(1), a.ne(2), b.ne(3)])?;
+            ne_eq(
+                d,
+                [
+                    (b.ne(0) - 1) * s + a.ne(0),
+                    (b.ne(1) - 1) * s + a.ne(1),
+                    a.ne(2),
+                    b.ne(3),
+                ],
+            )?;
             ty_is(d, ty::F32, "result")?;
             ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
             ty_is(b, ty::F32, "src[1]")?;
-            ensure!(a.contiguous() && b.contiguous() && d.contiguous(), "CONV_TRANSPOSE_2D contiguity");
+            ensure!(
+                a.contiguous() && b.contiguous() && d.contiguous(),
+                "CONV_TRANSPOSE_2D contiguity"
+            );
         }
         ops::FLASH_ATTN_BACK => return Err("FLASH_ATTN_BACK is not supported by ggml".into()),
         ops::MAP_CUSTOM1 | ops::MAP_CUSTOM2 | ops::MAP_CUSTOM3 | ops::CUSTOM => {
             return Err("custom ops carry code pointers and are refused".into())
         }
-        _ => return Err(format!("op {} is not supported by this server", ops::name(op).unwrap_or_default())),
+        _ => {
+            return Err(format!(
+                "op {} is not supported by this server",
+                ops::name(op).unwrap_or_default()
+            ))
+        }
     }
     Ok(checks)
 }
@@ -1509,24 +2184,38 @@ fn copy_rules(a: &TensorSpec, d: &TensorSpec, cpu: bool) -> R {
     }
     if a.ty() == d.ty() {
         // dup_bytes copies whole blocks.
-        ensure!(!a.quantized() || (a.ne(0) % a.blck() == 0 && d.ne(0) % d.blck() == 0), "partial blocks");
+        ensure!(
+            !a.quantized() || (a.ne(0) % a.blck() == 0 && d.ne(0) % d.blck() == 0),
+            "partial blocks"
+        );
         return Ok(());
     }
     match (a.ty(), d.ty()) {
-        (ty::F16 | ty::BF16 | ty::F32, ty::F16 | ty::BF16 | ty::F32) | (ty::F32, ty::I32) | (ty::I32, ty::F32) => Ok(()),
+        (ty::F16 | ty::BF16 | ty::F32, ty::F16 | ty::BF16 | ty::F32)
+        | (ty::F32, ty::I32)
+        | (ty::I32, ty::F32) => Ok(()),
         (ty::F16 | ty::BF16 | ty::F32, q) if type_info(q).is_some_and(|i| i.is_quantized) => {
             // dup_to_q: contiguous destination, one quantized row per source row.
             let qi = type_info(q).ok_or("type")?;
             ensure!(qi.cpu_from_float, "no conversion to type {q}");
-            ensure!(d.contiguous() && a.nb(0) == a.ts(), "copy to a quantized type needs a contiguous destination");
-            ensure!(a.ne(0) % qi.blck_size as i64 == 0, "source rows are not whole blocks");
+            ensure!(
+                d.contiguous() && a.nb(0) == a.ts(),
+                "copy to a quantized type needs a contiguous destination"
+            );
+            ensure!(
+                a.ne(0) % qi.blck_size as i64 == 0,
+                "source rows are not whole blocks"
+            );
             Ok(())
         }
         (q, ty::F32) if type_info(q).is_some_and(|i| i.is_quantized && i.has_to_float) => {
             // dup_from_q: addresses the destination with src[1]'s strides (equal to the result's,
             // checked by the CPY rule); DUP/CONT keep the type so never get here.
             ensure!(d.nb(0) == 4, "destination must be contiguous in dim 0");
-            ensure!(d.ne(0) % a.blck() == 0 || d.contiguous(), "destination rows are not whole blocks");
+            ensure!(
+                d.ne(0) % a.blck() == 0 || d.contiguous(),
+                "destination rows are not whole blocks"
+            );
             Ok(())
         }
         (s, t) => Err(format!("no copy from type {s} to type {t}")),
@@ -1537,11 +2226,18 @@ fn copy_rules(a: &TensorSpec, d: &TensorSpec, cpu: bool) -> R {
 fn unary_kernel(a: &TensorSpec, d: &TensorSpec, cpu: bool) -> R {
     nb0_is_ts(a, "src[0]")?;
     nb0_is_ts(d, "result")?;
-    ensure!(a.contiguous_rows() && d.contiguous_rows(), "rows must be contiguous");
+    ensure!(
+        a.contiguous_rows() && d.contiguous_rows(),
+        "rows must be contiguous"
+    );
     if cpu {
         let ok = matches!(
             (a.ty(), d.ty()),
-            (ty::F32, ty::F32) | (ty::F16, ty::F16) | (ty::BF16, ty::BF16) | (ty::BF16, ty::F32) | (ty::F16, ty::F32)
+            (ty::F32, ty::F32)
+                | (ty::F16, ty::F16)
+                | (ty::BF16, ty::BF16)
+                | (ty::BF16, ty::F32)
+                | (ty::F16, ty::F32)
         );
         ensure!(ok, "unsupported types {} -> {}", a.ty(), d.ty());
     }
@@ -1571,7 +2267,10 @@ fn mul_mat_types(a: u32, b: u32) -> R {
     let vdt = ai.vec_dot_type;
     let conv = type_info(vdt).is_some_and(|i| i.cpu_from_float);
     ensure!(
-        b == ty::F32 && (vdt == ty::F32 || conv) || b == vdt || (b == ty::BF16 && vdt == ty::F32) || (b == ty::F16 && vdt == ty::F32),
+        b == ty::F32 && (vdt == ty::F32 || conv)
+            || b == vdt
+            || (b == ty::BF16 && vdt == ty::F32)
+            || (b == ty::F16 && vdt == ty::F32),
         "src[1] type {b} cannot be multiplied with type {a}"
     );
     Ok(())
@@ -1594,7 +2293,17 @@ mod tests {
         nb[1] = nb[0] * ne[0] as u64 / info.blck_size;
         nb[2] = nb[1] * ne[1] as u64;
         nb[3] = nb[2] * ne[2] as u64;
-        TensorSpec { type_, ne, nb, op: 0, op_params: [0; 16], flags: 0, buffer: None, view_offs: 0, name: [0; 64] }
+        TensorSpec {
+            type_,
+            ne,
+            nb,
+            op: 0,
+            op_params: [0; 16],
+            flags: 0,
+            buffer: None,
+            view_offs: 0,
+            name: [0; 64],
+        }
     }
 
     fn node<'a>(d: &'a TensorSpec, srcs: &[&'a TensorSpec]) -> Node<'a> {

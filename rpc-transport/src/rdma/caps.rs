@@ -75,21 +75,49 @@ pub struct Caps {
 
 impl Caps {
     pub fn rc(qpn: u32, gid: [u8; 16]) -> Caps {
-        Caps { flavor: Flavor::LinuxRc, qpn, psn: qpn & 0xff_ffff, lid: 0, gid, lean: false }
+        Caps {
+            flavor: Flavor::LinuxRc,
+            qpn,
+            psn: qpn & 0xff_ffff,
+            lid: 0,
+            gid,
+            lean: false,
+        }
     }
 
     pub fn uc(qpn: u32, lid: u16, gid: [u8; 16]) -> Caps {
-        Caps { flavor: Flavor::AppleUc, qpn, psn: 0, lid, gid, lean: false }
+        Caps {
+            flavor: Flavor::AppleUc,
+            qpn,
+            psn: 0,
+            lid,
+            gid,
+            lean: false,
+        }
     }
 
     /// An RC blob with the lean marker (psn = [`lean_rc_psn`]).
     pub fn rc_lean(qpn: u32, gid: [u8; 16]) -> Caps {
-        Caps { flavor: Flavor::LinuxRc, qpn, psn: lean_rc_psn(qpn), lid: 0, gid, lean: true }
+        Caps {
+            flavor: Flavor::LinuxRc,
+            qpn,
+            psn: lean_rc_psn(qpn),
+            lid: 0,
+            gid,
+            lean: true,
+        }
     }
 
     /// A UC blob with the lean marker (`reserved` = [`LEAN_UC_MARK`]).
     pub fn uc_lean(qpn: u32, lid: u16, gid: [u8; 16]) -> Caps {
-        Caps { flavor: Flavor::AppleUc, qpn, psn: 0, lid, gid, lean: true }
+        Caps {
+            flavor: Flavor::AppleUc,
+            qpn,
+            psn: 0,
+            lid,
+            gid,
+            lean: true,
+        }
     }
 
     /// The same queue pair with the lean marker added (`true`) or removed.
@@ -205,8 +233,14 @@ mod tests {
     fn ambiguous_blob_follows_preference() {
         // UC with lid == qpn looks like RC too.
         let b = Caps::uc(5, 5, [1; 16]).encode();
-        assert_eq!(Caps::decode(&b, Flavor::AppleUc).unwrap().flavor, Flavor::AppleUc);
-        assert_eq!(Caps::decode(&b, Flavor::LinuxRc).unwrap().flavor, Flavor::LinuxRc);
+        assert_eq!(
+            Caps::decode(&b, Flavor::AppleUc).unwrap().flavor,
+            Flavor::AppleUc
+        );
+        assert_eq!(
+            Caps::decode(&b, Flavor::LinuxRc).unwrap().flavor,
+            Flavor::LinuxRc
+        );
     }
 
     #[test]
@@ -220,13 +254,19 @@ mod tests {
     #[test]
     fn lean_markers_round_trip_and_keep_their_flavor() {
         let gid = gid_for_ip("10.77.0.1".parse().unwrap());
-        for qpn in [1u32, 17, 18, 0xffff, 0x1_0000, 0x4C_454E, 0x80_0000, 0xCC_454E, 0xff_ffff] {
+        for qpn in [
+            1u32, 17, 18, 0xffff, 0x1_0000, 0x4C_454E, 0x80_0000, 0xCC_454E, 0xff_ffff,
+        ] {
             for prefer in [Flavor::LinuxRc, Flavor::AppleUc] {
                 let rc = Caps::rc_lean(qpn, gid);
                 assert_eq!(Caps::decode(&rc.encode(), prefer), Some(rc), "qpn {qpn:#x}");
                 for lid in [0u16, 1, qpn as u16, 0xffff] {
                     let uc = Caps::uc_lean(qpn, lid, gid);
-                    assert_eq!(Caps::decode(&uc.encode(), prefer), Some(uc), "qpn {qpn:#x} lid {lid}");
+                    assert_eq!(
+                        Caps::decode(&uc.encode(), prefer),
+                        Some(uc),
+                        "qpn {qpn:#x} lid {lid}"
+                    );
                 }
             }
         }
@@ -263,7 +303,10 @@ mod tests {
         // What a stock RC server does with our lean offer: it answers its own blob, which
         // decodes as stock RC (no marker).
         let reply = Caps::rc(18, gid).encode();
-        assert_eq!(Caps::decode(&reply, Flavor::LinuxRc), Some(Caps::rc(18, gid)));
+        assert_eq!(
+            Caps::decode(&reply, Flavor::LinuxRc),
+            Some(Caps::rc(18, gid))
+        );
     }
 
     #[test]
@@ -272,18 +315,27 @@ mod tests {
         // RC: a stock server reads qpn, psn (any value: its rq_psn) and gid.
         let b = Caps::rc_lean(0x1234, gid).encode();
         assert_eq!(u32::from_le_bytes(b[0..4].try_into().unwrap()), 0x1234);
-        assert_eq!(u32::from_le_bytes(b[4..8].try_into().unwrap()), lean_rc_psn(0x1234));
+        assert_eq!(
+            u32::from_le_bytes(b[4..8].try_into().unwrap()),
+            lean_rc_psn(0x1234)
+        );
         assert_eq!(&b[8..], &gid);
         // UC: a stock Apple peer reads qpn, lid and gid; the marker is in the ignored field.
         let b = Caps::uc_lean(0x1234, 3, gid).encode();
         assert_eq!(u16::from_le_bytes([b[4], b[5]]), 3);
         assert_eq!(&b[6..8], b"LN");
-        assert_eq!(Caps::uc_lean(0x1234, 3, gid).with_lean(false).encode(), Caps::uc(0x1234, 3, gid).encode());
+        assert_eq!(
+            Caps::uc_lean(0x1234, 3, gid).with_lean(false).encode(),
+            Caps::uc(0x1234, 3, gid).encode()
+        );
         assert_eq!(Caps::rc(5, gid).with_lean(true), Caps::rc_lean(5, gid));
     }
 
     #[test]
     fn gid_strings() {
-        assert_eq!(gid_to_string(&gid_for_ip("10.77.0.1".parse().unwrap())), "::ffff:10.77.0.1");
+        assert_eq!(
+            gid_to_string(&gid_for_ip("10.77.0.1".parse().unwrap())),
+            "::ffff:10.77.0.1"
+        );
     }
 }

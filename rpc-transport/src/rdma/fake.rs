@@ -74,7 +74,10 @@ pub struct FakeDevice {
 
 impl FakeDevice {
     pub fn new(max_qps: usize) -> FakeDevice {
-        FakeDevice { max_qps, active: Arc::new(AtomicUsize::new(0)) }
+        FakeDevice {
+            max_qps,
+            active: Arc::new(AtomicUsize::new(0)),
+        }
     }
 
     /// Queue pairs currently allocated on this device.
@@ -89,7 +92,9 @@ impl FakeDevice {
             self.active.fetch_sub(1, Ordering::SeqCst);
             return Err(io::Error::from_raw_os_error(16)); // EBUSY
         }
-        Ok(QpReservation { active: self.active.clone() })
+        Ok(QpReservation {
+            active: self.active.clone(),
+        })
     }
 }
 
@@ -115,8 +120,17 @@ pub struct FakeQp {
 }
 
 /// Creates two connected queue pairs with the given region sizes.
-pub fn pair(rules: Rules, send_size: usize, recv_size: usize, max_inline: usize) -> (FakeQp, FakeQp) {
-    let wire = Arc::new(Mutex::new(Wire { rules, drop_unmatched: false, eps: [Endpoint::default(), Endpoint::default()] }));
+pub fn pair(
+    rules: Rules,
+    send_size: usize,
+    recv_size: usize,
+    max_inline: usize,
+) -> (FakeQp, FakeQp) {
+    let wire = Arc::new(Mutex::new(Wire {
+        rules,
+        drop_unmatched: false,
+        eps: [Endpoint::default(), Endpoint::default()],
+    }));
     let mk = |me| FakeQp {
         wire: wire.clone(),
         me,
@@ -159,7 +173,11 @@ impl FakeQp {
     /// `max(1, ceil(n / mtu))` packets, as RoCE segments it).
     pub fn packets(&self, mtu: usize) -> u64 {
         let w = self.lock();
-        w.eps[self.me].send_lens.iter().map(|&n| super::wire::packets(n, mtu)).sum()
+        w.eps[self.me]
+            .send_lens
+            .iter()
+            .map(|&n| super::wire::packets(n, mtu))
+            .sum()
     }
 
     /// SENDs posted by this endpoint as inline.
@@ -197,14 +215,34 @@ impl FakeQp {
             };
             if ok {
                 self.recv_mem[off..off + msg.len()].copy_from_slice(&msg);
-                w.eps[me].completions.push_back(Wc { wr_id: rwr, recv: true, byte_len: msg.len() as u32, error: None });
+                w.eps[me].completions.push_back(Wc {
+                    wr_id: rwr,
+                    recv: true,
+                    byte_len: msg.len() as u32,
+                    error: None,
+                });
                 if rules == Rules::Rc {
-                    w.eps[peer].completions.push_back(Wc { wr_id: swr, recv: false, byte_len: 0, error: None });
+                    w.eps[peer].completions.push_back(Wc {
+                        wr_id: swr,
+                        recv: false,
+                        byte_len: 0,
+                        error: None,
+                    });
                 }
             } else {
-                w.eps[me].completions.push_back(Wc { wr_id: rwr, recv: true, byte_len: 0, error: Some(STATUS_LOC_LEN_ERR) });
+                w.eps[me].completions.push_back(Wc {
+                    wr_id: rwr,
+                    recv: true,
+                    byte_len: 0,
+                    error: Some(STATUS_LOC_LEN_ERR),
+                });
                 if rules == Rules::Rc {
-                    w.eps[peer].completions.push_back(Wc { wr_id: swr, recv: false, byte_len: 0, error: Some(STATUS_REM_OP_ERR) });
+                    w.eps[peer].completions.push_back(Wc {
+                        wr_id: swr,
+                        recv: false,
+                        byte_len: 0,
+                        error: Some(STATUS_REM_OP_ERR),
+                    });
                 }
             }
         }
@@ -221,11 +259,20 @@ impl Verbs for FakeQp {
     }
 
     fn post_send(&mut self, wr_id: u64, offset: usize, len: usize, inline: bool) -> io::Result<()> {
-        if offset.checked_add(len).is_none_or(|e| e > self.send_mem.len()) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "post_send outside the send region"));
+        if offset
+            .checked_add(len)
+            .is_none_or(|e| e > self.send_mem.len())
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "post_send outside the send region",
+            ));
         }
         if inline && len > self.max_inline {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "inline SEND larger than max_inline"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "inline SEND larger than max_inline",
+            ));
         }
         let mut msg = self.send_mem[offset..offset + len].to_vec();
         let me = self.me;
@@ -241,11 +288,21 @@ impl Verbs for FakeQp {
         }
         match fault {
             Some(Fault::Error) => {
-                w.eps[me].completions.push_back(Wc { wr_id, recv: false, byte_len: 0, error: Some(STATUS_GENERAL_ERR) });
+                w.eps[me].completions.push_back(Wc {
+                    wr_id,
+                    recv: false,
+                    byte_len: 0,
+                    error: Some(STATUS_GENERAL_ERR),
+                });
                 return Ok(());
             }
             Some(Fault::Drop) => {
-                w.eps[me].completions.push_back(Wc { wr_id, recv: false, byte_len: 0, error: None });
+                w.eps[me].completions.push_back(Wc {
+                    wr_id,
+                    recv: false,
+                    byte_len: 0,
+                    error: None,
+                });
                 return Ok(());
             }
             Some(Fault::Corrupt(i)) => {
@@ -256,31 +313,61 @@ impl Verbs for FakeQp {
             None => {}
         }
         if w.eps[peer].dead {
-            let error = if rules == Rules::Rc { Some(STATUS_RETRY_EXC_ERR) } else { None };
-            w.eps[me].completions.push_back(Wc { wr_id, recv: false, byte_len: 0, error });
+            let error = if rules == Rules::Rc {
+                Some(STATUS_RETRY_EXC_ERR)
+            } else {
+                None
+            };
+            w.eps[me].completions.push_back(Wc {
+                wr_id,
+                recv: false,
+                byte_len: 0,
+                error,
+            });
             return Ok(());
         }
-        let free_receives = w.eps[peer].posted.len().saturating_sub(w.eps[peer].incoming.len());
+        let free_receives = w.eps[peer]
+            .posted
+            .len()
+            .saturating_sub(w.eps[peer].incoming.len());
         if free_receives == 0 {
             w.eps[peer].unmatched += 1;
             if rules == Rules::Uc && w.drop_unmatched {
-                w.eps[me].completions.push_back(Wc { wr_id, recv: false, byte_len: 0, error: None });
+                w.eps[me].completions.push_back(Wc {
+                    wr_id,
+                    recv: false,
+                    byte_len: 0,
+                    error: None,
+                });
                 return Ok(());
             }
         }
         w.eps[peer].incoming.push_back((wr_id, msg));
         if rules == Rules::Uc {
             // No acks: the send completes once the hardware took it.
-            w.eps[me].completions.push_back(Wc { wr_id, recv: false, byte_len: 0, error: None });
+            w.eps[me].completions.push_back(Wc {
+                wr_id,
+                recv: false,
+                byte_len: 0,
+                error: None,
+            });
         }
         Ok(())
     }
 
     fn post_recv(&mut self, wr_id: u64, offset: usize, len: usize) -> io::Result<()> {
-        if offset.checked_add(len).is_none_or(|e| e > self.recv_mem.len()) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "post_recv outside the receive region"));
+        if offset
+            .checked_add(len)
+            .is_none_or(|e| e > self.recv_mem.len())
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "post_recv outside the receive region",
+            ));
         }
-        self.lock().eps[self.me].posted.push_back((wr_id, offset, len));
+        self.lock().eps[self.me]
+            .posted
+            .push_back((wr_id, offset, len));
         Ok(())
     }
 

@@ -59,9 +59,21 @@ pub struct Geometry {
 
 impl Geometry {
     /// RC: 24 receives of 256 KiB (upstream's memory), 4 send slots of 256 KiB (QP: 4 send WRs).
-    pub const RC: Geometry = Geometry { rx_slots: 24, rx_slot: 256 * 1024, tx_slots: 4, tx_slot: 256 * 1024, return_at: 12 };
+    pub const RC: Geometry = Geometry {
+        rx_slots: 24,
+        rx_slot: 256 * 1024,
+        tx_slots: 4,
+        tx_slot: 256 * 1024,
+        return_at: 12,
+    };
     /// UC: 512 receives of one 4 KiB frame, 512 send slots (upstream's 2 × 2 MiB, 512 WRs).
-    pub const UC: Geometry = Geometry { rx_slots: 512, rx_slot: 4096, tx_slots: 512, tx_slot: 4096, return_at: 128 };
+    pub const UC: Geometry = Geometry {
+        rx_slots: 512,
+        rx_slot: 4096,
+        tx_slots: 512,
+        tx_slot: 4096,
+        return_at: 128,
+    };
 
     pub fn for_flavor(f: Flavor) -> Geometry {
         match f {
@@ -124,7 +136,12 @@ impl<V: Verbs> LeanLink<V> {
     /// Wraps a queue pair whose send region holds `g.tx_size()` bytes and whose receive region
     /// `g.rx_size()`. Receives are posted by [`LeanLink::post_all_receives`].
     pub fn new(v: V, g: Geometry) -> LeanLink<V> {
-        assert!(g.tx_slots >= 2 && g.rx_slots > g.return_at + RESERVE && g.return_at >= 2 && g.tx_slot > LEAN_HEADER);
+        assert!(
+            g.tx_slots >= 2
+                && g.rx_slots > g.return_at + RESERVE
+                && g.return_at >= 2
+                && g.tx_slot > LEAN_HEADER
+        );
         assert!(g.tx_slot <= g.rx_slot && g.rx_slots <= u16::MAX as usize);
         LeanLink {
             v,
@@ -171,7 +188,8 @@ impl<V: Verbs> LeanLink<V> {
     }
 
     fn repost(&mut self, slot: usize) -> io::Result<()> {
-        self.v.post_recv(RX_TAG | slot as u64, slot * self.g.rx_slot, self.g.rx_slot)
+        self.v
+            .post_recv(RX_TAG | slot as u64, slot * self.g.rx_slot, self.g.rx_slot)
     }
 
     fn check(&self) -> io::Result<()> {
@@ -232,7 +250,9 @@ impl<V: Verbs> LeanLink<V> {
     /// Posts filled frames while credits beyond the reserve last.
     fn post_ready(&mut self) -> io::Result<()> {
         while self.credits > RESERVE {
-            let Some((slot, len)) = self.ready.pop_front() else { break };
+            let Some((slot, len)) = self.ready.pop_front() else {
+                break;
+            };
             self.post_frame(slot, len)?;
         }
         Ok(())
@@ -251,12 +271,17 @@ impl<V: Verbs> LeanLink<V> {
     fn on_receive(&mut self, wc: &Wc) -> io::Result<()> {
         let slot = (wc.wr_id & SLOT_MASK) as usize;
         if wc.wr_id & RX_TAG == 0 || slot >= self.g.rx_slots {
-            return Err(self.fail(format!("RDMA(lean): receive completion with unknown wr_id {:#x}", wc.wr_id)));
+            return Err(self.fail(format!(
+                "RDMA(lean): receive completion with unknown wr_id {:#x}",
+                wc.wr_id
+            )));
         }
         let n = wc.byte_len as usize;
         let expect = self.rx_seq;
         if n < LEAN_HEADER || n > self.g.rx_slot {
-            return Err(self.fail(format!("RDMA(lean): frame #{expect} has a bad length ({n} bytes)")));
+            return Err(self.fail(format!(
+                "RDMA(lean): frame #{expect} has a bad length ({n} bytes)"
+            )));
         }
         let base = slot * self.g.rx_slot;
         let f = &self.v.recv_mem()[base..base + n];
@@ -270,13 +295,17 @@ impl<V: Verbs> LeanLink<V> {
         h.update(&f[LEAN_HEADER..]);
         let ok_crc = h.finalize() == crc;
         if magic != LEAN_MAGIC {
-            return Err(self.fail(format!("RDMA(lean): bad frame magic {magic:#010x} (frame #{expect})")));
+            return Err(self.fail(format!(
+                "RDMA(lean): bad frame magic {magic:#010x} (frame #{expect})"
+            )));
         }
         if !ok_crc {
             return Err(self.fail(format!("RDMA(lean): checksum mismatch in frame #{expect} ({n} bytes): corrupted on the wire")));
         }
         if LEAN_HEADER + len != n {
-            return Err(self.fail(format!("RDMA(lean): frame #{expect} says {len} payload bytes but {n} arrived")));
+            return Err(self.fail(format!(
+                "RDMA(lean): frame #{expect} says {len} payload bytes but {n} arrived"
+            )));
         }
         if seq != expect {
             return Err(self.fail(format!(
@@ -287,7 +316,10 @@ impl<V: Verbs> LeanLink<V> {
         self.rx_seq = expect.wrapping_add(1);
         self.credits += returned;
         if self.credits > self.g.rx_slots {
-            return Err(self.fail(format!("RDMA(lean): peer returned more credits than it has receives ({})", self.credits)));
+            return Err(self.fail(format!(
+                "RDMA(lean): peer returned more credits than it has receives ({})",
+                self.credits
+            )));
         }
         self.recvs += 1;
         self.stats.frames_received += 1;
@@ -337,7 +369,10 @@ impl<V: Verbs> Flavored for LeanLink<V> {
             } else {
                 let slot = (wc.wr_id & SLOT_MASK) as usize;
                 if wc.wr_id & TX_TAG == 0 || slot >= self.g.tx_slots {
-                    r = Err(self.fail(format!("RDMA(lean): send completion with unknown wr_id {:#x}", wc.wr_id)));
+                    r = Err(self.fail(format!(
+                        "RDMA(lean): send completion with unknown wr_id {:#x}",
+                        wc.wr_id
+                    )));
                     break;
                 }
                 if slot == self.ctrl_slot() {
@@ -359,7 +394,9 @@ impl<V: Verbs> Flavored for LeanLink<V> {
         let mut n = 0;
         let mut consumed_frames = false;
         while n < buf.len() {
-            let Some(&mut (slot, len, ref mut consumed)) = self.rx.front_mut() else { break };
+            let Some(&mut (slot, len, ref mut consumed)) = self.rx.front_mut() else {
+                break;
+            };
             let take = (len - *consumed).min(buf.len() - n);
             let start = slot * self.g.rx_slot + LEAN_HEADER + *consumed;
             buf[n..n + take].copy_from_slice(&self.v.recv_mem()[start..start + take]);
@@ -429,7 +466,10 @@ impl<V: Verbs> Flavored for LeanLink<V> {
     }
 
     fn counters(&self) -> (u64, u64) {
-        (self.stats.data_frames + self.stats.credit_frames, self.recvs)
+        (
+            self.stats.data_frames + self.stats.credit_frames,
+            self.recvs,
+        )
     }
 
     /// A credit-only frame: keeps Apple's queue pairs awake, returns credits, and its `seq` tells
@@ -451,7 +491,12 @@ mod tests {
     use crate::rdma::fake::{self, Rules};
 
     fn pair(g: Geometry, rules: Rules) -> (LeanLink<fake::FakeQp>, LeanLink<fake::FakeQp>) {
-        let (a, b) = fake::pair(rules, g.tx_size(), g.rx_size(), if rules == Rules::Rc { 256 } else { 0 });
+        let (a, b) = fake::pair(
+            rules,
+            g.tx_size(),
+            g.rx_size(),
+            if rules == Rules::Rc { 256 } else { 0 },
+        );
         let mut a = LeanLink::new(a, g);
         let mut b = LeanLink::new(b, g);
         a.post_all_receives().unwrap();
@@ -473,7 +518,10 @@ mod tests {
         let mut h = crc32fast::Hasher::new();
         h.update(&f[..16]);
         h.update(b"abc");
-        assert_eq!(u32::from_le_bytes(f[16..20].try_into().unwrap()), h.finalize());
+        assert_eq!(
+            u32::from_le_bytes(f[16..20].try_into().unwrap()),
+            h.finalize()
+        );
         let mut out = [0u8; 3];
         assert_eq!(b.read_available(&mut out).unwrap(), 3);
         assert_eq!(&out, b"abc");

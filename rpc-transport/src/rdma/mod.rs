@@ -73,7 +73,10 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 fn spin_window() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
-        let ms = std::env::var("RPC_RDMA_SPIN_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(100);
+        let ms = std::env::var("RPC_RDMA_SPIN_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(100);
         Duration::from_millis(ms)
     })
 }
@@ -160,8 +163,17 @@ impl<F: Flavored> RdmaTransport<F> {
         if let Some(a) = &self.anchor {
             let mut b = [0u8; 1];
             match a.try_read(&mut b) {
-                Ok(0) => return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "peer closed the TCP anchor")),
-                Ok(_) => return Err(io::Error::other("unexpected bytes on the TCP anchor after RDMA activation")),
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "peer closed the TCP anchor",
+                    ))
+                }
+                Ok(_) => {
+                    return Err(io::Error::other(
+                        "unexpected bytes on the TCP anchor after RDMA activation",
+                    ))
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
@@ -185,7 +197,9 @@ impl<F: Flavored> RdmaTransport<F> {
             tokio::task::yield_now().await;
         } else {
             self.check_anchor()?;
-            if self.last_activity.elapsed() >= KEEPALIVE && self.last_keepalive.elapsed() >= KEEPALIVE {
+            if self.last_activity.elapsed() >= KEEPALIVE
+                && self.last_keepalive.elapsed() >= KEEPALIVE
+            {
                 self.last_keepalive = Instant::now();
                 if self.link.keepalive()? {
                     self.keepalives += 1;
@@ -204,7 +218,9 @@ impl<F: Flavored> RdmaTransport<F> {
                 Ok(Some(ch)) => match AsyncCompChannel::new(&ch) {
                     Ok(a) => Idle::Events(a),
                     Err(e) => {
-                        tracing::debug!("RDMA: completion channel not usable ({e}); idle waits poll");
+                        tracing::debug!(
+                            "RDMA: completion channel not usable ({e}); idle waits poll"
+                        );
                         Idle::Ticks
                     }
                 },
@@ -275,7 +291,10 @@ impl<F: Flavored> crate::Transport for RdmaTransport<F> {
         while done < buf.len() {
             let n = self.read(&mut buf[done..]).await?;
             if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-message"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the connection mid-message",
+                ));
             }
             done += n;
         }
@@ -297,7 +316,10 @@ impl<F: Flavored> crate::Transport for RdmaTransport<F> {
                 }
                 let since = *waiting_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > SEND_TIMEOUT {
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, "RDMA send: no completion within 30 s"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "RDMA send: no completion within 30 s",
+                    ));
                 }
                 self.step(&mut spins).await?;
             }
@@ -306,7 +328,10 @@ impl<F: Flavored> crate::Transport for RdmaTransport<F> {
         let since = Instant::now();
         while !self.link.flushed() {
             if since.elapsed() > SEND_TIMEOUT {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "RDMA send: the peer returned no credits within 30 s"));
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "RDMA send: the peer returned no credits within 30 s",
+                ));
             }
             self.step(&mut spins).await?;
         }

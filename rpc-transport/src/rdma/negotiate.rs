@@ -64,7 +64,10 @@ pub fn client_choice(offered: &Caps, reply: &[u8; CAPS_SIZE]) -> Result<Choice, 
     }
     let peer = Caps::decode(reply, offered.flavor).ok_or(Mismatch::Unreadable)?;
     if peer.flavor != offered.flavor {
-        return Err(Mismatch::Flavor { offered: offered.flavor, answered: peer.flavor });
+        return Err(Mismatch::Flavor {
+            offered: offered.flavor,
+            answered: peer.flavor,
+        });
     }
     match (peer.lean, offered.lean) {
         (true, true) => Ok(Choice::Lean(peer)),
@@ -94,7 +97,11 @@ impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
             rdma: true,
-            flavor: if cfg!(target_os = "macos") { Flavor::AppleUc } else { Flavor::LinuxRc },
+            flavor: if cfg!(target_os = "macos") {
+                Flavor::AppleUc
+            } else {
+                Flavor::LinuxRc
+            },
             lean: true,
             opts: RdmaOptions::default(),
             timeout: Duration::from_secs(10),
@@ -181,15 +188,25 @@ fn other(msg: impl Into<String>) -> io::Error {
     io::Error::other(msg.into())
 }
 
-async fn bounded<T>(t: Duration, what: &str, f: impl std::future::Future<Output = io::Result<T>>) -> io::Result<T> {
+async fn bounded<T>(
+    t: Duration,
+    what: &str,
+    f: impl std::future::Future<Output = io::Result<T>>,
+) -> io::Result<T> {
     match tokio::time::timeout(t, f).await {
         Ok(r) => r,
-        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, format!("{what}: no answer within {} s", t.as_secs_f64()))),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{what}: no answer within {} s", t.as_secs_f64()),
+        )),
     }
 }
 
 /// HELLO as a client on a fresh stream: sends `caps`, returns the server's version and caps.
-pub async fn hello(stream: &mut TcpStream, caps: &[u8; CAPS_SIZE]) -> io::Result<((u8, u8, u8), [u8; CAPS_SIZE])> {
+pub async fn hello(
+    stream: &mut TcpStream,
+    caps: &[u8; CAPS_SIZE],
+) -> io::Result<((u8, u8, u8), [u8; CAPS_SIZE])> {
     let mut msg = Vec::with_capacity(rpc_proto::FRAME_HEADER_SIZE + CAPS_SIZE);
     msg.push(rpc_proto::Command::Hello as u8);
     msg.extend_from_slice(&(CAPS_SIZE as u64).to_le_bytes());
@@ -199,7 +216,10 @@ pub async fn hello(stream: &mut TcpStream, caps: &[u8; CAPS_SIZE]) -> io::Result
     stream.read_exact(&mut size).await?;
     let size = u64::from_le_bytes(size);
     if size != 4 + CAPS_SIZE as u64 {
-        return Err(other(format!("HELLO reply of {size} bytes (expected {})", 4 + CAPS_SIZE)));
+        return Err(other(format!(
+            "HELLO reply of {size} bytes (expected {})",
+            4 + CAPS_SIZE
+        )));
     }
     let mut rsp = [0u8; 4 + CAPS_SIZE];
     stream.read_exact(&mut rsp).await?;
@@ -216,7 +236,9 @@ async fn readiness(stream: &mut TcpStream, ours: u8) -> io::Result<u8> {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| other(e.to_string()))
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| other(e.to_string()))
 }
 
 /// Connects the client role on a fresh TCP stream: prepares a queue pair for `cfg.flavor` (with
@@ -226,12 +248,18 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 pub async fn negotiate_client(mut stream: TcpStream, cfg: &ClientConfig) -> io::Result<Negotiated> {
     let t = cfg.timeout;
     let tcp = |stream: TcpStream, version, why: String| -> io::Result<Negotiated> {
-        Ok(Negotiated { conn: ClientConn::Tcp(TcpTransport::new(stream)?), version, why_tcp: Some(why) })
+        Ok(Negotiated {
+            conn: ClientConn::Tcp(TcpTransport::new(stream)?),
+            version,
+            why_tcp: Some(why),
+        })
     };
     let prepared = if cfg.rdma {
         let local_ip = stream.local_addr()?.ip();
         let (flavor, opts, lean) = (cfg.flavor, cfg.opts.clone(), cfg.lean);
-        blocking(move || real::prepare_with(local_ip, flavor, &opts, lean)).await?.map_err(|e| e.to_string())
+        blocking(move || real::prepare_with(local_ip, flavor, &opts, lean))
+            .await?
+            .map_err(|e| e.to_string())
     } else {
         Err("RDMA not offered".to_string())
     };
@@ -244,7 +272,8 @@ pub async fn negotiate_client(mut stream: TcpStream, cfg: &ClientConfig) -> io::
     };
     let ours = prepared.caps();
     let (version, reply) = bounded(t, "HELLO", hello(&mut stream, &ours.encode())).await?;
-    let choice = client_choice(&ours, &reply).map_err(|e| other(format!("RDMA negotiation: {e}")))?;
+    let choice =
+        client_choice(&ours, &reply).map_err(|e| other(format!("RDMA negotiation: {e}")))?;
     let (peer, lean) = match choice {
         Choice::Tcp => return tcp(stream, version, "the server answered zero caps".into()),
         Choice::Upstream(p) => (p, false),
@@ -253,12 +282,28 @@ pub async fn negotiate_client(mut stream: TcpStream, cfg: &ClientConfig) -> io::
     match (cfg.flavor, lean) {
         (Flavor::LinuxRc, false) => {
             // The server has switched: no way back to TCP on this connection.
-            let link = blocking(move || prepared.activate_rc(&peer)).await?.map_err(|e| other(format!("RC activation: {e}")))?;
-            Ok(Negotiated { conn: ClientConn::Rc(RdmaTransport::new(link, Some(stream), "RDMA/RC")), version, why_tcp: None })
+            let link = blocking(move || prepared.activate_rc(&peer))
+                .await?
+                .map_err(|e| other(format!("RC activation: {e}")))?;
+            Ok(Negotiated {
+                conn: ClientConn::Rc(RdmaTransport::new(link, Some(stream), "RDMA/RC")),
+                version,
+                why_tcp: None,
+            })
         }
         (Flavor::LinuxRc, true) => {
-            let link = blocking(move || prepared.activate_lean(&peer)).await?.map_err(|e| other(format!("RC activation: {e}")))?;
-            Ok(Negotiated { conn: ClientConn::Lean(RdmaTransport::new(link, Some(stream), lean_name(Flavor::LinuxRc))), version, why_tcp: None })
+            let link = blocking(move || prepared.activate_lean(&peer))
+                .await?
+                .map_err(|e| other(format!("RC activation: {e}")))?;
+            Ok(Negotiated {
+                conn: ClientConn::Lean(RdmaTransport::new(
+                    link,
+                    Some(stream),
+                    lean_name(Flavor::LinuxRc),
+                )),
+                version,
+                why_tcp: None,
+            })
         }
         (Flavor::AppleUc, lean) => {
             let activated = if lean {
@@ -271,12 +316,26 @@ pub async fn negotiate_client(mut stream: TcpStream, cfg: &ClientConfig) -> io::
             match activated {
                 Ok(link) if theirs == READY => {
                     let conn = match link {
-                        ClientUc::Lean(l) => ClientConn::Lean(RdmaTransport::new(l, Some(stream), lean_name(Flavor::AppleUc))),
-                        ClientUc::Upstream(l) => ClientConn::Uc(RdmaTransport::new(l, Some(stream), "RDMA/UC")),
+                        ClientUc::Lean(l) => ClientConn::Lean(RdmaTransport::new(
+                            l,
+                            Some(stream),
+                            lean_name(Flavor::AppleUc),
+                        )),
+                        ClientUc::Upstream(l) => {
+                            ClientConn::Uc(RdmaTransport::new(l, Some(stream), "RDMA/UC"))
+                        }
                     };
-                    Ok(Negotiated { conn, version, why_tcp: None })
+                    Ok(Negotiated {
+                        conn,
+                        version,
+                        why_tcp: None,
+                    })
                 }
-                Ok(_) => tcp(stream, version, format!("the server could not activate (readiness byte {theirs:#04x})")),
+                Ok(_) => tcp(
+                    stream,
+                    version,
+                    format!("the server could not activate (readiness byte {theirs:#04x})"),
+                ),
                 Err(e) => tcp(stream, version, format!("activation failed: {e}")),
             }
         }
@@ -301,18 +360,35 @@ mod tests {
             // (A stock RC QPN below 2^16 is ambiguous and follows `native`; see Caps::decode.)
             let stock_rc = Caps::rc(0x12_3456, GID);
             let stock_uc = Caps::uc(17, 0, GID);
-            assert_eq!(server_choice(&stock_rc.encode(), native, true), Choice::Upstream(stock_rc));
-            assert_eq!(server_choice(&stock_uc.encode(), native, true), Choice::Upstream(stock_uc));
+            assert_eq!(
+                server_choice(&stock_rc.encode(), native, true),
+                Choice::Upstream(stock_rc)
+            );
+            assert_eq!(
+                server_choice(&stock_uc.encode(), native, true),
+                Choice::Upstream(stock_uc)
+            );
             let lean_rc = Caps::rc_lean(17, GID);
             let lean_uc = Caps::uc_lean(17, 0, GID);
-            assert_eq!(server_choice(&lean_rc.encode(), native, true), Choice::Lean(lean_rc));
-            assert_eq!(server_choice(&lean_uc.encode(), native, true), Choice::Lean(lean_uc));
+            assert_eq!(
+                server_choice(&lean_rc.encode(), native, true),
+                Choice::Lean(lean_rc)
+            );
+            assert_eq!(
+                server_choice(&lean_uc.encode(), native, true),
+                Choice::Lean(lean_uc)
+            );
             // Lean off: the same flavor, upstream framing; RC keeps the client's psn (rq_psn).
             match server_choice(&lean_rc.encode(), native, false) {
-                Choice::Upstream(p) => assert_eq!((p.flavor, p.psn), (Flavor::LinuxRc, crate::rdma::lean_rc_psn(17))),
+                Choice::Upstream(p) => assert_eq!(
+                    (p.flavor, p.psn),
+                    (Flavor::LinuxRc, crate::rdma::lean_rc_psn(17))
+                ),
                 c => panic!("{c:?}"),
             }
-            assert!(matches!(server_choice(&lean_uc.encode(), native, false), Choice::Upstream(p) if p.flavor == Flavor::AppleUc));
+            assert!(
+                matches!(server_choice(&lean_uc.encode(), native, false), Choice::Upstream(p) if p.flavor == Flavor::AppleUc)
+            );
         }
     }
 
@@ -321,17 +397,38 @@ mod tests {
         let offer_rc = Caps::rc_lean(40, GID);
         let offer_uc = Caps::uc_lean(40, 0, GID);
         // Our server accepting.
-        assert_eq!(client_choice(&offer_rc, &Caps::rc_lean(18, GID).encode()), Ok(Choice::Lean(Caps::rc_lean(18, GID))));
-        assert_eq!(client_choice(&offer_uc, &Caps::uc_lean(18, 0, GID).encode()), Ok(Choice::Lean(Caps::uc_lean(18, 0, GID))));
+        assert_eq!(
+            client_choice(&offer_rc, &Caps::rc_lean(18, GID).encode()),
+            Ok(Choice::Lean(Caps::rc_lean(18, GID)))
+        );
+        assert_eq!(
+            client_choice(&offer_uc, &Caps::uc_lean(18, 0, GID).encode()),
+            Ok(Choice::Lean(Caps::uc_lean(18, 0, GID)))
+        );
         // A stock server (or ours with lean off) answers its stock blob: upstream framing.
-        assert_eq!(client_choice(&offer_rc, &Caps::rc(18, GID).encode()), Ok(Choice::Upstream(Caps::rc(18, GID))));
-        assert_eq!(client_choice(&offer_uc, &Caps::uc(18, 0, GID).encode()), Ok(Choice::Upstream(Caps::uc(18, 0, GID))));
+        assert_eq!(
+            client_choice(&offer_rc, &Caps::rc(18, GID).encode()),
+            Ok(Choice::Upstream(Caps::rc(18, GID)))
+        );
+        assert_eq!(
+            client_choice(&offer_uc, &Caps::uc(18, 0, GID).encode()),
+            Ok(Choice::Upstream(Caps::uc(18, 0, GID)))
+        );
         // Declined.
         assert_eq!(client_choice(&offer_rc, &[0; 24]), Ok(Choice::Tcp));
         // A lean answer to a stock offer, or the other flavor: refused.
-        assert_eq!(client_choice(&Caps::rc(40, GID), &Caps::rc_lean(18, GID).encode()), Err(Mismatch::UnofferedLean));
-        assert!(matches!(client_choice(&offer_rc, &Caps::uc_lean(18, 0, GID).encode()), Err(Mismatch::Flavor { .. })));
-        assert!(matches!(client_choice(&offer_uc, &Caps::rc(0x12_3456, GID).encode()), Err(Mismatch::Flavor { .. })));
+        assert_eq!(
+            client_choice(&Caps::rc(40, GID), &Caps::rc_lean(18, GID).encode()),
+            Err(Mismatch::UnofferedLean)
+        );
+        assert!(matches!(
+            client_choice(&offer_rc, &Caps::uc_lean(18, 0, GID).encode()),
+            Err(Mismatch::Flavor { .. })
+        ));
+        assert!(matches!(
+            client_choice(&offer_uc, &Caps::rc(0x12_3456, GID).encode()),
+            Err(Mismatch::Flavor { .. })
+        ));
     }
 
     #[test]
@@ -361,9 +458,18 @@ mod tests {
                         stock_server_reply
                     };
                     // A stock client never looks for the marker: it always speaks upstream.
-                    let lean = client_is_ours && matches!(client_choice(&client, &reply.encode()), Ok(Choice::Lean(_)));
-                    let server_lean = server_is_ours && matches!(server_choice(&client.encode(), flavor, true), Choice::Lean(_));
-                    assert_eq!(lean, client_is_ours && server_is_ours, "{flavor:?} client ours={client_is_ours} server ours={server_is_ours}");
+                    let lean = client_is_ours
+                        && matches!(client_choice(&client, &reply.encode()), Ok(Choice::Lean(_)));
+                    let server_lean = server_is_ours
+                        && matches!(
+                            server_choice(&client.encode(), flavor, true),
+                            Choice::Lean(_)
+                        );
+                    assert_eq!(
+                        lean,
+                        client_is_ours && server_is_ours,
+                        "{flavor:?} client ours={client_is_ours} server ours={server_is_ours}"
+                    );
                     assert_eq!(lean, server_lean, "both ends must agree");
                 }
             }

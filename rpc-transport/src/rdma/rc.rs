@@ -38,7 +38,14 @@ impl<V: Verbs> RcLink<V> {
     /// Wraps a queue pair whose send region holds at least [`RC_TX_SIZE`] bytes and whose
     /// receive region [`RC_RX_SIZE`].
     pub fn new(v: V) -> RcLink<V> {
-        RcLink { v, rx: VecDeque::new(), send_outstanding: false, wcs: Vec::new(), sends: 0, recvs: 0 }
+        RcLink {
+            v,
+            rx: VecDeque::new(),
+            send_outstanding: false,
+            wcs: Vec::new(),
+            sends: 0,
+            recvs: 0,
+        }
     }
 
     /// Posts every receive slot. Must happen before the QP reaches RTR (upstream order).
@@ -68,7 +75,9 @@ impl<V: Verbs> Flavored for RcLink<V> {
                 let slot = wc.wr_id as usize;
                 let len = wc.byte_len as usize;
                 if slot >= RC_RX_DEPTH || len > RC_CHUNK {
-                    return Err(io::Error::other(format!("RDMA receive: bad completion slot={slot} len={len}")));
+                    return Err(io::Error::other(format!(
+                        "RDMA receive: bad completion slot={slot} len={len}"
+                    )));
                 }
                 self.recvs += 1;
                 if len == 0 {
@@ -86,7 +95,9 @@ impl<V: Verbs> Flavored for RcLink<V> {
     fn read_available(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let mut n = 0;
         while n < buf.len() {
-            let Some((slot, len, consumed)) = self.rx.front_mut() else { break };
+            let Some((slot, len, consumed)) = self.rx.front_mut() else {
+                break;
+            };
             let take = (*len - *consumed).min(buf.len() - n);
             let start = *slot * RC_CHUNK + *consumed;
             buf[n..n + take].copy_from_slice(&self.v.recv_mem()[start..start + take]);

@@ -22,7 +22,10 @@ pub enum RdmaError {
     #[error("RDMA port not active on {0}")]
     PortDown(String),
     #[error("{what}: {err}")]
-    Verbs { what: &'static str, err: rv::VerbsError },
+    Verbs {
+        what: &'static str,
+        err: rv::VerbsError,
+    },
     #[error("posting receives: {0}")]
     PostRecv(io::Error),
     #[error("the lean framing needs a queue pair prepared for it (prepare_with(.., lean = true))")]
@@ -39,9 +42,15 @@ fn io_err(e: rv::VerbsError) -> io::Error {
 
 // The lean framing fits in the memory and work-request budgets of the upstream flavors' queue
 // pairs (RC: the send region grows to 4 slots when prepared for lean).
-const _: () = assert!(Geometry::UC.rx_size() <= UC_RING_SIZE && Geometry::UC.tx_size() <= UC_RING_SIZE);
-const _: () = assert!(Geometry::UC.rx_slots <= UC_NBUF * 32 && Geometry::UC.tx_slots <= UC_NBUF * 32);
-const _: () = assert!(Geometry::RC.rx_size() <= RC_RX_SIZE && Geometry::RC.rx_slots <= RC_RX_DEPTH + 4 && Geometry::RC.tx_slots <= 4);
+const _: () =
+    assert!(Geometry::UC.rx_size() <= UC_RING_SIZE && Geometry::UC.tx_size() <= UC_RING_SIZE);
+const _: () =
+    assert!(Geometry::UC.rx_slots <= UC_NBUF * 32 && Geometry::UC.tx_slots <= UC_NBUF * 32);
+const _: () = assert!(
+    Geometry::RC.rx_size() <= RC_RX_SIZE
+        && Geometry::RC.rx_slots <= RC_RX_DEPTH + 4
+        && Geometry::RC.tx_slots <= 4
+);
 
 /// Tags receive work requests so completions on a shared CQ can be told apart.
 const RECV_TAG: u64 = 1 << 63;
@@ -93,14 +102,25 @@ impl Verbs for RealQp {
 
     fn post_send(&mut self, wr_id: u64, offset: usize, len: usize, inline: bool) -> io::Result<()> {
         if inline && len <= self.max_inline {
-            let data = self.send_mr.as_slice().get(offset..offset + len).ok_or_else(|| io::Error::other("send range"))?;
-            return self.qp.post_send_inline(wr_id, data, rv::SendFlags::SIGNALED | rv::SendFlags::INLINE).map_err(io_err);
+            let data = self
+                .send_mr
+                .as_slice()
+                .get(offset..offset + len)
+                .ok_or_else(|| io::Error::other("send range"))?;
+            return self
+                .qp
+                .post_send_inline(wr_id, data, rv::SendFlags::SIGNALED | rv::SendFlags::INLINE)
+                .map_err(io_err);
         }
-        self.qp.post_send(wr_id, &self.send_mr, offset, len, rv::SendFlags::SIGNALED).map_err(io_err)
+        self.qp
+            .post_send(wr_id, &self.send_mr, offset, len, rv::SendFlags::SIGNALED)
+            .map_err(io_err)
     }
 
     fn post_recv(&mut self, wr_id: u64, offset: usize, len: usize) -> io::Result<()> {
-        self.qp.post_recv(wr_id | RECV_TAG, &self.recv_mr, offset, len).map_err(io_err)
+        self.qp
+            .post_recv(wr_id | RECV_TAG, &self.recv_mr, offset, len)
+            .map_err(io_err)
     }
 
     fn poll(&mut self, out: &mut Vec<Wc>) -> io::Result<()> {
@@ -116,7 +136,9 @@ impl Verbs for RealQp {
     }
 
     fn arm(&mut self) -> io::Result<Option<rv::CompChannel>> {
-        let Some(ch) = &self.channel else { return Ok(None) };
+        let Some(ch) = &self.channel else {
+            return Ok(None);
+        };
         self.send_cq.req_notify(false).map_err(io_err)?;
         if let Some(rcq) = &self.recv_cq {
             rcq.req_notify(false).map_err(io_err)?;
@@ -149,17 +171,32 @@ pub struct RdmaOptions {
 }
 
 /// Finds the device whose GID is `local_ip` and creates the flavor's queue pair and memory.
-pub fn prepare(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions) -> Result<Prepared, RdmaError> {
+pub fn prepare(
+    local_ip: IpAddr,
+    flavor: Flavor,
+    opts: &RdmaOptions,
+) -> Result<Prepared, RdmaError> {
     prepare_with(local_ip, flavor, opts, false)
 }
 
 /// [`prepare`], optionally for the lean framing as well: the memory then fits both the flavor's
 /// upstream framing and the lean one, and [`Prepared::caps`] carry the lean marker. Either
 /// activation can follow, depending on the peer's answer.
-pub fn prepare_with(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions, lean: bool) -> Result<Prepared, RdmaError> {
+pub fn prepare_with(
+    local_ip: IpAddr,
+    flavor: Flavor,
+    opts: &RdmaOptions,
+    lean: bool,
+) -> Result<Prepared, RdmaError> {
     rv::load().map_err(|e| RdmaError::Library(e.to_string()))?;
-    let search = rv::GidSearch { device: opts.device.clone(), gid_index: opts.gid_index, ..Default::default() };
-    let m = rv::find_gid_with(local_ip, &search).map_err(verr("GID lookup"))?.ok_or(RdmaError::NoDevice(local_ip))?;
+    let search = rv::GidSearch {
+        device: opts.device.clone(),
+        gid_index: opts.gid_index,
+        ..Default::default()
+    };
+    let m = rv::find_gid_with(local_ip, &search)
+        .map_err(verr("GID lookup"))?
+        .ok_or(RdmaError::NoDevice(local_ip))?;
     if m.port_state != rv::PortState::Active {
         return Err(RdmaError::PortDown(m.device.clone()));
     }
@@ -174,7 +211,10 @@ pub fn prepare_with(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions, lean: 
         match rv::CompChannel::new(&ctx) {
             Ok(c) => Some(c),
             Err(e) => {
-                tracing::debug!("no completion channel on {} ({e}); idle connections will poll", m.device);
+                tracing::debug!(
+                    "no completion channel on {} ({e}); idle connections will poll",
+                    m.device
+                );
                 None
             }
         }
@@ -184,13 +224,28 @@ pub fn prepare_with(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions, lean: 
     let (qp, send_mr, recv_mr, send_cq, recv_cq) = match flavor {
         Flavor::LinuxRc => {
             let send_cq = rv::Cq::new(&ctx, 16, channel.as_ref()).map_err(verr("ibv_create_cq"))?;
-            let recv_cq = rv::Cq::new(&ctx, RC_RX_DEPTH as u32 + 4, channel.as_ref()).map_err(verr("ibv_create_cq"))?;
-            let mut init = rv::QpInitAttr::new(rv::QpType::Rc, &send_cq, &recv_cq, 4, RC_RX_DEPTH as u32 + 4);
+            let recv_cq = rv::Cq::new(&ctx, RC_RX_DEPTH as u32 + 4, channel.as_ref())
+                .map_err(verr("ibv_create_cq"))?;
+            let mut init = rv::QpInitAttr::new(
+                rv::QpType::Rc,
+                &send_cq,
+                &recv_cq,
+                4,
+                RC_RX_DEPTH as u32 + 4,
+            );
             init.max_inline_data = 256;
             let qp = rv::Qp::new(&pd, &init).map_err(verr("ibv_create_qp"))?;
-            let tx_size = if lean { RC_TX_SIZE.max(Geometry::RC.tx_size()) } else { RC_TX_SIZE };
-            let send_mr = rv::Mr::new(&pd, rv::AlignedBuf::new(tx_size).map_err(verr("alloc"))?, rv::AccessFlags::LOCAL_WRITE)
-                .map_err(verr("ibv_reg_mr"))?;
+            let tx_size = if lean {
+                RC_TX_SIZE.max(Geometry::RC.tx_size())
+            } else {
+                RC_TX_SIZE
+            };
+            let send_mr = rv::Mr::new(
+                &pd,
+                rv::AlignedBuf::new(tx_size).map_err(verr("alloc"))?,
+                rv::AccessFlags::LOCAL_WRITE,
+            )
+            .map_err(verr("ibv_reg_mr"))?;
             let recv_mr = rv::Mr::new(
                 &pd,
                 rv::AlignedBuf::new(RC_RX_SIZE).map_err(verr("alloc"))?,
@@ -201,15 +256,29 @@ pub fn prepare_with(local_ip: IpAddr, flavor: Flavor, opts: &RdmaOptions, lean: 
         }
         Flavor::AppleUc => {
             let wr = (UC_NBUF * 32) as u32;
-            let cq = rv::Cq::new(&ctx, 2 * wr + 1, channel.as_ref()).map_err(verr("ibv_create_cq"))?;
+            let cq =
+                rv::Cq::new(&ctx, 2 * wr + 1, channel.as_ref()).map_err(verr("ibv_create_cq"))?;
             let mut init = rv::QpInitAttr::new(rv::QpType::Uc, &cq, &cq, wr, wr);
             init.max_inline_data = 0;
             let qp = rv::Qp::new(&pd, &init).map_err(verr("ibv_create_qp"))?;
-            let access = rv::AccessFlags::LOCAL_WRITE | rv::AccessFlags::REMOTE_READ | rv::AccessFlags::REMOTE_WRITE;
-            let send_mr = rv::Mr::new(&pd, rv::AlignedBuf::new(UC_RING_SIZE).map_err(verr("alloc"))?, access).map_err(verr("ibv_reg_mr"))?;
-            let recv_mr = rv::Mr::new(&pd, rv::AlignedBuf::new(UC_RING_SIZE).map_err(verr("alloc"))?, access).map_err(verr("ibv_reg_mr"))?;
+            let access = rv::AccessFlags::LOCAL_WRITE
+                | rv::AccessFlags::REMOTE_READ
+                | rv::AccessFlags::REMOTE_WRITE;
+            let send_mr = rv::Mr::new(
+                &pd,
+                rv::AlignedBuf::new(UC_RING_SIZE).map_err(verr("alloc"))?,
+                access,
+            )
+            .map_err(verr("ibv_reg_mr"))?;
+            let recv_mr = rv::Mr::new(
+                &pd,
+                rv::AlignedBuf::new(UC_RING_SIZE).map_err(verr("alloc"))?,
+                access,
+            )
+            .map_err(verr("ibv_reg_mr"))?;
             // Apple: INIT at probe time.
-            qp.modify_to_init(&rv::InitAttr::upstream(m.port)).map_err(verr("QP INIT"))?;
+            qp.modify_to_init(&rv::InitAttr::upstream(m.port))
+                .map_err(verr("QP INIT"))?;
             (qp, send_mr, recv_mr, cq, None)
         }
     };
@@ -263,24 +332,38 @@ impl Prepared {
             return Err(RdmaError::NotPreparedForLean);
         }
         let g = Geometry::for_flavor(self.flavor);
-        debug_assert!(g.tx_size() <= self.qp.send_mr.as_slice().len() && g.rx_size() <= self.qp.recv_mr.as_slice().len());
+        debug_assert!(
+            g.tx_size() <= self.qp.send_mr.as_slice().len()
+                && g.rx_size() <= self.qp.recv_mr.as_slice().len()
+        );
         match self.flavor {
             Flavor::LinuxRc => {
                 let av = self.av(peer, 0);
                 let (port, mtu, own_psn) = (self.port, self.active_mtu, self.caps.psn);
                 let mut link = LeanLink::new(self.qp, g);
-                link.verbs().qp.modify_to_init(&rv::InitAttr::upstream(port)).map_err(verr("QP INIT"))?;
+                link.verbs()
+                    .qp
+                    .modify_to_init(&rv::InitAttr::upstream(port))
+                    .map_err(verr("QP INIT"))?;
                 link.post_all_receives().map_err(RdmaError::PostRecv)?;
                 let qp = &link.verbs().qp;
-                qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av)).map_err(verr("QP RTR"))?;
-                qp.modify_to_rts(&rv::RtsAttr::rc(own_psn)).map_err(verr("QP RTS"))?;
+                qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av))
+                    .map_err(verr("QP RTR"))?;
+                qp.modify_to_rts(&rv::RtsAttr::rc(own_psn))
+                    .map_err(verr("QP RTS"))?;
                 Ok(link)
             }
             Flavor::AppleUc => {
                 let av = self.av(peer, peer.lid);
                 let mtu = self.active_mtu;
-                self.qp.qp.modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av)).map_err(verr("QP RTR"))?;
-                self.qp.qp.modify_to_rts(&rv::RtsAttr::uc(0)).map_err(verr("QP RTS"))?;
+                self.qp
+                    .qp
+                    .modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av))
+                    .map_err(verr("QP RTR"))?;
+                self.qp
+                    .qp
+                    .modify_to_rts(&rv::RtsAttr::uc(0))
+                    .map_err(verr("QP RTS"))?;
                 let mut link = LeanLink::new(self.qp, g);
                 link.post_all_receives().map_err(RdmaError::PostRecv)?;
                 Ok(link)
@@ -300,12 +383,15 @@ impl Prepared {
         let mut link = RcLink::new(self.qp);
         {
             let qp = &link.verbs().qp;
-            qp.modify_to_init(&rv::InitAttr::upstream(port)).map_err(verr("QP INIT"))?;
+            qp.modify_to_init(&rv::InitAttr::upstream(port))
+                .map_err(verr("QP INIT"))?;
         }
         link.post_all_receives().map_err(RdmaError::PostRecv)?;
         let qp = &link.verbs().qp;
-        qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av)).map_err(verr("QP RTR"))?;
-        qp.modify_to_rts(&rv::RtsAttr::rc(own_psn)).map_err(verr("QP RTS"))?;
+        qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av))
+            .map_err(verr("QP RTR"))?;
+        qp.modify_to_rts(&rv::RtsAttr::rc(own_psn))
+            .map_err(verr("QP RTS"))?;
         Ok(link)
     }
 
@@ -313,8 +399,14 @@ impl Prepared {
     pub fn activate_uc(self, peer: &Caps) -> Result<UcLink<RealQp>, RdmaError> {
         let av = self.av(peer, peer.lid);
         let mtu = self.active_mtu;
-        self.qp.qp.modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av)).map_err(verr("QP RTR"))?;
-        self.qp.qp.modify_to_rts(&rv::RtsAttr::uc(0)).map_err(verr("QP RTS"))?;
+        self.qp
+            .qp
+            .modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av))
+            .map_err(verr("QP RTR"))?;
+        self.qp
+            .qp
+            .modify_to_rts(&rv::RtsAttr::uc(0))
+            .map_err(verr("QP RTS"))?;
         let mut link = UcLink::new(self.qp);
         link.post_all_receives().map_err(RdmaError::PostRecv)?;
         Ok(link)

@@ -57,7 +57,8 @@ impl<V: Verbs> UcLink<V> {
     /// Posts every receive buffer (after RTS: Apple's provider rejects receives before).
     pub fn post_all_receives(&mut self) -> io::Result<()> {
         for i in 0..UC_NBUF {
-            self.v.post_recv(RECV_WR | i as u64, i * UC_STRIDE, UC_STRIDE)?;
+            self.v
+                .post_recv(RECV_WR | i as u64, i * UC_STRIDE, UC_STRIDE)?;
         }
         Ok(())
     }
@@ -102,7 +103,9 @@ impl<V: Verbs> Flavored for UcLink<V> {
                     return Err(io::Error::other("RDMA(UC): bad frame magic"));
                 }
                 if len > UC_PAYLOAD || len + UC_HEADER > wc.byte_len as usize {
-                    return Err(io::Error::other(format!("RDMA(UC): bad frame length {len}")));
+                    return Err(io::Error::other(format!(
+                        "RDMA(UC): bad frame length {len}"
+                    )));
                 }
                 self.recvs += 1;
                 self.unanswered_keepalives = 0;
@@ -124,7 +127,9 @@ impl<V: Verbs> Flavored for UcLink<V> {
     fn read_available(&mut self, out: &mut [u8]) -> io::Result<usize> {
         let mut n = 0;
         while n < out.len() {
-            let Some((buf, len, consumed)) = self.rx.front_mut() else { break };
+            let Some((buf, len, consumed)) = self.rx.front_mut() else {
+                break;
+            };
             let take = (*len - *consumed).min(out.len() - n);
             let start = *buf * UC_STRIDE + UC_HEADER + *consumed;
             out[n..n + take].copy_from_slice(&self.v.recv_mem()[start..start + take]);
@@ -133,7 +138,8 @@ impl<V: Verbs> Flavored for UcLink<V> {
             if *consumed == *len {
                 let buf = *buf;
                 self.rx.pop_front();
-                self.v.post_recv(RECV_WR | buf as u64, buf * UC_STRIDE, UC_STRIDE)?;
+                self.v
+                    .post_recv(RECV_WR | buf as u64, buf * UC_STRIDE, UC_STRIDE)?;
             }
         }
         if n == 0 {
@@ -187,7 +193,9 @@ impl<V: Verbs> Flavored for UcLink<V> {
         if self.pending.is_some() || self.unanswered_keepalives >= MAX_UNANSWERED_KEEPALIVES {
             return Ok(false);
         }
-        let Some(buf) = self.free.pop_front() else { return Ok(false) };
+        let Some(buf) = self.free.pop_front() else {
+            return Ok(false);
+        };
         self.pending = Some((buf, 0));
         self.post_pending()?;
         self.unanswered_keepalives += 1;

@@ -40,5 +40,9 @@ pub trait Verbs: Send {
 }
 
 pub(crate) fn wc_error(what: &str, wc: &Wc) -> io::Error {
-    io::Error::other(format!("RDMA {what} completion error: status={} wr_id={:#x}", wc.error.unwrap_or(0), wc.wr_id))
+    io::Error::other(format!(
+        "RDMA {what} completion error: status={} wr_id={:#x}",
+        wc.error.unwrap_or(0),
+        wc.wr_id
+    ))
 }

@@ -32,7 +32,12 @@ pub enum Framing {
 }
 
 impl Framing {
-    pub const ALL: [Framing; 4] = [Framing::UpstreamRc, Framing::AppleUc, Framing::LeanRc, Framing::LeanUc];
+    pub const ALL: [Framing; 4] = [
+        Framing::UpstreamRc,
+        Framing::AppleUc,
+        Framing::LeanRc,
+        Framing::LeanUc,
+    ];
 
     /// Short name for reports.
     pub fn name(self) -> &'static str {
@@ -64,7 +69,11 @@ impl Framing {
             }
             Framing::AppleUc => c.sends_of(total.div_ceil(UC_PAYLOAD), UC_STRIDE, mtu),
             Framing::LeanRc | Framing::LeanUc => {
-                let g = if self == Framing::LeanRc { Geometry::RC } else { Geometry::UC };
+                let g = if self == Framing::LeanRc {
+                    Geometry::RC
+                } else {
+                    Geometry::UC
+                };
                 let cap = g.payload();
                 let (full, rest) = (total / cap, total % cap);
                 c.sends_of(full, LEAN_HEADER + cap, mtu);
@@ -95,7 +104,9 @@ impl WireCost {
     fn sends_of(&mut self, n: usize, len: usize, mtu: usize) {
         let n = n as u64;
         self.sends = self.sends.saturating_add(n);
-        self.packets = self.packets.saturating_add(n.saturating_mul(packets(len, mtu)));
+        self.packets = self
+            .packets
+            .saturating_add(n.saturating_mul(packets(len, mtu)));
         self.bytes = self.bytes.saturating_add(n.saturating_mul(len as u64));
     }
 
@@ -133,7 +144,15 @@ mod tests {
     fn upstream_rc_sends_every_part() {
         // A stock SET_TENSOR of 4000 bytes: cmd, size, payload.
         let c = Framing::UpstreamRc.message(&[1, 8, 4000], 1024);
-        assert_eq!(c, WireCost { sends: 3, packets: 1 + 1 + 4, bytes: 4009, credit_sends: 0 });
+        assert_eq!(
+            c,
+            WireCost {
+                sends: 3,
+                packets: 1 + 1 + 4,
+                bytes: 4009,
+                credit_sends: 0
+            }
+        );
         // An empty payload is no SEND; a 600 KiB part is three.
         let c = Framing::UpstreamRc.message(&[1, 8, 0], 4096);
         assert_eq!(c.sends, 2);
@@ -143,7 +162,15 @@ mod tests {
     #[test]
     fn apple_uc_posts_whole_strides() {
         let c = Framing::AppleUc.message(&[8, 16], 1024);
-        assert_eq!(c, WireCost { sends: 1, packets: 128, bytes: 128 * 1024, credit_sends: 0 });
+        assert_eq!(
+            c,
+            WireCost {
+                sends: 1,
+                packets: 128,
+                bytes: 128 * 1024,
+                credit_sends: 0
+            }
+        );
         assert_eq!(Framing::AppleUc.message(&[UC_PAYLOAD], 4096).sends, 1);
         assert_eq!(Framing::AppleUc.message(&[UC_PAYLOAD + 1], 4096).sends, 2);
         assert_eq!(Framing::AppleUc.message(&[], 4096).sends, 0);
@@ -152,10 +179,26 @@ mod tests {
     #[test]
     fn lean_sends_what_is_used() {
         let c = Framing::LeanRc.message(&[1, 8, 4000, 1, 8, 0], 1024);
-        assert_eq!(c, WireCost { sends: 1, packets: 4, bytes: 20 + 4018, credit_sends: 0 });
+        assert_eq!(
+            c,
+            WireCost {
+                sends: 1,
+                packets: 4,
+                bytes: 20 + 4018,
+                credit_sends: 0
+            }
+        );
         let c = Framing::LeanUc.message(&[1, 8, 4000], 4096);
         // 4009 bytes fit one 4076-byte frame payload.
-        assert_eq!(c, WireCost { sends: 1, packets: 1, bytes: 4029, credit_sends: 0 });
+        assert_eq!(
+            c,
+            WireCost {
+                sends: 1,
+                packets: 1,
+                bytes: 4029,
+                credit_sends: 0
+            }
+        );
         let c = Framing::LeanUc.message(&[10_000], 4096);
         assert_eq!(c.sends, 3);
         assert_eq!(c.bytes, 10_000 + 3 * 20);

@@ -70,7 +70,9 @@ fn attacker(addr: SocketAddr) -> io::Result<(Conn, u64, u64)> {
 const MIB: u64 = 1 << 20;
 
 fn node(t: RpcTensor, op: u32, params: &[i32], srcs: &[u64]) -> RpcTensor {
-    t.with_op(op, params).with_srcs(srcs).with_flags(FLAG_COMPUTE)
+    t.with_op(op, params)
+        .with_srcs(srcs)
+        .with_flags(FLAG_COMPUTE)
 }
 
 /// Sends a graph whose only node is the last tensor.
@@ -82,495 +84,885 @@ fn graph_of(c: &mut Conn, tensors: &[RpcTensor]) -> io::Result<()> {
 pub fn all() -> Vec<Case> {
     vec![
         // ---- framing and handshake ----
-        Case { name: "first command is not HELLO", refs: "spec §4.2", run: |a| {
-            let mut c = Conn::connect(a)?;
-            c.send(DEVICE_COUNT, &[])?;
-            expect_close(c)
-        }},
-        Case { name: "0-byte HELLO (pre-4.0 client)", refs: "spec §4.2", run: |a| {
-            let mut c = Conn::connect(a)?;
-            c.send(HELLO, &[])?;
-            expect_close(c)
-        }},
-        Case { name: "second HELLO inside the session", refs: "spec §4.2", run: |a| {
-            let mut c = Conn::open(a)?;
-            c.send(HELLO, &[0; 24])?;
-            expect_close(c)
-        }},
-        Case { name: "command 18 (RPC_CMD_NONE)", refs: "spec §5.1", run: |a| {
-            let mut c = Conn::open(a)?;
-            c.send(18, &[])?;
-            expect_close(c)
-        }},
-        Case { name: "command 255", refs: "spec §5.1", run: |a| {
-            let mut c = Conn::open(a)?;
-            c.send(255, &[0; 8])?;
-            expect_close(c)
-        }},
-        Case { name: "fixed-size command with the wrong size", refs: "spec §3.2", run: |a| {
-            let mut c = Conn::open(a)?;
-            c.send(GET_ALIGNMENT, &[0; 5])?;
-            expect_close(c)
-        }},
-        Case { name: "SET_TENSOR announcing 2^63 bytes", refs: "spec §3.2 (allocation before validation)", run: |a| {
-            let mut c = Conn::open(a)?;
-            let mut f = vec![SET_TENSOR];
-            f.extend_from_slice(&(1u64 << 63).to_le_bytes());
-            f.extend_from_slice(&[0u8; 305]);
-            c.send_raw(&f)?;
-            expect_close(c)
-        }},
-        Case { name: "GRAPH_COMPUTE announcing 2^40 bytes", refs: "spec §14 (unbounded req_size)", run: |a| {
-            let mut c = Conn::open(a)?;
-            let mut f = vec![GRAPH_COMPUTE];
-            f.extend_from_slice(&(1u64 << 40).to_le_bytes());
-            f.extend_from_slice(&[0u8; 64]);
-            c.send_raw(&f)?;
-            expect_close(c)
-        }},
-        Case { name: "GRAPH_COMPUTE with n_nodes = 2^31 in a 16-byte body", refs: "spec §14 (unbounded n_nodes)", run: |a| {
-            let mut c = Conn::open(a)?;
-            let mut p = 0u32.to_le_bytes().to_vec();
-            p.extend_from_slice(&(1u32 << 31).to_le_bytes());
-            p.extend_from_slice(&[0u8; 8]);
-            c.send(GRAPH_COMPUTE, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "GRAPH_COMPUTE with more tensors than its body holds", refs: "spec §7", run: |a| {
-            let mut c = Conn::open(a)?;
-            let mut p = graph_payload(0, &[1], &[RpcTensor::new(1, F32)]);
-            p[16..20].copy_from_slice(&1000u32.to_le_bytes());
-            c.send(GRAPH_COMPUTE, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "200 silent connections (slowloris)", refs: "spec §15.4 (serial accept)", run: |a| {
-            let mut held = Vec::new();
-            for _ in 0..200 {
-                let Ok(mut c) = Conn::connect(a) else { break };
-                let _ = c.send_raw(&[HELLO, 24]); // half a header, then silence
-                held.push(c);
-            }
-            Ok(Verdict::Hold(held))
-        }},
+        Case {
+            name: "first command is not HELLO",
+            refs: "spec §4.2",
+            run: |a| {
+                let mut c = Conn::connect(a)?;
+                c.send(DEVICE_COUNT, &[])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "0-byte HELLO (pre-4.0 client)",
+            refs: "spec §4.2",
+            run: |a| {
+                let mut c = Conn::connect(a)?;
+                c.send(HELLO, &[])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "second HELLO inside the session",
+            refs: "spec §4.2",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                c.send(HELLO, &[0; 24])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "command 18 (RPC_CMD_NONE)",
+            refs: "spec §5.1",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                c.send(18, &[])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "command 255",
+            refs: "spec §5.1",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                c.send(255, &[0; 8])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "fixed-size command with the wrong size",
+            refs: "spec §3.2",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                c.send(GET_ALIGNMENT, &[0; 5])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "SET_TENSOR announcing 2^63 bytes",
+            refs: "spec §3.2 (allocation before validation)",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                let mut f = vec![SET_TENSOR];
+                f.extend_from_slice(&(1u64 << 63).to_le_bytes());
+                f.extend_from_slice(&[0u8; 305]);
+                c.send_raw(&f)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GRAPH_COMPUTE announcing 2^40 bytes",
+            refs: "spec §14 (unbounded req_size)",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                let mut f = vec![GRAPH_COMPUTE];
+                f.extend_from_slice(&(1u64 << 40).to_le_bytes());
+                f.extend_from_slice(&[0u8; 64]);
+                c.send_raw(&f)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GRAPH_COMPUTE with n_nodes = 2^31 in a 16-byte body",
+            refs: "spec §14 (unbounded n_nodes)",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                let mut p = 0u32.to_le_bytes().to_vec();
+                p.extend_from_slice(&(1u32 << 31).to_le_bytes());
+                p.extend_from_slice(&[0u8; 8]);
+                c.send(GRAPH_COMPUTE, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GRAPH_COMPUTE with more tensors than its body holds",
+            refs: "spec §7",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                let mut p = graph_payload(0, &[1], &[RpcTensor::new(1, F32)]);
+                p[16..20].copy_from_slice(&1000u32.to_le_bytes());
+                c.send(GRAPH_COMPUTE, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "200 silent connections (slowloris)",
+            refs: "spec §15.4 (serial accept)",
+            run: |a| {
+                let mut held = Vec::new();
+                for _ in 0..200 {
+                    let Ok(mut c) = Conn::connect(a) else { break };
+                    let _ = c.send_raw(&[HELLO, 24]); // half a header, then silence
+                    held.push(c);
+                }
+                Ok(Verdict::Hold(held))
+            },
+        },
         // ---- buffers and data commands ----
-        Case { name: "ALLOC_BUFFER of 2^62 bytes", refs: "spec §14 (ALLOC_BUFFER unbounded)", run: |a| {
-            let mut c = Conn::open(a)?;
-            let (h, _) = c.alloc(1 << 62)?;
-            if h != 0 {
-                return Ok(Verdict::Accepted(format!("handle {h:#x} for 4 EiB")));
-            }
-            c.ping()?;
-            Ok(Verdict::Refused)
-        }},
-        Case { name: "ALLOC_BUFFER on device 7", refs: "spec §13.3", run: |a| {
-            let mut c = Conn::open(a)?;
-            let mut p = 7u32.to_le_bytes().to_vec();
-            p.extend_from_slice(&4096u64.to_le_bytes());
-            c.send(ALLOC_BUFFER, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "BUFFER_GET_BASE of an unknown handle", refs: "spec §13.4", run: |a| {
-            let mut c = Conn::open(a)?;
-            c.send(BUFFER_GET_BASE, &0x4141_4141_4141_4141u64.to_le_bytes())?;
-            expect_close(c)
-        }},
-        Case { name: "FREE_BUFFER twice (double free)", refs: "spec §13.4", run: |a| {
-            let (mut c, h, _) = attacker(a)?;
-            c.send(FREE_BUFFER, &h.to_le_bytes())?;
-            c.send(FREE_BUFFER, &h.to_le_bytes())?;
-            expect_close(c)
-        }},
-        Case { name: "BUFFER_CLEAR of a freed buffer (use after free)", refs: "spec §13.4", run: |a| {
-            let (mut c, h, _) = attacker(a)?;
-            c.send(FREE_BUFFER, &h.to_le_bytes())?;
-            let mut p = h.to_le_bytes().to_vec();
-            p.push(0x41);
-            c.send(BUFFER_CLEAR, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "SET_TENSOR past the end of its buffer (heap write)", refs: "spec §9", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = t4(1, F32, [16, 1, 1, 1], h, base);
-            c.set_tensor(&t, MIB - 8, &[0x41; 64])?;
-            expect_close(c)
-        }},
-        Case { name: "SET_TENSOR with data+offset wrapping past 2^64", refs: "spec §9, §14 (wrapping data+offset)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            // data + offset wraps to base + 16: inside the buffer for a naive range check, then
-            // ggml_backend_tensor_set sees offset + size > nbytes (stock: GGML_ASSERT abort).
-            let t = t4(1, F32, [16, 1, 1, 1], h, base + 32);
-            c.set_tensor(&t, 0u64.wrapping_sub(16), &[0x41; 32])?;
-            expect_close(c)
-        }},
-        Case { name: "GET_TENSOR past the end of its buffer (heap read)", refs: "spec §9", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = t4(1, F32, [16, 1, 1, 1], h, base);
-            let mut p = t.to_wire().to_vec();
-            p.extend_from_slice(&0u64.to_le_bytes());
-            p.extend_from_slice(&(2 * MIB).to_le_bytes());
-            c.send(GET_TENSOR, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "GET_TENSOR with a wrapping offset", refs: "spec §14 (wrapping data+offset)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = t4(1, F32, [16, 1, 1, 1], h, base + 0x200);
-            let mut p = t.to_wire().to_vec();
-            p.extend_from_slice(&0u64.wrapping_sub(0x100).to_le_bytes());
-            p.extend_from_slice(&64u64.to_le_bytes());
-            c.send(GET_TENSOR, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "MEMSET_TENSOR past its tensor", refs: "spec §9", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = t4(1, F32, [16, 1, 1, 1], h, base + MIB - 64);
-            let mut p = t.to_wire().to_vec();
-            p.extend_from_slice(&0u64.to_le_bytes());
-            p.extend_from_slice(&4096u64.to_le_bytes());
-            p.push(0x41);
-            c.send(MEMSET_TENSOR, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "tensor data outside its buffer (deserialize assert)", refs: "spec §6.2, §14 (GGML_ASSERT abort)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = t4(1, F32, [16, 1, 1, 1], h, base + 4 * MIB);
-            c.set_tensor(&t, 0, &[0x41; 16])?;
-            expect_close(c)
-        }},
-        Case { name: "tensor extent overflowing 64 bits", refs: "spec §6.2 (ggml_nbytes overflow)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = RpcTensor::new(1, F32).with_shape([u32::MAX; 4], [u32::MAX; 4]).with_buffer(h, base);
-            c.set_tensor(&t, 0, &[0x41; 16])?;
-            expect_close(c)
-        }},
-        Case { name: "tensor of removed type 4 (Q4_2)", refs: "issue #13067", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = RpcTensor::new(1, 4).with_shape([32, 1, 1, 1], [20, 20, 20, 20]).with_buffer(h, base);
-            c.set_tensor(&t, 0, &[0x41; 16])?;
-            expect_close(c)
-        }},
-        Case { name: "tensor of type 1000", refs: "issue #13067", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = RpcTensor::new(1, 1000).with_shape([4, 1, 1, 1], [4, 16, 16, 16]).with_buffer(h, base);
-            c.set_tensor(&t, 0, &[0x41; 16])?;
-            expect_close(c)
-        }},
-        Case { name: "Q4_0 tensor with ne[0] = 33 (not whole blocks)", refs: "issue #25288", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = RpcTensor::new(1, Q4_0).with_shape([33, 1, 1, 1], [18, 36, 36, 36]).with_buffer(h, base);
-            let mut p = 0u32.to_le_bytes().to_vec();
-            p.extend_from_slice(&t.to_wire());
-            p.extend_from_slice(&[0u8; 296 * 10]);
-            c.send(GET_ALLOC_SIZE, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "GET_ALLOC_SIZE of a tensor with 2^64 elements (found by fuzzing)", refs: "ggml_new_tensor int64 overflow assert", run: |a| {
-            let mut c = Conn::open(a)?;
-            let t = RpcTensor::new(1, F32).with_shape([65536; 4], [4, 4, 4, 4]);
-            let mut p = 0u32.to_le_bytes().to_vec();
-            p.extend_from_slice(&t.to_wire());
-            p.extend_from_slice(&[0u8; 296 * 10]);
-            c.send(GET_ALLOC_SIZE, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "FLASH_ATTN_EXT with an unknown precision (found by fuzzing)", refs: "GGML_ABORT in the CPU kernel", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let q = t4(1, F32, [16, 1, 1, 1], h, base);
-            let k = RpcTensor::new(2, 1).with_shape([16, 4, 1, 1], [2, 32, 128, 128]).with_buffer(h, base + 4096);
-            let v = RpcTensor::new(3, 1).with_shape([16, 4, 1, 1], [2, 32, 128, 128]).with_buffer(h, base + 8192);
-            let mut p = [0i32; 16];
-            p[0] = 1f32.to_bits() as i32;
-            p[3] = 77; // precision
-            let out = node(t4(4, F32, [16, 1, 1, 1], h, base + 65536), op::FLASH_ATTN_EXT, &p, &[1, 2, 3]);
-            graph_of(&mut c, &[q, k, v, out])?;
-            expect_close(c)
-        }},
-        Case { name: "RMS_NORM result overlapping its source 16 bytes later (found by fuzzing)", refs: "overlapping memcpy in the CPU kernel (ASan)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4096, 1, 1, 1], h, base);
-            let mut p = [0i32; 16];
-            p[0] = 1e-6f32.to_bits() as i32;
-            let out = node(t4(2, F32, [4096, 1, 1, 1], h, base + 16), op::RMS_NORM, &p, &[1]);
-            graph_of(&mut c, &[x, out])?;
-            expect_close(c)
-        }},
-        Case { name: "COPY_TENSOR into a smaller destination (cpy_tensor overflow)", refs: "GHSA-5vm9-p64x-gqw9 style", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let (h2, base2) = c.buffer(4096)?;
-            let src = t4(1, F32, [65536, 1, 1, 1], h, base);
-            let dst = t4(2, F32, [4, 1, 1, 1], h2, base2 + 4096 - 16);
-            let mut p = src.to_wire().to_vec();
-            p.extend_from_slice(&dst.to_wire());
-            c.send(COPY_TENSOR, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "COPY_TENSOR from a tensor without a buffer (NULL buffer)", refs: "GHSA-wcr5-566p-9cwj style", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let src = t4(1, F32, [16, 1, 1, 1], 0, 0x4141_4141_4141);
-            let dst = t4(2, F32, [16, 1, 1, 1], h, base);
-            let mut p = src.to_wire().to_vec();
-            p.extend_from_slice(&dst.to_wire());
-            c.send(COPY_TENSOR, &p)?;
-            expect_close(c)
-        }},
-        Case { name: "INIT_TENSOR with a tensor outside its buffer", refs: "spec §9", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = t4(1, F32, [1024, 1, 1, 1], h, base + MIB - 16);
-            c.send(INIT_TENSOR, &t.to_wire())?;
-            expect_close(c)
-        }},
-        Case { name: "GET_ALLOC_SIZE with a tensor outside its buffer", refs: "spec §9 (deserialize assert)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let t = t4(1, F32, [1024, 1, 1, 1], h, base + MIB - 16);
-            let mut p = 0u32.to_le_bytes().to_vec();
-            p.extend_from_slice(&t.to_wire());
-            p.extend_from_slice(&[0u8; 296 * 10]);
-            c.send(GET_ALLOC_SIZE, &p)?;
-            expect_close(c)
-        }},
+        Case {
+            name: "ALLOC_BUFFER of 2^62 bytes",
+            refs: "spec §14 (ALLOC_BUFFER unbounded)",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                let (h, _) = c.alloc(1 << 62)?;
+                if h != 0 {
+                    return Ok(Verdict::Accepted(format!("handle {h:#x} for 4 EiB")));
+                }
+                c.ping()?;
+                Ok(Verdict::Refused)
+            },
+        },
+        Case {
+            name: "ALLOC_BUFFER on device 7",
+            refs: "spec §13.3",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                let mut p = 7u32.to_le_bytes().to_vec();
+                p.extend_from_slice(&4096u64.to_le_bytes());
+                c.send(ALLOC_BUFFER, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "BUFFER_GET_BASE of an unknown handle",
+            refs: "spec §13.4",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                c.send(BUFFER_GET_BASE, &0x4141_4141_4141_4141u64.to_le_bytes())?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "FREE_BUFFER twice (double free)",
+            refs: "spec §13.4",
+            run: |a| {
+                let (mut c, h, _) = attacker(a)?;
+                c.send(FREE_BUFFER, &h.to_le_bytes())?;
+                c.send(FREE_BUFFER, &h.to_le_bytes())?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "BUFFER_CLEAR of a freed buffer (use after free)",
+            refs: "spec §13.4",
+            run: |a| {
+                let (mut c, h, _) = attacker(a)?;
+                c.send(FREE_BUFFER, &h.to_le_bytes())?;
+                let mut p = h.to_le_bytes().to_vec();
+                p.push(0x41);
+                c.send(BUFFER_CLEAR, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "SET_TENSOR past the end of its buffer (heap write)",
+            refs: "spec §9",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = t4(1, F32, [16, 1, 1, 1], h, base);
+                c.set_tensor(&t, MIB - 8, &[0x41; 64])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "SET_TENSOR with data+offset wrapping past 2^64",
+            refs: "spec §9, §14 (wrapping data+offset)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                // data + offset wraps to base + 16: inside the buffer for a naive range check, then
+                // ggml_backend_tensor_set sees offset + size > nbytes (stock: GGML_ASSERT abort).
+                let t = t4(1, F32, [16, 1, 1, 1], h, base + 32);
+                c.set_tensor(&t, 0u64.wrapping_sub(16), &[0x41; 32])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GET_TENSOR past the end of its buffer (heap read)",
+            refs: "spec §9",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = t4(1, F32, [16, 1, 1, 1], h, base);
+                let mut p = t.to_wire().to_vec();
+                p.extend_from_slice(&0u64.to_le_bytes());
+                p.extend_from_slice(&(2 * MIB).to_le_bytes());
+                c.send(GET_TENSOR, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GET_TENSOR with a wrapping offset",
+            refs: "spec §14 (wrapping data+offset)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = t4(1, F32, [16, 1, 1, 1], h, base + 0x200);
+                let mut p = t.to_wire().to_vec();
+                p.extend_from_slice(&0u64.wrapping_sub(0x100).to_le_bytes());
+                p.extend_from_slice(&64u64.to_le_bytes());
+                c.send(GET_TENSOR, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "MEMSET_TENSOR past its tensor",
+            refs: "spec §9",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = t4(1, F32, [16, 1, 1, 1], h, base + MIB - 64);
+                let mut p = t.to_wire().to_vec();
+                p.extend_from_slice(&0u64.to_le_bytes());
+                p.extend_from_slice(&4096u64.to_le_bytes());
+                p.push(0x41);
+                c.send(MEMSET_TENSOR, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "tensor data outside its buffer (deserialize assert)",
+            refs: "spec §6.2, §14 (GGML_ASSERT abort)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = t4(1, F32, [16, 1, 1, 1], h, base + 4 * MIB);
+                c.set_tensor(&t, 0, &[0x41; 16])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "tensor extent overflowing 64 bits",
+            refs: "spec §6.2 (ggml_nbytes overflow)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = RpcTensor::new(1, F32)
+                    .with_shape([u32::MAX; 4], [u32::MAX; 4])
+                    .with_buffer(h, base);
+                c.set_tensor(&t, 0, &[0x41; 16])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "tensor of removed type 4 (Q4_2)",
+            refs: "issue #13067",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = RpcTensor::new(1, 4)
+                    .with_shape([32, 1, 1, 1], [20, 20, 20, 20])
+                    .with_buffer(h, base);
+                c.set_tensor(&t, 0, &[0x41; 16])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "tensor of type 1000",
+            refs: "issue #13067",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = RpcTensor::new(1, 1000)
+                    .with_shape([4, 1, 1, 1], [4, 16, 16, 16])
+                    .with_buffer(h, base);
+                c.set_tensor(&t, 0, &[0x41; 16])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "Q4_0 tensor with ne[0] = 33 (not whole blocks)",
+            refs: "issue #25288",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = RpcTensor::new(1, Q4_0)
+                    .with_shape([33, 1, 1, 1], [18, 36, 36, 36])
+                    .with_buffer(h, base);
+                let mut p = 0u32.to_le_bytes().to_vec();
+                p.extend_from_slice(&t.to_wire());
+                p.extend_from_slice(&[0u8; 296 * 10]);
+                c.send(GET_ALLOC_SIZE, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GET_ALLOC_SIZE of a tensor with 2^64 elements (found by fuzzing)",
+            refs: "ggml_new_tensor int64 overflow assert",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                let t = RpcTensor::new(1, F32).with_shape([65536; 4], [4, 4, 4, 4]);
+                let mut p = 0u32.to_le_bytes().to_vec();
+                p.extend_from_slice(&t.to_wire());
+                p.extend_from_slice(&[0u8; 296 * 10]);
+                c.send(GET_ALLOC_SIZE, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "FLASH_ATTN_EXT with an unknown precision (found by fuzzing)",
+            refs: "GGML_ABORT in the CPU kernel",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let q = t4(1, F32, [16, 1, 1, 1], h, base);
+                let k = RpcTensor::new(2, 1)
+                    .with_shape([16, 4, 1, 1], [2, 32, 128, 128])
+                    .with_buffer(h, base + 4096);
+                let v = RpcTensor::new(3, 1)
+                    .with_shape([16, 4, 1, 1], [2, 32, 128, 128])
+                    .with_buffer(h, base + 8192);
+                let mut p = [0i32; 16];
+                p[0] = 1f32.to_bits() as i32;
+                p[3] = 77; // precision
+                let out = node(
+                    t4(4, F32, [16, 1, 1, 1], h, base + 65536),
+                    op::FLASH_ATTN_EXT,
+                    &p,
+                    &[1, 2, 3],
+                );
+                graph_of(&mut c, &[q, k, v, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "RMS_NORM result overlapping its source 16 bytes later (found by fuzzing)",
+            refs: "overlapping memcpy in the CPU kernel (ASan)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4096, 1, 1, 1], h, base);
+                let mut p = [0i32; 16];
+                p[0] = 1e-6f32.to_bits() as i32;
+                let out = node(
+                    t4(2, F32, [4096, 1, 1, 1], h, base + 16),
+                    op::RMS_NORM,
+                    &p,
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "COPY_TENSOR into a smaller destination (cpy_tensor overflow)",
+            refs: "GHSA-5vm9-p64x-gqw9 style",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let (h2, base2) = c.buffer(4096)?;
+                let src = t4(1, F32, [65536, 1, 1, 1], h, base);
+                let dst = t4(2, F32, [4, 1, 1, 1], h2, base2 + 4096 - 16);
+                let mut p = src.to_wire().to_vec();
+                p.extend_from_slice(&dst.to_wire());
+                c.send(COPY_TENSOR, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "COPY_TENSOR from a tensor without a buffer (NULL buffer)",
+            refs: "GHSA-wcr5-566p-9cwj style",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let src = t4(1, F32, [16, 1, 1, 1], 0, 0x4141_4141_4141);
+                let dst = t4(2, F32, [16, 1, 1, 1], h, base);
+                let mut p = src.to_wire().to_vec();
+                p.extend_from_slice(&dst.to_wire());
+                c.send(COPY_TENSOR, &p)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "INIT_TENSOR with a tensor outside its buffer",
+            refs: "spec §9",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = t4(1, F32, [1024, 1, 1, 1], h, base + MIB - 16);
+                c.send(INIT_TENSOR, &t.to_wire())?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GET_ALLOC_SIZE with a tensor outside its buffer",
+            refs: "spec §9 (deserialize assert)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let t = t4(1, F32, [1024, 1, 1, 1], h, base + MIB - 16);
+                let mut p = 0u32.to_le_bytes().to_vec();
+                p.extend_from_slice(&t.to_wire());
+                p.extend_from_slice(&[0u8; 296 * 10]);
+                c.send(GET_ALLOC_SIZE, &p)?;
+                expect_close(c)
+            },
+        },
         // ---- graph structure ----
-        Case { name: "MAP_CUSTOM1 with a function pointer in op_params", refs: "issue #25289 (remote code execution)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 1, 1, 1], h, base);
-            let y = node(t4(2, F32, [4, 1, 1, 1], h, base + 64), op::MAP_CUSTOM1, &[0x4141_4141, 0x4141_4141, -1, 0, 0], &[1]);
-            graph_of(&mut c, &[x, y])?;
-            expect_close(c)
-        }},
-        Case { name: "GGML_OP_CUSTOM with a function pointer in op_params", refs: "issue #25289", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 1, 1, 1], h, base);
-            let y = node(t4(2, F32, [4, 1, 1, 1], h, base + 64), op::CUSTOM, &[0x4141_4141, 0x4141_4141, 1, 0, 0], &[1]);
-            graph_of(&mut c, &[x, y])?;
-            expect_close(c)
-        }},
-        Case { name: "op 0xFFFFFFFF", refs: "issue #25289 (op not validated)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 1, 1, 1], h, base);
-            let y = node(t4(2, F32, [4, 1, 1, 1], h, base + 64), u32::MAX, &[], &[1]);
-            graph_of(&mut c, &[x, y])?;
-            expect_close(c)
-        }},
-        Case { name: "node id 0 (NULL node)", refs: "spec §7.5, §14", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 1, 1, 1], h, base);
-            c.graph(0, &[0], &[x])?;
-            expect_close(c)
-        }},
-        Case { name: "node naming an unknown tensor id", refs: "spec §7", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 1, 1, 1], h, base);
-            let y = node(t4(2, F32, [4, 1, 1, 1], h, base + 64), op::ADD, &[], &[1, 77]);
-            graph_of(&mut c, &[x, y])?;
-            expect_close(c)
-        }},
-        Case { name: "two nodes in a cycle", refs: "spec §14", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = node(t4(1, F32, [4, 1, 1, 1], h, base), op::ADD, &[], &[2, 2]);
-            let y = node(t4(2, F32, [4, 1, 1, 1], h, base + 64), op::ADD, &[], &[1, 1]);
-            c.graph(0, &[2], &[x, y])?;
-            expect_close(c)
-        }},
-        Case { name: "100,000-deep source chain closing a cycle (stack exhaustion)", refs: "spec §7.5 (recursive create_node)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let n: u64 = 100_000;
-            let mut ts = vec![t4(n + 1, F32, [4, 1, 1, 1], h, base)];
-            for i in 1..=n {
-                let prev = if i == 1 { n } else { i - 1 };
-                ts.push(node(t4(i, F32, [4, 1, 1, 1], h, base + 64), op::ADD, &[], &[prev, n + 1]));
-            }
-            c.graph(0, &[n], &ts)?;
-            expect_close(c)
-        }},
-        Case { name: "GRAPH_COMPUTE on device 9", refs: "spec §13.3", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 1, 1, 1], h, base);
-            c.graph(9, &[1], &[x])?;
-            expect_close(c)
-        }},
-        Case { name: "tensor with a data pointer but no buffer", refs: "GHSA-wcr5-566p-9cwj, PR #20908 (NULL buffer skipped checks)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 1, 1, 1], 0, 0x4141_4141_4141);
-            let b = t4(2, F32, [4, 1, 1, 1], h, base);
-            let y = node(t4(3, F32, [4, 1, 1, 1], h, base + 64), op::ADD, &[], &[1, 2]);
-            graph_of(&mut c, &[x, b, y])?;
-            expect_close(c)
-        }},
-        Case { name: "graph source outside its buffer", refs: "spec §6.2 (deserialize assert)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 1, 1, 1], h, base + 2 * MIB);
-            let b = t4(2, F32, [4, 1, 1, 1], h, base);
-            let y = node(t4(3, F32, [4, 1, 1, 1], h, base + 64), op::ADD, &[], &[1, 2]);
-            graph_of(&mut c, &[x, b, y])?;
-            expect_close(c)
-        }},
+        Case {
+            name: "MAP_CUSTOM1 with a function pointer in op_params",
+            refs: "issue #25289 (remote code execution)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], h, base);
+                let y = node(
+                    t4(2, F32, [4, 1, 1, 1], h, base + 64),
+                    op::MAP_CUSTOM1,
+                    &[0x4141_4141, 0x4141_4141, -1, 0, 0],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, y])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GGML_OP_CUSTOM with a function pointer in op_params",
+            refs: "issue #25289",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], h, base);
+                let y = node(
+                    t4(2, F32, [4, 1, 1, 1], h, base + 64),
+                    op::CUSTOM,
+                    &[0x4141_4141, 0x4141_4141, 1, 0, 0],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, y])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "op 0xFFFFFFFF",
+            refs: "issue #25289 (op not validated)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], h, base);
+                let y = node(t4(2, F32, [4, 1, 1, 1], h, base + 64), u32::MAX, &[], &[1]);
+                graph_of(&mut c, &[x, y])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "node id 0 (NULL node)",
+            refs: "spec §7.5, §14",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], h, base);
+                c.graph(0, &[0], &[x])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "node naming an unknown tensor id",
+            refs: "spec §7",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], h, base);
+                let y = node(
+                    t4(2, F32, [4, 1, 1, 1], h, base + 64),
+                    op::ADD,
+                    &[],
+                    &[1, 77],
+                );
+                graph_of(&mut c, &[x, y])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "two nodes in a cycle",
+            refs: "spec §14",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = node(t4(1, F32, [4, 1, 1, 1], h, base), op::ADD, &[], &[2, 2]);
+                let y = node(
+                    t4(2, F32, [4, 1, 1, 1], h, base + 64),
+                    op::ADD,
+                    &[],
+                    &[1, 1],
+                );
+                c.graph(0, &[2], &[x, y])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "100,000-deep source chain closing a cycle (stack exhaustion)",
+            refs: "spec §7.5 (recursive create_node)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let n: u64 = 100_000;
+                let mut ts = vec![t4(n + 1, F32, [4, 1, 1, 1], h, base)];
+                for i in 1..=n {
+                    let prev = if i == 1 { n } else { i - 1 };
+                    ts.push(node(
+                        t4(i, F32, [4, 1, 1, 1], h, base + 64),
+                        op::ADD,
+                        &[],
+                        &[prev, n + 1],
+                    ));
+                }
+                c.graph(0, &[n], &ts)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GRAPH_COMPUTE on device 9",
+            refs: "spec §13.3",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], h, base);
+                c.graph(9, &[1], &[x])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "tensor with a data pointer but no buffer",
+            refs: "GHSA-wcr5-566p-9cwj, PR #20908 (NULL buffer skipped checks)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], 0, 0x4141_4141_4141);
+                let b = t4(2, F32, [4, 1, 1, 1], h, base);
+                let y = node(
+                    t4(3, F32, [4, 1, 1, 1], h, base + 64),
+                    op::ADD,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[x, b, y])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "graph source outside its buffer",
+            refs: "spec §6.2 (deserialize assert)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], h, base + 2 * MIB);
+                let b = t4(2, F32, [4, 1, 1, 1], h, base);
+                let y = node(
+                    t4(3, F32, [4, 1, 1, 1], h, base + 64),
+                    op::ADD,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[x, b, y])?;
+                expect_close(c)
+            },
+        },
         // ---- per-op shapes, strides and parameters ----
-        Case { name: "GET_ROWS reading past src0 (ne[2] mismatch)", refs: "issue #26825", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            // src0: 4 x 2 rows x 1 matrix at the end of the buffer; rows ask for matrix 7.
-            let src = t4(1, F32, [4, 2, 1, 1], h, base + MIB - 32);
-            let rows = t4(2, I32, [1, 8, 1, 1], h, base);
-            c.set_tensor(&rows, 0, &i32_bytes(&[0; 8]))?;
-            let out = node(t4(3, F32, [4, 1, 8, 1], h, base + 4096), op::GET_ROWS, &[], &[1, 2]);
-            graph_of(&mut c, &[src, rows, out])?;
-            expect_close(c)
-        }},
-        Case { name: "GET_ROWS with a row id out of range", refs: "issue #26825 (data-dependent)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let src = t4(1, F32, [4, 2, 1, 1], h, base + MIB - 32);
-            let rows = t4(2, I32, [1, 1, 1, 1], h, base);
-            c.set_tensor(&rows, 0, &i32_bytes(&[100_000]))?;
-            let out = node(t4(3, F32, [4, 1, 1, 1], h, base + 4096), op::GET_ROWS, &[], &[1, 2]);
-            graph_of(&mut c, &[src, rows, out])?;
-            expect_close(c)
-        }},
-        Case { name: "SET_ROWS writing past its destination (ne[2] mismatch)", refs: "issue #26912", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let (h2, base2) = c.buffer(64)?;
-            // destination: 4 x 2 x 1 in a 64-byte buffer; values claim 4 x 1 x 8.
-            let dst = t4(1, F32, [4, 2, 1, 1], h2, base2);
-            let vals = t4(2, F32, [4, 1, 8, 1], h, base);
-            let ids = t4(3, I64, [1, 1, 1, 1], h, base + 4096).with_shape([1, 1, 1, 1], [8, 8, 8, 8]);
-            c.set_tensor(&ids, 0, &0i64.to_le_bytes())?;
-            let out = node(t4(4, F32, [4, 2, 1, 1], h2, base2), op::SET_ROWS, &[], &[2, 3, 1]).with_view(1, 0);
-            graph_of(&mut c, &[dst, vals, ids, out])?;
-            expect_close(c)
-        }},
-        Case { name: "SET_ROWS with a row id out of range", refs: "issue #26912 (data-dependent)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let dst = t4(1, F32, [4, 2, 1, 1], h, base + MIB - 32);
-            let vals = t4(2, F32, [4, 1, 1, 1], h, base);
-            let ids = RpcTensor::new(3, I64).with_shape([1, 1, 1, 1], [8, 8, 8, 8]).with_buffer(h, base + 4096);
-            c.set_tensor(&ids, 0, &1_000_000i64.to_le_bytes())?;
-            let out = node(t4(4, F32, [4, 2, 1, 1], h, base + MIB - 32), op::SET_ROWS, &[], &[2, 3, 1]).with_view(1, 0);
-            graph_of(&mut c, &[dst, vals, ids, out])?;
-            expect_close(c)
-        }},
-        Case { name: "row ids made out of range before GRAPH_RECOMPUTE", refs: "issue #26912 (checked at recompute)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let dst = t4(1, F32, [4, 2, 1, 1], h, base + MIB - 32);
-            let vals = t4(2, F32, [4, 1, 1, 1], h, base);
-            let ids = RpcTensor::new(3, I64).with_shape([1, 1, 1, 1], [8, 8, 8, 8]).with_buffer(h, base + 4096);
-            c.set_tensor(&ids, 0, &1i64.to_le_bytes())?;
-            let out = node(t4(4, F32, [4, 2, 1, 1], h, base + MIB - 32), op::SET_ROWS, &[], &[2, 3, 1]).with_view(1, 0);
-            graph_of(&mut c, &[dst, vals, ids, out])?;
-            c.ping()?; // the valid graph ran
-            c.set_tensor(&ids, 0, &(1i64 << 40).to_le_bytes())?;
-            c.recompute(0)?;
-            expect_close(c)
-        }},
-        Case { name: "MUL_MAT with K larger than src1's rows (heap read)", refs: "spec §14 (no shape validation)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let w = t4(1, F32, [4096, 4, 1, 1], h, base);
-            let x = t4(2, F32, [16, 1, 1, 1], h, base + MIB - 64);
-            let out = node(t4(3, F32, [4, 1, 1, 1], h, base + 65536), op::MUL_MAT, &[], &[1, 2]);
-            graph_of(&mut c, &[w, x, out])?;
-            expect_close(c)
-        }},
-        Case { name: "MUL_MAT result larger than the product (heap write)", refs: "spec §14 (no shape validation)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let (h2, base2) = c.buffer(64)?;
-            let w = t4(1, F32, [16, 64, 1, 1], h, base);
-            let x = t4(2, F32, [16, 64, 1, 1], h, base + 8192);
-            // the product is 64 x 64; the result claims 4 x 4 in a 64-byte buffer
-            let out = node(t4(3, F32, [4, 4, 1, 1], h2, base2), op::MUL_MAT, &[], &[1, 2]);
-            graph_of(&mut c, &[w, x, out])?;
-            expect_close(c)
-        }},
-        Case { name: "MUL_MAT_ID with an expert id out of range", refs: "spec §14 (data-dependent index)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let experts = t4(1, F32, [8, 4, 2, 1], h, base);
-            let x = t4(2, F32, [8, 1, 1, 1], h, base + 4096);
-            let ids = t4(3, I32, [1, 1, 1, 1], h, base + 8192);
-            c.set_tensor(&ids, 0, &i32_bytes(&[1 << 20]))?;
-            let out = node(t4(4, F32, [4, 1, 1, 1], h, base + 16384), op::MUL_MAT_ID, &[], &[1, 2, 3]);
-            graph_of(&mut c, &[experts, x, ids, out])?;
-            expect_close(c)
-        }},
-        Case { name: "ADD_ID with ids out of range", refs: "spec §14 (data-dependent index)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 2, 1, 1], h, base);
-            let b = t4(2, F32, [4, 2, 1, 1], h, base + 4096);
-            let ids = t4(3, I32, [2, 1, 1, 1], h, base + 8192);
-            c.set_tensor(&ids, 0, &i32_bytes(&[0, 1 << 24]))?;
-            let out = node(t4(4, F32, [4, 2, 1, 1], h, base + 16384), op::ADD_ID, &[], &[1, 2, 3]);
-            graph_of(&mut c, &[x, b, ids, out])?;
-            expect_close(c)
-        }},
-        Case { name: "CPY into a smaller destination", refs: "GHSA-mqp6-7pv6-fqjf style (cpy)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let (h2, base2) = c.buffer(64)?;
-            let src = t4(1, F32, [4096, 1, 1, 1], h, base);
-            let dst = t4(2, F32, [4, 1, 1, 1], h2, base2);
-            let out = node(t4(3, F32, [4, 1, 1, 1], h2, base2), op::CPY, &[], &[1, 2]).with_view(2, 0);
-            graph_of(&mut c, &[src, dst, out])?;
-            expect_close(c)
-        }},
-        Case { name: "CONCAT result larger than its sources (heap read)", refs: "spec §14 (no shape validation)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            // 4x2 + 4x2 rows, result claims 4x64: the kernel reads src[1] rows 0..61, from the
-            // last 32 bytes of the buffer onwards.
-            let x = t4(1, F32, [4, 2, 1, 1], h, base);
-            let y = t4(2, F32, [4, 2, 1, 1], h, base + MIB - 32);
-            let out = node(t4(3, F32, [4, 64, 1, 1], h, base + 4096), op::CONCAT, &[1], &[1, 2]);
-            graph_of(&mut c, &[x, y, out])?;
-            expect_close(c)
-        }},
-        Case { name: "ACC with a negative offset (write before the buffer)", refs: "spec §14 (op_params as offsets)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [16, 1, 1, 1], h, base);
-            let y = t4(2, F32, [4, 1, 1, 1], h, base + 4096);
-            let out = node(t4(3, F32, [16, 1, 1, 1], h, base), op::ACC, &[64, 64, 64, -4096, 1], &[1, 2]).with_view(1, 0);
-            graph_of(&mut c, &[x, y, out])?;
-            expect_close(c)
-        }},
-        Case { name: "ROPE with n_dims larger than the row", refs: "spec §14 (op_params as sizes)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 1, 1, 1], h, base + MIB - 16);
-            let pos = t4(2, I32, [1, 1, 1, 1], h, base);
-            let mut p = [0i32; 16];
-            p[1] = 4096; // n_dims
-            p[5] = 10000f32.to_bits() as i32;
-            p[6] = 1f32.to_bits() as i32;
-            p[8] = 1f32.to_bits() as i32;
-            let out = node(t4(3, F32, [4, 1, 1, 1], h, base + 4096), op::ROPE, &p, &[1, 2]);
-            graph_of(&mut c, &[x, pos, out])?;
-            expect_close(c)
-        }},
-        Case { name: "nb[0] = 0 on a source read as whole rows", refs: "spec §6.2 (nb not validated)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            // 65536 floats claimed, extent 4 bytes at the very end of the buffer.
-            let x = RpcTensor::new(1, F32).with_shape([65536, 1, 1, 1], [0, 0, 0, 0]).with_buffer(h, base + MIB - 4);
-            let mut p = [0i32; 16];
-            p[0] = 1e-6f32.to_bits() as i32;
-            let out = node(t4(2, F32, [65536, 1, 1, 1], h, base), op::RMS_NORM, &p, &[1]);
-            graph_of(&mut c, &[x, out])?;
-            expect_close(c)
-        }},
-        Case { name: "FLASH_ATTN_EXT with a mask smaller than the scores (heap read)", refs: "spec §14 (no shape validation)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let q = t4(1, F32, [16, 8, 1, 1], h, base);
-            let k = RpcTensor::new(2, 1).with_shape([16, 256, 1, 1], [2, 32, 8192, 8192]).with_buffer(h, base + 4096);
-            let v = RpcTensor::new(3, 1).with_shape([16, 256, 1, 1], [2, 32, 8192, 8192]).with_buffer(h, base + 16384);
-            let m = RpcTensor::new(4, 1).with_shape([1, 1, 1, 1], [2, 2, 2, 2]).with_buffer(h, base + MIB - 2);
-            let mut p = [0i32; 16];
-            p[0] = 1f32.to_bits() as i32;
-            let out = node(t4(5, F32, [16, 1, 8, 1], h, base + 65536), op::FLASH_ATTN_EXT, &p, &[1, 2, 3, 4]);
-            graph_of(&mut c, &[q, k, v, m, out])?;
-            expect_close(c)
-        }},
-        Case { name: "GRAPH_RECOMPUTE without a stored graph", refs: "spec §8", run: |a| {
-            let mut c = Conn::open(a)?;
-            c.recompute(0)?;
-            expect_close(c)
-        }},
-        Case { name: "GRAPH_RECOMPUTE after FREE_BUFFER of its buffer", refs: "issue #25703 (use after free)", run: |a| {
-            let (mut c, h, base) = attacker(a)?;
-            let x = t4(1, F32, [4, 1, 1, 1], h, base);
-            let y = t4(2, F32, [4, 1, 1, 1], h, base + 64);
-            let z = node(t4(3, F32, [4, 1, 1, 1], h, base + 128), op::ADD, &[], &[1, 2]);
-            graph_of(&mut c, &[x, y, z])?;
-            c.send(FREE_BUFFER, &h.to_le_bytes())?;
-            c.recompute(0)?;
-            expect_close(c)
-        }},
+        Case {
+            name: "GET_ROWS reading past src0 (ne[2] mismatch)",
+            refs: "issue #26825",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                // src0: 4 x 2 rows x 1 matrix at the end of the buffer; rows ask for matrix 7.
+                let src = t4(1, F32, [4, 2, 1, 1], h, base + MIB - 32);
+                let rows = t4(2, I32, [1, 8, 1, 1], h, base);
+                c.set_tensor(&rows, 0, &i32_bytes(&[0; 8]))?;
+                let out = node(
+                    t4(3, F32, [4, 1, 8, 1], h, base + 4096),
+                    op::GET_ROWS,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[src, rows, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GET_ROWS with a row id out of range",
+            refs: "issue #26825 (data-dependent)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let src = t4(1, F32, [4, 2, 1, 1], h, base + MIB - 32);
+                let rows = t4(2, I32, [1, 1, 1, 1], h, base);
+                c.set_tensor(&rows, 0, &i32_bytes(&[100_000]))?;
+                let out = node(
+                    t4(3, F32, [4, 1, 1, 1], h, base + 4096),
+                    op::GET_ROWS,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[src, rows, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "SET_ROWS writing past its destination (ne[2] mismatch)",
+            refs: "issue #26912",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let (h2, base2) = c.buffer(64)?;
+                // destination: 4 x 2 x 1 in a 64-byte buffer; values claim 4 x 1 x 8.
+                let dst = t4(1, F32, [4, 2, 1, 1], h2, base2);
+                let vals = t4(2, F32, [4, 1, 8, 1], h, base);
+                let ids =
+                    t4(3, I64, [1, 1, 1, 1], h, base + 4096).with_shape([1, 1, 1, 1], [8, 8, 8, 8]);
+                c.set_tensor(&ids, 0, &0i64.to_le_bytes())?;
+                let out = node(
+                    t4(4, F32, [4, 2, 1, 1], h2, base2),
+                    op::SET_ROWS,
+                    &[],
+                    &[2, 3, 1],
+                )
+                .with_view(1, 0);
+                graph_of(&mut c, &[dst, vals, ids, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "SET_ROWS with a row id out of range",
+            refs: "issue #26912 (data-dependent)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let dst = t4(1, F32, [4, 2, 1, 1], h, base + MIB - 32);
+                let vals = t4(2, F32, [4, 1, 1, 1], h, base);
+                let ids = RpcTensor::new(3, I64)
+                    .with_shape([1, 1, 1, 1], [8, 8, 8, 8])
+                    .with_buffer(h, base + 4096);
+                c.set_tensor(&ids, 0, &1_000_000i64.to_le_bytes())?;
+                let out = node(
+                    t4(4, F32, [4, 2, 1, 1], h, base + MIB - 32),
+                    op::SET_ROWS,
+                    &[],
+                    &[2, 3, 1],
+                )
+                .with_view(1, 0);
+                graph_of(&mut c, &[dst, vals, ids, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "row ids made out of range before GRAPH_RECOMPUTE",
+            refs: "issue #26912 (checked at recompute)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let dst = t4(1, F32, [4, 2, 1, 1], h, base + MIB - 32);
+                let vals = t4(2, F32, [4, 1, 1, 1], h, base);
+                let ids = RpcTensor::new(3, I64)
+                    .with_shape([1, 1, 1, 1], [8, 8, 8, 8])
+                    .with_buffer(h, base + 4096);
+                c.set_tensor(&ids, 0, &1i64.to_le_bytes())?;
+                let out = node(
+                    t4(4, F32, [4, 2, 1, 1], h, base + MIB - 32),
+                    op::SET_ROWS,
+                    &[],
+                    &[2, 3, 1],
+                )
+                .with_view(1, 0);
+                graph_of(&mut c, &[dst, vals, ids, out])?;
+                c.ping()?; // the valid graph ran
+                c.set_tensor(&ids, 0, &(1i64 << 40).to_le_bytes())?;
+                c.recompute(0)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "MUL_MAT with K larger than src1's rows (heap read)",
+            refs: "spec §14 (no shape validation)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let w = t4(1, F32, [4096, 4, 1, 1], h, base);
+                let x = t4(2, F32, [16, 1, 1, 1], h, base + MIB - 64);
+                let out = node(
+                    t4(3, F32, [4, 1, 1, 1], h, base + 65536),
+                    op::MUL_MAT,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[w, x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "MUL_MAT result larger than the product (heap write)",
+            refs: "spec §14 (no shape validation)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let (h2, base2) = c.buffer(64)?;
+                let w = t4(1, F32, [16, 64, 1, 1], h, base);
+                let x = t4(2, F32, [16, 64, 1, 1], h, base + 8192);
+                // the product is 64 x 64; the result claims 4 x 4 in a 64-byte buffer
+                let out = node(
+                    t4(3, F32, [4, 4, 1, 1], h2, base2),
+                    op::MUL_MAT,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[w, x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "MUL_MAT_ID with an expert id out of range",
+            refs: "spec §14 (data-dependent index)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let experts = t4(1, F32, [8, 4, 2, 1], h, base);
+                let x = t4(2, F32, [8, 1, 1, 1], h, base + 4096);
+                let ids = t4(3, I32, [1, 1, 1, 1], h, base + 8192);
+                c.set_tensor(&ids, 0, &i32_bytes(&[1 << 20]))?;
+                let out = node(
+                    t4(4, F32, [4, 1, 1, 1], h, base + 16384),
+                    op::MUL_MAT_ID,
+                    &[],
+                    &[1, 2, 3],
+                );
+                graph_of(&mut c, &[experts, x, ids, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "ADD_ID with ids out of range",
+            refs: "spec §14 (data-dependent index)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 2, 1, 1], h, base);
+                let b = t4(2, F32, [4, 2, 1, 1], h, base + 4096);
+                let ids = t4(3, I32, [2, 1, 1, 1], h, base + 8192);
+                c.set_tensor(&ids, 0, &i32_bytes(&[0, 1 << 24]))?;
+                let out = node(
+                    t4(4, F32, [4, 2, 1, 1], h, base + 16384),
+                    op::ADD_ID,
+                    &[],
+                    &[1, 2, 3],
+                );
+                graph_of(&mut c, &[x, b, ids, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "CPY into a smaller destination",
+            refs: "GHSA-mqp6-7pv6-fqjf style (cpy)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let (h2, base2) = c.buffer(64)?;
+                let src = t4(1, F32, [4096, 1, 1, 1], h, base);
+                let dst = t4(2, F32, [4, 1, 1, 1], h2, base2);
+                let out = node(t4(3, F32, [4, 1, 1, 1], h2, base2), op::CPY, &[], &[1, 2])
+                    .with_view(2, 0);
+                graph_of(&mut c, &[src, dst, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "CONCAT result larger than its sources (heap read)",
+            refs: "spec §14 (no shape validation)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                // 4x2 + 4x2 rows, result claims 4x64: the kernel reads src[1] rows 0..61, from the
+                // last 32 bytes of the buffer onwards.
+                let x = t4(1, F32, [4, 2, 1, 1], h, base);
+                let y = t4(2, F32, [4, 2, 1, 1], h, base + MIB - 32);
+                let out = node(
+                    t4(3, F32, [4, 64, 1, 1], h, base + 4096),
+                    op::CONCAT,
+                    &[1],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[x, y, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "ACC with a negative offset (write before the buffer)",
+            refs: "spec §14 (op_params as offsets)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [16, 1, 1, 1], h, base);
+                let y = t4(2, F32, [4, 1, 1, 1], h, base + 4096);
+                let out = node(
+                    t4(3, F32, [16, 1, 1, 1], h, base),
+                    op::ACC,
+                    &[64, 64, 64, -4096, 1],
+                    &[1, 2],
+                )
+                .with_view(1, 0);
+                graph_of(&mut c, &[x, y, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "ROPE with n_dims larger than the row",
+            refs: "spec §14 (op_params as sizes)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], h, base + MIB - 16);
+                let pos = t4(2, I32, [1, 1, 1, 1], h, base);
+                let mut p = [0i32; 16];
+                p[1] = 4096; // n_dims
+                p[5] = 10000f32.to_bits() as i32;
+                p[6] = 1f32.to_bits() as i32;
+                p[8] = 1f32.to_bits() as i32;
+                let out = node(
+                    t4(3, F32, [4, 1, 1, 1], h, base + 4096),
+                    op::ROPE,
+                    &p,
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[x, pos, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "nb[0] = 0 on a source read as whole rows",
+            refs: "spec §6.2 (nb not validated)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                // 65536 floats claimed, extent 4 bytes at the very end of the buffer.
+                let x = RpcTensor::new(1, F32)
+                    .with_shape([65536, 1, 1, 1], [0, 0, 0, 0])
+                    .with_buffer(h, base + MIB - 4);
+                let mut p = [0i32; 16];
+                p[0] = 1e-6f32.to_bits() as i32;
+                let out = node(
+                    t4(2, F32, [65536, 1, 1, 1], h, base),
+                    op::RMS_NORM,
+                    &p,
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "FLASH_ATTN_EXT with a mask smaller than the scores (heap read)",
+            refs: "spec §14 (no shape validation)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let q = t4(1, F32, [16, 8, 1, 1], h, base);
+                let k = RpcTensor::new(2, 1)
+                    .with_shape([16, 256, 1, 1], [2, 32, 8192, 8192])
+                    .with_buffer(h, base + 4096);
+                let v = RpcTensor::new(3, 1)
+                    .with_shape([16, 256, 1, 1], [2, 32, 8192, 8192])
+                    .with_buffer(h, base + 16384);
+                let m = RpcTensor::new(4, 1)
+                    .with_shape([1, 1, 1, 1], [2, 2, 2, 2])
+                    .with_buffer(h, base + MIB - 2);
+                let mut p = [0i32; 16];
+                p[0] = 1f32.to_bits() as i32;
+                let out = node(
+                    t4(5, F32, [16, 1, 8, 1], h, base + 65536),
+                    op::FLASH_ATTN_EXT,
+                    &p,
+                    &[1, 2, 3, 4],
+                );
+                graph_of(&mut c, &[q, k, v, m, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GRAPH_RECOMPUTE without a stored graph",
+            refs: "spec §8",
+            run: |a| {
+                let mut c = Conn::open(a)?;
+                c.recompute(0)?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GRAPH_RECOMPUTE after FREE_BUFFER of its buffer",
+            refs: "issue #25703 (use after free)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], h, base);
+                let y = t4(2, F32, [4, 1, 1, 1], h, base + 64);
+                let z = node(
+                    t4(3, F32, [4, 1, 1, 1], h, base + 128),
+                    op::ADD,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[x, y, z])?;
+                c.send(FREE_BUFFER, &h.to_le_bytes())?;
+                c.recompute(0)?;
+                expect_close(c)
+            },
+        },
     ]
 }

@@ -54,7 +54,10 @@ impl Conn {
         c.send(HELLO, &[0u8; 24])?;
         let r = c.recv(28)?;
         if r[0] != 7 {
-            return Err(std::io::Error::other(format!("unexpected version {}.{}.{}", r[0], r[1], r[2])));
+            return Err(std::io::Error::other(format!(
+                "unexpected version {}.{}.{}",
+                r[0], r[1], r[2]
+            )));
         }
         Ok(c)
     }
@@ -77,7 +80,9 @@ impl Conn {
         self.s.read_exact(&mut h)?;
         let n = u64::from_le_bytes(h);
         if n != want as u64 {
-            return Err(std::io::Error::other(format!("response of {n} bytes, expected {want}")));
+            return Err(std::io::Error::other(format!(
+                "response of {n} bytes, expected {want}"
+            )));
         }
         let mut v = vec![0u8; want];
         self.s.read_exact(&mut v)?;
@@ -89,7 +94,10 @@ impl Conn {
         p.extend_from_slice(&size.to_le_bytes());
         self.send(ALLOC_BUFFER, &p)?;
         let r = self.recv(16)?;
-        Ok((u64::from_le_bytes(r[..8].try_into().unwrap()), u64::from_le_bytes(r[8..].try_into().unwrap())))
+        Ok((
+            u64::from_le_bytes(r[..8].try_into().unwrap()),
+            u64::from_le_bytes(r[8..].try_into().unwrap()),
+        ))
     }
 
     pub fn base(&mut self, handle: u64) -> std::io::Result<u64> {
@@ -114,7 +122,12 @@ impl Conn {
         self.send(SET_TENSOR, &p)
     }
 
-    pub fn get_tensor(&mut self, t: &RpcTensor, offset: u64, size: u64) -> std::io::Result<Vec<u8>> {
+    pub fn get_tensor(
+        &mut self,
+        t: &RpcTensor,
+        offset: u64,
+        size: u64,
+    ) -> std::io::Result<Vec<u8>> {
         let mut p = t.to_wire().to_vec();
         p.extend_from_slice(&offset.to_le_bytes());
         p.extend_from_slice(&size.to_le_bytes());
@@ -122,7 +135,12 @@ impl Conn {
         self.recv(size as usize)
     }
 
-    pub fn graph(&mut self, device: u32, nodes: &[u64], tensors: &[RpcTensor]) -> std::io::Result<()> {
+    pub fn graph(
+        &mut self,
+        device: u32,
+        nodes: &[u64],
+        tensors: &[RpcTensor],
+    ) -> std::io::Result<()> {
         self.send(GRAPH_COMPUTE, &graph_payload(device, nodes, tensors))
     }
 
@@ -146,11 +164,20 @@ impl Conn {
             if left.is_zero() {
                 return false;
             }
-            let _ = self.s.set_read_timeout(Some(left.min(Duration::from_millis(500))));
+            let _ = self
+                .s
+                .set_read_timeout(Some(left.min(Duration::from_millis(500))));
             match self.s.read(&mut buf) {
                 Ok(0) => return true,
                 Ok(_) => continue,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue
+                }
                 Err(_) => return true,
             }
         }
@@ -185,7 +212,9 @@ pub fn strides(ts: u32, blck: u32, ne: [u32; 4]) -> [u32; 4] {
 
 /// An f32 (or other 4-byte type) tensor of shape `ne` at `data` in `buffer`.
 pub fn t4(id: u64, ty: u32, ne: [u32; 4], buffer: u64, data: u64) -> RpcTensor {
-    RpcTensor::new(id, ty).with_shape(ne, strides(4, 1, ne)).with_buffer(buffer, data)
+    RpcTensor::new(id, ty)
+        .with_shape(ne, strides(4, 1, ne))
+        .with_buffer(buffer, data)
 }
 
 pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -197,7 +226,9 @@ pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
 }
 
 pub fn to_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 /// Which server implementation.
@@ -219,12 +250,20 @@ pub struct Server {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("no free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
 }
 
 impl Server {
     pub fn start(kind: Kind, bin: &Path, log: &Path) -> Server {
-        let args = ["--max-alloc-per-connection", "512M", "--max-alloc-total", "1G"];
+        let args = [
+            "--max-alloc-per-connection",
+            "512M",
+            "--max-alloc-total",
+            "1G",
+        ];
         Server::start_with(kind, bin, log, &args)
     }
 
@@ -243,7 +282,11 @@ impl Server {
 
     fn spawn(&mut self) {
         let port = free_port();
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("server log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("server log");
         let mut cmd = Command::new(&self.bin);
         cmd.args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "1"]);
         if self.kind == Kind::Ours {
@@ -252,12 +295,20 @@ impl Server {
         }
         // A crashing stock server would otherwise spend seconds printing a backtrace via gdb.
         cmd.env("GGML_NO_BACKTRACE", "1");
-        cmd.stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
-        self.child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", self.bin.display()));
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        self.child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.bin.display()));
         self.addr = format!("127.0.0.1:{port}").parse().unwrap();
         let t0 = Instant::now();
         while TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_err() {
-            assert!(t0.elapsed() < Duration::from_secs(30), "{:?} server did not start", self.kind);
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{:?} server did not start",
+                self.kind
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         // The stock server serves one connection at a time: let it finish the probe above.
@@ -283,7 +334,10 @@ impl Server {
 
     /// Sends a signal (`TERM`, `INT`) to the process.
     pub fn signal(&self, sig: &str) {
-        let st = Command::new("kill").args(["-s", sig, &self.child.id().to_string()]).status().expect("kill");
+        let st = Command::new("kill")
+            .args(["-s", sig, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
         assert!(st.success(), "kill -s {sig} failed");
     }
 
@@ -316,5 +370,10 @@ impl Drop for Server {
 }
 
 fn spawn_placeholder() -> Child {
-    Command::new("true").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn true")
+    Command::new("true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn true")
 }

@@ -43,11 +43,20 @@ impl Workload {
         let (h, base) = c.buffer(4096)?;
         let a = t4(1, F32, [4, 1, 1, 1], h, base);
         let b = t4(2, F32, [4, 1, 1, 1], h, base + 64);
-        let sum = t4(3, F32, [4, 1, 1, 1], h, base + 128).with_op(2, &[]).with_srcs(&[1, 2]).with_flags(FLAG_COMPUTE);
+        let sum = t4(3, F32, [4, 1, 1, 1], h, base + 128)
+            .with_op(2, &[])
+            .with_srcs(&[1, 2])
+            .with_flags(FLAG_COMPUTE);
         c.set_tensor(&a, 0, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))?;
         c.set_tensor(&b, 0, &f32_bytes(&[10.0, 20.0, 30.0, 40.0]))?;
         c.graph(0, &[3], &[a, b, sum])?;
-        let mut w = Workload { c, a, b, sum, round: 0 };
+        let mut w = Workload {
+            c,
+            a,
+            b,
+            sum,
+            round: 0,
+        };
         let got = to_f32(&w.c.get_tensor(&w.sum, 0, 16)?);
         if got != [11.0, 22.0, 33.0, 44.0] {
             return Err(std::io::Error::other(format!("first compute gave {got:?}")));
@@ -67,7 +76,9 @@ impl Workload {
         let got = to_f32(&self.c.get_tensor(&self.sum, 0, 16)?);
         let want: Vec<f32> = a.iter().zip(b).map(|(x, y)| x + y).collect();
         if got != want {
-            return Err(std::io::Error::other(format!("recompute gave {got:?}, expected {want:?}")));
+            return Err(std::io::Error::other(format!(
+                "recompute gave {got:?}, expected {want:?}"
+            )));
         }
         Ok(())
     }
@@ -90,17 +101,29 @@ impl Row {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 /// `target/release/rpc-server`, built if missing.
 fn ours_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
     let bin = target.join("release").join("rpc-server");
     if std::env::var_os("HOSTILE_NO_BUILD").is_none() {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let st = std::process::Command::new(cargo)
-            .args(["build", "--release", "-p", "rpc-server", "--bin", "rpc-server"])
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "rpc-server",
+                "--bin",
+                "rpc-server",
+            ])
             .current_dir(workspace_root())
             .status()
             .expect("cargo build");
@@ -112,16 +135,22 @@ fn ours_bin() -> PathBuf {
 
 /// The stock server: `$STOCK_BIN/ggml-rpc-server`, else the `scripts/stock-llama.sh` cache.
 fn stock_bin() -> Option<PathBuf> {
-    let dir = std::env::var_os("STOCK_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
-        home.join(".cache/ggml-rpc-rs/llama-cpp-python-0.3.36/src-rdma-OFF/build/bin")
-    });
+    let dir = std::env::var_os("STOCK_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache/ggml-rpc-rs/llama-cpp-python-0.3.36/src-rdma-OFF/build/bin")
+        });
     let bin = dir.join("ggml-rpc-server");
     bin.exists().then_some(bin)
 }
 
 fn run_suite(kind: Kind, bin: &Path) -> Vec<Row> {
-    let log = workspace_root().join("target").join(format!("hostile-{}.log", label(kind)));
+    let log = workspace_root()
+        .join("target")
+        .join(format!("hostile-{}.log", label(kind)));
     let _ = std::fs::remove_file(&log);
     let mut server = Server::start(kind, bin, &log);
     let mut rows = Vec::new();
@@ -161,7 +190,10 @@ fn run_suite(kind: Kind, bin: &Path) -> Vec<Row> {
             }
         };
         let by_ok = match (kind, bystander.as_mut()) {
-            (Kind::Ours, Some(w)) => w.verify().map_err(|e| note.push_str(&format!("bystander: {e}; "))).is_ok(),
+            (Kind::Ours, Some(w)) => w
+                .verify()
+                .map_err(|e| note.push_str(&format!("bystander: {e}; ")))
+                .is_ok(),
             (Kind::Ours, None) => false,
             (Kind::Stock, _) => Workload::setup(addr)
                 .and_then(|mut w| {
@@ -181,7 +213,11 @@ fn run_suite(kind: Kind, bin: &Path) -> Vec<Row> {
             .map_err(|e| note.push_str(&format!("fresh client: {e}; ")))
             .is_ok();
         // Held connections: the server must have kept serving the others meanwhile.
-        let held_refused = if held.is_empty() { refused } else { by_ok && fresh_ok };
+        let held_refused = if held.is_empty() {
+            refused
+        } else {
+            by_ok && fresh_ok
+        };
         drop(held);
         if let Some(w) = bystander {
             w.c.close();
@@ -202,7 +238,15 @@ fn run_suite(kind: Kind, bin: &Path) -> Vec<Row> {
             note.push_str("server alive but not serving; restarted; ");
             server.kill_and_restart();
         }
-        let row = Row { name: case.name, refs: case.refs, refused: held_refused, up, bystander: by_ok, fresh: fresh_ok, note };
+        let row = Row {
+            name: case.name,
+            refs: case.refs,
+            refused: held_refused,
+            up,
+            bystander: by_ok,
+            fresh: fresh_ok,
+            note,
+        };
         eprintln!(
             "[{}] {:<62} refused={} up={} bystander={} fresh={} ({:.1}s) {}",
             if row.pass() { "pass" } else { "FAIL" },
@@ -247,7 +291,11 @@ fn label(kind: Kind) -> &'static str {
 fn report(kind: Kind, rows: &[Row]) -> String {
     let mark = |b: bool| if b { "yes" } else { "**no**" };
     let passed = rows.iter().filter(|r| r.pass()).count();
-    let mut s = format!("{} server: {passed}/{} cases passed\n\n", label(kind), rows.len());
+    let mut s = format!(
+        "{} server: {passed}/{} cases passed\n\n",
+        label(kind),
+        rows.len()
+    );
     s.push_str("| # | case | reproduces | refused | up | bystander | fresh | note |\n|---|---|---|---|---|---|---|---|\n");
     for (i, r) in rows.iter().enumerate() {
         s.push_str(&format!(
@@ -267,7 +315,9 @@ fn report(kind: Kind, rows: &[Row]) -> String {
 
 fn write_report(kind: Kind, rows: &[Row]) {
     let text = report(kind, rows);
-    let path = workspace_root().join("target").join(format!("hostile-{}.md", label(kind)));
+    let path = workspace_root()
+        .join("target")
+        .join(format!("hostile-{}.md", label(kind)));
     let _ = std::fs::write(&path, &text);
     println!("{text}");
 }
@@ -279,7 +329,12 @@ fn hostile_inputs_against_rpc_server() {
     let rows = run_suite(Kind::Ours, &ours_bin());
     write_report(Kind::Ours, &rows);
     let failed: Vec<&str> = rows.iter().filter(|r| !r.pass()).map(|r| r.name).collect();
-    assert!(failed.is_empty(), "{} of {} hostile cases failed: {failed:?}", failed.len(), rows.len());
+    assert!(
+        failed.is_empty(),
+        "{} of {} hostile cases failed: {failed:?}",
+        failed.len(),
+        rows.len()
+    );
 }
 
 /// The same suite against the stock server, for the comparison in the README (not a pass/fail
@@ -301,7 +356,9 @@ fn hostile_inputs_against_stock() {
 fn graceful_shutdown_on_sigterm_and_sigint() {
     let bin = ours_bin();
     for sig in ["TERM", "INT"] {
-        let log = workspace_root().join("target").join(format!("hostile-shutdown-{sig}.log"));
+        let log = workspace_root()
+            .join("target")
+            .join(format!("hostile-shutdown-{sig}.log"));
         let _ = std::fs::remove_file(&log);
         let mut server = Server::start(Kind::Ours, &bin, &log);
         let addr = server.addr;
@@ -315,9 +372,14 @@ fn graceful_shutdown_on_sigterm_and_sigint() {
         let m: u32 = 128;
         let a = t4(1, F32, [n, n, 1, 1], h, base);
         let b = t4(2, F32, [n, m, 1, 1], h, base + (16 << 20));
-        let out = t4(3, F32, [n, m, 1, 1], h, base + (20 << 20)).with_op(29, &[]).with_srcs(&[1, 2]).with_flags(FLAG_COMPUTE);
-        c.set_tensor(&a, 0, &f32_bytes(&vec![1.0; (n * n) as usize])).expect("a");
-        c.set_tensor(&b, 0, &f32_bytes(&vec![1.0; (n * m) as usize])).expect("b");
+        let out = t4(3, F32, [n, m, 1, 1], h, base + (20 << 20))
+            .with_op(29, &[])
+            .with_srcs(&[1, 2])
+            .with_flags(FLAG_COMPUTE);
+        c.set_tensor(&a, 0, &f32_bytes(&vec![1.0; (n * n) as usize]))
+            .expect("a");
+        c.set_tensor(&b, 0, &f32_bytes(&vec![1.0; (n * m) as usize]))
+            .expect("b");
         c.ping().expect("in sync");
         c.graph(0, &[3], &[a, b, out]).expect("graph");
         let mut get = out.to_wire().to_vec();
@@ -328,15 +390,31 @@ fn graceful_shutdown_on_sigterm_and_sigint() {
         let t0 = Instant::now();
         server.signal(sig);
         // The request sent before the signal is still answered, correctly.
-        let r = c.recv(16).unwrap_or_else(|e| panic!("SIG{sig}: pipelined GET_TENSOR not answered: {e}"));
+        let r = c
+            .recv(16)
+            .unwrap_or_else(|e| panic!("SIG{sig}: pipelined GET_TENSOR not answered: {e}"));
         assert_eq!(to_f32(&r), vec![n as f32; 4], "SIG{sig}: wrong result");
         // Then every connection is closed and the process exits cleanly.
-        assert!(c.closed_within(Duration::from_secs(35)), "SIG{sig}: busy connection not closed");
-        assert!(idle.c.closed_within(Duration::from_secs(35)), "SIG{sig}: idle connection not closed");
-        let st = server.wait_exit(Duration::from_secs(35)).unwrap_or_else(|| panic!("SIG{sig}: server did not exit"));
+        assert!(
+            c.closed_within(Duration::from_secs(35)),
+            "SIG{sig}: busy connection not closed"
+        );
+        assert!(
+            idle.c.closed_within(Duration::from_secs(35)),
+            "SIG{sig}: idle connection not closed"
+        );
+        let st = server
+            .wait_exit(Duration::from_secs(35))
+            .unwrap_or_else(|| panic!("SIG{sig}: server did not exit"));
         assert!(st.success(), "SIG{sig}: exit status {st}");
-        assert!(Conn::connect(addr).is_err(), "SIG{sig}: still accepting after exit");
-        eprintln!("SIG{sig}: clean exit {:.2}s after the signal", t0.elapsed().as_secs_f32());
+        assert!(
+            Conn::connect(addr).is_err(),
+            "SIG{sig}: still accepting after exit"
+        );
+        eprintln!(
+            "SIG{sig}: clean exit {:.2}s after the signal",
+            t0.elapsed().as_secs_f32()
+        );
     }
 }
 
@@ -360,7 +438,10 @@ fn mem_summary(pid: u32) -> String {
 fn proc_status(pid: u32, key: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
-        .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix(key)
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
         .unwrap_or(0)
 }
 
@@ -383,7 +464,10 @@ fn churn_once(addr: SocketAddr, i: usize) -> std::io::Result<()> {
             let (h, base) = c.buffer(4096)?;
             let a = t4(1, F32, [4, 1, 1, 1], h, base);
             let b = t4(2, F32, [4, 1, 1, 1], h, base + 64);
-            let s = t4(3, F32, [4, 1, 1, 1], h, base + 128).with_op(2, &[]).with_srcs(&[1, 2]).with_flags(FLAG_COMPUTE);
+            let s = t4(3, F32, [4, 1, 1, 1], h, base + 128)
+                .with_op(2, &[])
+                .with_srcs(&[1, 2])
+                .with_flags(FLAG_COMPUTE);
             c.graph(0, &[3], &[a, b, s])?;
             c.ping()?;
         }
@@ -424,7 +508,8 @@ fn churn_1000_connections_memory_flat() {
             let mut w = Workload::setup(addr).map_err(|e| format!("long session setup: {e}"))?;
             let mut n = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                w.verify().map_err(|e| format!("long session failed after {n} rounds: {e}"))?;
+                w.verify()
+                    .map_err(|e| format!("long session failed after {n} rounds: {e}"))?;
                 n += 1;
                 // Paced like token generation (hundreds of tokens per second at most).
                 std::thread::sleep(Duration::from_millis(2));
@@ -451,7 +536,11 @@ fn churn_1000_connections_memory_flat() {
     for round in 0..3 {
         churn(400);
         std::thread::sleep(Duration::from_millis(300));
-        eprintln!("warm-up round {round}: RSS {} KiB, {} threads", rss_kib(pid), proc_status(pid, "Threads:"));
+        eprintln!(
+            "warm-up round {round}: RSS {} KiB, {} threads",
+            rss_kib(pid),
+            proc_status(pid, "Threads:")
+        );
     }
     let before = rss_kib(pid);
     let threads_before = proc_status(pid, "Threads:");
@@ -463,7 +552,10 @@ fn churn_1000_connections_memory_flat() {
     let after = rss_kib(pid);
     let threads_after = proc_status(pid, "Threads:");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let rounds = long.join().expect("long session thread").expect("long session");
+    let rounds = long
+        .join()
+        .expect("long session thread")
+        .expect("long session");
     assert!(healthy(addr), "server not serving after the churn");
     assert!(server.alive());
     let grown = after as i64 - before as i64;
@@ -472,9 +564,16 @@ fn churn_1000_connections_memory_flat() {
          server RSS {before} KiB before, {after} KiB after ({grown:+} KiB); threads {threads_before} -> {threads_after}"
     );
     println!("{msg}");
-    std::fs::write(workspace_root().join("target").join("hostile-churn.txt"), &msg).ok();
+    std::fs::write(
+        workspace_root().join("target").join("hostile-churn.txt"),
+        &msg,
+    )
+    .ok();
     assert!(rounds > 0, "the long session made no progress");
-    assert!(grown < 8 * 1024, "resident memory grew by {grown} KiB over 1000 connections");
+    assert!(
+        grown < 8 * 1024,
+        "resident memory grew by {grown} KiB over 1000 connections"
+    );
 }
 
 /// The same churn while a stock llama.cpp client really generates through the server: the text
@@ -488,19 +587,46 @@ fn churn_during_real_generation() {
         eprintln!("stock tools not found; set STOCK_BIN");
         return;
     };
-    let model = std::env::var_os("CHURN_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ggml-rpc-rs/models/gemma-3-270m-q4_k_m.gguf")
-    });
+    let model = std::env::var_os("CHURN_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/ggml-rpc-rs/models/gemma-3-270m-q4_k_m.gguf")
+        });
     assert!(model.exists(), "{} missing", model.display());
-    let log = workspace_root().join("target").join("hostile-churn-real.log");
+    let log = workspace_root()
+        .join("target")
+        .join("hostile-churn-real.log");
     let _ = std::fs::remove_file(&log);
     let mut server = Server::start_with(Kind::Ours, &ours_bin(), &log, &[]);
     let addr = server.addr;
     let pid = server.child_id();
     let cmd = |out: &Path, err: &Path| {
         let mut c = std::process::Command::new(stock.join("llama-completion"));
-        c.args(["-m", &model.to_string_lossy(), "-p", "The capital of France is", "-n", "128", "--temp", "0", "-s", "1"]);
-        c.args(["-t", "1", "-ngl", "99", "--no-repack", "-c", "512", "-no-cnv", "--simple-io", "--ignore-eos"]);
+        c.args([
+            "-m",
+            &model.to_string_lossy(),
+            "-p",
+            "The capital of France is",
+            "-n",
+            "128",
+            "--temp",
+            "0",
+            "-s",
+            "1",
+        ]);
+        c.args([
+            "-t",
+            "1",
+            "-ngl",
+            "99",
+            "--no-repack",
+            "-c",
+            "512",
+            "-no-cnv",
+            "--simple-io",
+            "--ignore-eos",
+        ]);
         c.args(["--rpc", &addr.to_string()]);
         c.stdin(std::process::Stdio::null());
         c.stdout(std::fs::File::create(out).expect("out"));
@@ -508,14 +634,24 @@ fn churn_during_real_generation() {
         c
     };
     // A run is complete when the client printed its perf summary (see tests/e2e/run_e2e.py).
-    let complete = |err: &Path| std::fs::read_to_string(err).unwrap_or_default().contains("eval time");
+    let complete = |err: &Path| {
+        std::fs::read_to_string(err)
+            .unwrap_or_default()
+            .contains("eval time")
+    };
     let dir = workspace_root().join("target");
     let (ref_out, ref_err) = (dir.join("churn-ref.out"), dir.join("churn-ref.err"));
     // Two undisturbed runs: the second is the reference (the first also warms up the server's
     // allocator: each malloc arena a run touches keeps its high-water mark of small allocations).
     for _ in 0..2 {
         for _ in 0..5 {
-            assert!(cmd(&ref_out, &ref_err).status().expect("llama-completion").success(), "reference run failed");
+            assert!(
+                cmd(&ref_out, &ref_err)
+                    .status()
+                    .expect("llama-completion")
+                    .success(),
+                "reference run failed"
+            );
             if complete(&ref_err) {
                 break;
             }
@@ -535,7 +671,8 @@ fn churn_during_real_generation() {
                 .map(|k| {
                     std::thread::spawn(move || {
                         for i in (k..1000).step_by(4) {
-                            churn_once(addr, i).unwrap_or_else(|e| panic!("churn connection {i}: {e}"));
+                            churn_once(addr, i)
+                                .unwrap_or_else(|e| panic!("churn connection {i}: {e}"));
                             std::thread::sleep(Duration::from_millis(4));
                         }
                     })
@@ -545,7 +682,10 @@ fn churn_during_real_generation() {
                 w.join().expect("churn thread");
             }
             churn_secs = t0.elapsed().as_secs_f32();
-            assert!(child.wait().expect("wait").success(), "generation under churn failed");
+            assert!(
+                child.wait().expect("wait").success(),
+                "generation under churn failed"
+            );
             got = std::fs::read(&out).expect("output");
             if complete(&err) {
                 break;
@@ -556,14 +696,25 @@ fn churn_during_real_generation() {
     // Warm-up: the same workload once, so the allocator's and the runtime's high-water marks
     // (worker threads, per-thread caches, malloc arenas) are reached before measuring.
     let (warm, _) = generate_under_churn();
-    assert_eq!(String::from_utf8_lossy(&warm), String::from_utf8_lossy(&reference), "generation changed under churn (warm-up)");
+    assert_eq!(
+        String::from_utf8_lossy(&warm),
+        String::from_utf8_lossy(&reference),
+        "generation changed under churn (warm-up)"
+    );
     std::thread::sleep(Duration::from_secs(12));
     eprintln!("after the warm-up round: {}", mem_summary(pid));
-    let extra: usize = std::env::var("CHURN_EXTRA_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let extra: usize = std::env::var("CHURN_EXTRA_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     for round in 0..extra {
         let (g, _) = generate_under_churn();
         std::thread::sleep(Duration::from_secs(12));
-        eprintln!("extra warm-up round {round}: identical {}, {}", g == reference, mem_summary(pid));
+        eprintln!(
+            "extra warm-up round {round}: identical {}, {}",
+            g == reference,
+            mem_summary(pid)
+        );
     }
     let before = rss_kib(pid);
     let (got, churn_secs) = generate_under_churn();
@@ -585,7 +736,14 @@ fn churn_during_real_generation() {
     );
     println!("{msg}");
     std::fs::write(dir.join("hostile-churn-real.txt"), &msg).ok();
-    assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&reference), "generation changed under churn");
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(&reference),
+        "generation changed under churn"
+    );
     let grown = settled as i64 - before as i64;
-    assert!(grown < 4 * 1024, "resident memory grew by {grown} KiB over one generation with 1000 connections");
+    assert!(
+        grown < 4 * 1024,
+        "resident memory grew by {grown} KiB over one generation with 1000 connections"
+    );
 }

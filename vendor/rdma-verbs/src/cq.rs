@@ -377,9 +377,13 @@ impl AsyncCompChannel {
         // channel is dropped (ibv_destroy_comp_channel); `ChannelFd` holds a clone for the whole
         // life of the registration and always returns that same fd.
         let fd = unsafe {
-            tokio::io::unix::AsyncFd::register_with_interest(ChannelFd(ch.clone()), tokio::io::Interest::READABLE)
+            tokio::io::unix::AsyncFd::register_with_interest(
+                ChannelFd(ch.clone()),
+                tokio::io::Interest::READABLE,
+            )
         };
-        fd.map(AsyncCompChannel).map_err(|e| std::io::Error::from(e))
+        fd.map(AsyncCompChannel)
+            .map_err(|e| std::io::Error::from(e))
     }
 
     /// Waits until the channel is readable, then consumes (acknowledges) its pending events.

@@ -59,9 +59,9 @@ pub use context::{
     devices, find_gid_for_ip, find_gid_with, Context, DeviceInfo, GidEntry, GidMatch, GidSearch,
     Pd, PortChoice, PortInfo,
 };
-pub use cq::{CompChannel, Cq, CqEvent, WorkCompletion};
 #[cfg(all(feature = "tokio", unix))]
 pub use cq::AsyncCompChannel;
+pub use cq::{CompChannel, Cq, CqEvent, WorkCompletion};
 pub use error::{Result, VerbsError};
 pub use mr::{AlignedBuf, Mr};
 pub use qp::{AddressVector, InitAttr, Qp, QpCaps, QpInitAttr, RtrAttr, RtsAttr};
