@@ -88,8 +88,8 @@ def tail(path, n=25):
 class Server:
     """One RPC server process (stock ggml-rpc-server or ours; same CLI: -H -p -t)."""
 
-    def __init__(self, name, binary, port, logdir, threads=None, extra=(), env=None):
-        self.name, self.binary, self.port = name, binary, port
+    def __init__(self, name, binary, port, logdir, threads=None, extra=(), env=None, host="127.0.0.1"):
+        self.name, self.binary, self.port, self.host = name, binary, port, host
         self.threads, self.extra, self.env = threads, list(extra), dict(env or {})
         self.log_path = os.path.join(logdir, "server-%s.log" % name)
         self.proc = None
@@ -97,10 +97,10 @@ class Server:
 
     @property
     def endpoint(self):
-        return "127.0.0.1:%d" % self.port
+        return "%s:%d" % (self.host, self.port)
 
     def cmd(self):
-        c = [self.binary, "-H", "127.0.0.1", "-p", str(self.port)]
+        c = [self.binary, "-H", self.host, "-p", str(self.port)]
         if self.threads:
             c += ["-t", str(self.threads)]
         return c + self.extra
@@ -119,7 +119,7 @@ class Server:
                 raise RuntimeError("server %s exited with %s during startup:\n%s"
                                    % (self.name, self.proc.returncode, tail(self.log_path)))
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
+                with socket.create_connection((self.host, self.port), timeout=1.0):
                     return self
             except OSError:
                 time.sleep(0.05)

@@ -40,7 +40,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from e2e_common import (REPO, CACHE, Server, Servers, clean_env, free_port, log, resolve_ours,  # noqa: E402
+from e2e_common import (CACHE, Server, Servers, free_port, log, resolve_ours,  # noqa: E402
                         resolve_stock_bin, tail)
 from shim_e2e import Shim, resolve_shim  # noqa: E402
 
@@ -165,12 +165,9 @@ def dead_peer_case(ours_bin, workdir, keepalive, wait_s, servers, tag):
         sh("ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "up")
         sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
         port = free_port()
-        srv = Server("dead-peer-%s" % tag, ours_bin, port, workdir, threads=1,
-                     extra=["--max-alloc-total", str(total), "--idle-timeout", "3", "--keepalive", str(keepalive)])
-        srv.cmd = lambda: [ours_bin, "-H", host_ip, "-p", str(port), "-t", "1"] + srv.extra
-        # Server.start probes 127.0.0.1; probe the veth address instead.
-        srv_start(srv, host_ip)
-        servers.items.append(srv)
+        srv = servers.add(Server("dead-peer-%s" % tag, ours_bin, port, workdir, threads=1, host=host_ip,
+                                 extra=["--max-alloc-total", str(total), "--idle-timeout", "3",
+                                        "--keepalive", str(keepalive)]))
         client = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", VANISHING_CLIENT, host_ip,
                                    str(port), str(size)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -214,24 +211,6 @@ def dead_peer_case(ours_bin, workdir, keepalive, wait_s, servers, tag):
             os.killpg(client.pid, signal.SIGKILL)
         sh("ip", "link", "del", host_if, check=False)
         sh("ip", "netns", "del", ns, check=False)
-
-
-def srv_start(srv, host):
-    srv.starts += 1
-    logf = open(srv.log_path, "ab")
-    srv.proc = subprocess.Popen(srv.cmd(), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=clean_env())
-    logf.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if srv.proc.poll() is not None:
-            raise RuntimeError("server exited:\n" + tail(srv.log_path))
-        try:
-            with socket.create_connection((host, srv.port), timeout=1.0):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("server did not listen:\n" + tail(srv.log_path))
 
 
 def llama_case(name, servers, llama_bin, workdir, model, rpc, n_predict, idle_s, watched):
