@@ -119,6 +119,13 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub keepalive: u64,
 
+    /// How long a TCP connection polls for the next bytes of a request before its thread sleeps
+    /// (microseconds; 0: sleep at once). Polling yields the core to any other runnable thread;
+    /// it saves the sleep and wake-up of a thread per request, which on a VM or a busy host
+    /// costs more than the request itself.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 50)]
+    pub poll_window: u64,
+
     /// Largest number of nodes and of tensors in one GRAPH_COMPUTE.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_graph_size: u32,

@@ -5,14 +5,14 @@
 //! reads strictly by framing, never in request/response lockstep.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rpc_proto::{
     check_frame, Command, DecodeError, FrameHeader, Limits, Request, Response, SetTensorHeader,
 };
 use rpc_transport::rdma::negotiate::lean_name;
 use rpc_transport::rdma::{Flavor, RdmaTransport};
-use rpc_transport::{TcpTransport, Transport};
+use rpc_transport::{BlockingTcpTransport, Transport};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -54,17 +54,37 @@ async fn read_header<R: Transport>(
     stall: Option<Duration>,
 ) -> Result<Option<FrameHeader>, ConnectionError> {
     let mut b = [0u8; rpc_proto::FRAME_HEADER_SIZE];
-    let n = match idle {
-        None => rd.read(&mut b[..1]).await?,
-        Some(t) => tokio::time::timeout(t, rd.read(&mut b[..1]))
-            .await
-            .map_err(|_| ConnectionError::Idle(t.as_secs()))??,
+    let deadline = idle.map(|t| Instant::now() + t);
+    let Some(n) = rd.read_by(&mut b[..1], deadline).await? else {
+        return Err(ConnectionError::Idle(idle.unwrap_or_default().as_secs()));
     };
     if n == 0 {
         return Ok(None);
     }
     read_body(rd, &mut b[1..], stall).await?;
     Ok(Some(FrameHeader::decode(&b)))
+}
+
+/// Reads exactly `buf.len()` bytes by `deadline`: `Ok(false)` when it passed first.
+async fn read_exact_by<R: Transport>(
+    rd: &mut R,
+    buf: &mut [u8],
+    deadline: Option<Instant>,
+) -> std::io::Result<bool> {
+    let mut done = 0;
+    while done < buf.len() {
+        match rd.read_by(&mut buf[done..], deadline).await? {
+            None => return Ok(false),
+            Some(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "peer closed the connection mid-request",
+                ))
+            }
+            Some(n) => done += n,
+        }
+    }
+    Ok(true)
 }
 
 /// Per-connection resource settings (memory budget shared by the server, deadlines).
@@ -76,13 +96,20 @@ pub struct ConnectionOptions {
     /// (`None`: never). A connection that holds state never ends on silence: TCP keepalive
     /// finds a vanished peer instead.
     pub idle_timeout: Option<Duration>,
+    /// How long a TCP read polls before the thread sleeps (see [`BlockingTcpTransport`]).
+    pub poll_window: Duration,
 }
+
+/// Default `--poll-window`: longer than a client needs to turn a reply into its next request on
+/// the same machine, short enough to cost little when the next request is a token away.
+pub const DEFAULT_POLL_WINDOW: Duration = Duration::from_micros(50);
 
 impl Default for ConnectionOptions {
     fn default() -> Self {
         ConnectionOptions {
             budget: Arc::new(MemoryBudget::unlimited()),
             idle_timeout: None,
+            poll_window: DEFAULT_POLL_WINDOW,
         }
     }
 }
@@ -126,18 +153,17 @@ async fn read_body<R: Transport>(
         return Ok(rd.read_exact(buf).await?);
     };
     for chunk in buf.chunks_mut(STALL_CHUNK) {
-        match tokio::time::timeout(t, rd.read_exact(chunk)).await {
-            Ok(r) => r?,
-            Err(_) => return Err(ConnectionError::Stalled(t.as_secs())),
+        if !read_exact_by(rd, chunk, Some(Instant::now() + t)).await? {
+            return Err(ConnectionError::Stalled(t.as_secs()));
         }
     }
     Ok(())
 }
 
-/// Serves one TCP connection: HELLO (transport negotiation), then the command loop over TCP or
-/// RDMA.
+/// Serves one TCP connection on the calling thread (which it has to itself: TCP reads and
+/// writes block it): HELLO (transport negotiation), then the command loop over TCP or RDMA.
 pub async fn serve(
-    stream: TcpStream,
+    stream: std::net::TcpStream,
     config: Arc<SessionConfig>,
     limits: Limits,
     stats: Arc<Stats>,
@@ -146,7 +172,7 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
     let local_ip = stream.local_addr()?.ip();
-    let mut tcp = TcpTransport::new(stream)?;
+    let mut tcp = BlockingTcpTransport::new(stream, Some(shutdown.clone()), conn.poll_window)?;
     let mut out = Vec::with_capacity(64);
     let idle = conn.idle_timeout;
     // A client sends HELLO right after connecting; one that does not must not hold a connection
@@ -263,37 +289,31 @@ const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Upstream's UC readiness exchange: one byte each way over TCP, [`READY`] = ready. `Ok(false)`
 /// when the client could not activate its side (the connection then stays on TCP).
-async fn exchange_ready(tcp: &mut TcpTransport) -> Result<bool, ConnectionError> {
+async fn exchange_ready(tcp: &mut BlockingTcpTransport) -> Result<bool, ConnectionError> {
     tcp.send_message(&[&[READY]]).await?;
     let mut b = [0u8; 1];
-    match tokio::time::timeout(READY_TIMEOUT, tcp.read_exact(&mut b)).await {
-        Ok(Ok(())) if b[0] == READY => Ok(true),
-        Ok(Ok(())) => {
-            tracing::warn!(
-                "client could not activate RDMA (readiness byte {:#x}); staying on TCP",
-                b[0]
-            );
-            Ok(false)
-        }
-        Ok(Err(e)) => Err(e.into()),
-        Err(_) => Err(ConnectionError::Io(std::io::Error::new(
+    if !read_exact_by(tcp, &mut b, Some(Instant::now() + READY_TIMEOUT)).await? {
+        return Err(ConnectionError::Io(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             "no RDMA readiness byte from the client",
-        ))),
-    }
-}
-
-/// The TCP socket kept open, idle, as the liveness anchor of an RDMA connection.
-fn into_anchor(tcp: TcpTransport) -> Result<TcpStream, ConnectionError> {
-    if tcp.buffered() != 0 {
-        return Err(ConnectionError::Io(std::io::Error::other(
-            "client sent TCP bytes after switching to RDMA",
         )));
     }
-    let (rd, wr) = tcp.into_inner();
-    rd.into_inner()
-        .reunite(wr)
-        .map_err(|e| ConnectionError::Io(std::io::Error::other(e.to_string())))
+    if b[0] != READY {
+        tracing::warn!(
+            "client could not activate RDMA (readiness byte {:#x}); staying on TCP",
+            b[0]
+        );
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// The TCP socket kept open, idle, as the liveness anchor of an RDMA connection (registered
+/// with this thread's runtime: the RDMA transport waits on it).
+fn into_anchor(tcp: BlockingTcpTransport) -> Result<TcpStream, ConnectionError> {
+    let s = tcp.into_stream()?;
+    s.set_nonblocking(true)?;
+    Ok(TcpStream::from_std(s)?)
 }
 
 fn finish_rdma<F: rpc_transport::rdma::Flavored>(rdma: &RdmaConfig, t: &RdmaTransport<F>) {
@@ -324,7 +344,11 @@ pub async fn run<T: Transport>(
     loop {
         let h = tokio::select! {
             biased;
-            r = read_header(rd, if session.holds_state() { None } else { deadlines.idle }, deadlines.stall) => r?,
+            r = read_header(rd, if session.holds_state() { None } else { deadlines.idle }, deadlines.stall) => match r {
+                // A blocking transport notices the shutdown itself and fails the read.
+                Err(_) if *shutdown.borrow() => { tracing::debug!("closing connection for shutdown"); None }
+                r => r?,
+            },
             _ = shutdown.changed() => { tracing::debug!("closing connection for shutdown"); None }
         };
         let Some(h) = h else { break };

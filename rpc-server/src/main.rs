@@ -252,6 +252,7 @@ fn real_main() -> anyhow::Result<()> {
             (args.idle_timeout > 0).then(|| std::time::Duration::from_secs(args.idle_timeout));
         opts.keepalive =
             (args.keepalive > 0).then(|| std::time::Duration::from_secs(args.keepalive));
+        opts.poll_window = std::time::Duration::from_micros(args.poll_window);
         let stats = Arc::new(Stats::default());
         server::serve(listener, config, opts, stats, shutdown_signal()).await;
         Ok(())

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rpc_proto::Limits;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::connection::{self, ConnectionOptions};
@@ -38,6 +38,8 @@ pub struct ServerOptions {
     pub idle_timeout: Option<Duration>,
     /// TCP keepalive on every accepted connection (`None`: off); see [`set_keepalive`].
     pub keepalive: Option<Duration>,
+    /// See [`ConnectionOptions::poll_window`].
+    pub poll_window: Duration,
 }
 
 impl Default for ServerOptions {
@@ -49,6 +51,7 @@ impl Default for ServerOptions {
             memory: MemoryLimits::default(),
             idle_timeout: None,
             keepalive: Some(DEFAULT_KEEPALIVE),
+            poll_window: connection::DEFAULT_POLL_WINDOW,
         }
     }
 }
@@ -73,7 +76,7 @@ pub fn keepalive_deadline(idle: Duration) -> Duration {
 /// connection fails after about `2 × idle` without an answer, and its buffers are freed. On Linux
 /// `TCP_USER_TIMEOUT` bounds the same way a peer that vanished with data unacknowledged (keepalive
 /// only probes a quiet connection).
-pub fn set_keepalive(stream: &TcpStream, idle: Duration) -> std::io::Result<()> {
+pub fn set_keepalive(stream: &std::net::TcpStream, idle: Duration) -> std::io::Result<()> {
     let interval = keepalive_interval(idle);
     let ka = socket2::TcpKeepalive::new()
         .with_time(idle)
@@ -125,6 +128,7 @@ pub async fn serve(
     let conn = ConnectionOptions {
         budget: Arc::new(MemoryBudget::new(opts.memory)),
         idle_timeout: opts.idle_timeout,
+        poll_window: opts.poll_window,
     };
     let keepalive = opts.keepalive;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -168,12 +172,7 @@ pub async fn serve(
                 Ok(rt) => rt,
                 Err(e) => return tracing::error!(%peer, error = %e, "cannot start the connection's runtime; dropping it"),
             };
-            rt.block_on(async move {
-                match TcpStream::from_std(stream) {
-                    Ok(stream) => handle(stream, peer, keepalive, config, limits, stats, rdma, conn, stop).await,
-                    Err(e) => tracing::error!(%peer, error = %e, "cannot register the socket; dropping connection"),
-                }
-            });
+            rt.block_on(handle(stream, peer, keepalive, config, limits, stats, rdma, conn, stop));
         });
         if let Err(e) = spawned {
             tracing::error!(%peer, error = %e, "cannot start a thread for the connection; dropping it");
@@ -193,7 +192,7 @@ pub async fn serve(
 
 #[allow(clippy::too_many_arguments)]
 async fn handle(
-    stream: TcpStream,
+    stream: std::net::TcpStream,
     peer: SocketAddr,
     keepalive: Option<Duration>,
     config: Arc<SessionConfig>,

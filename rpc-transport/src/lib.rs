@@ -7,15 +7,34 @@
 
 use std::future::Future;
 use std::io;
+use std::time::Instant;
 
 pub mod tcp;
 
-pub use tcp::TcpTransport;
+pub use tcp::{BlockingTcpTransport, TcpTransport};
 
 /// A bidirectional, ordered byte transport for one RPC connection.
 pub trait Transport: Send {
     /// Reads up to `buf.len()` bytes; `Ok(0)` means the peer closed the connection.
     fn read(&mut self, buf: &mut [u8]) -> impl Future<Output = io::Result<usize>> + Send;
+
+    /// Reads up to `buf.len()` bytes, waiting no later than `deadline` (`None`: no limit):
+    /// `Ok(None)` when nothing arrived by then, `Ok(Some(0))` when the peer closed.
+    fn read_by(
+        &mut self,
+        buf: &mut [u8],
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = io::Result<Option<usize>>> + Send {
+        async move {
+            match deadline {
+                None => self.read(buf).await.map(Some),
+                Some(d) => match tokio::time::timeout_at(d.into(), self.read(buf)).await {
+                    Ok(r) => r.map(Some),
+                    Err(_) => Ok(None),
+                },
+            }
+        }
+    }
 
     /// Reads exactly `buf.len()` bytes.
     fn read_exact(&mut self, buf: &mut [u8]) -> impl Future<Output = io::Result<()>> + Send;
