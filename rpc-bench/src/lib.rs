@@ -9,6 +9,7 @@
 //!   validates it against its own configured figures.
 //! - [`links`]: the link profiles (2.5 GbE, 10 GbE, Thunderbolt 5 TCP, projected Thunderbolt 5
 //!   RDMA) with the published figures they come from, and the analytic projection.
+//! - [`echo`]: the floor of a round trip, a do-nothing server measured beside the real ones.
 //! - [`report`] and [`chart`]: markdown, CSV and PNG output.
 
 #![forbid(unsafe_code)]
@@ -17,6 +18,7 @@
 pub mod chart;
 pub mod conn;
 pub mod e2e;
+pub mod echo;
 pub mod emucheck;
 pub mod latency;
 pub mod links;

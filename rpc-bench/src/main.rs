@@ -46,6 +46,10 @@ enum Cmd {
     EmulatorCheck(CheckArgs),
     /// Prints the link profiles and the sources of their figures.
     Links,
+    /// Runs the echo floor server (what `latency --echo-floor` starts as a child process):
+    /// prints its port, serves until killed.
+    #[command(hide = true)]
+    EchoFloor,
 }
 
 #[derive(Args, Debug)]
@@ -111,6 +115,11 @@ struct LatencyArgs {
     /// Print a text histogram of every measured case.
     #[arg(long)]
     histograms: bool,
+    /// Also measure the floor: a server in this process that reads each request and answers it
+    /// with zeros, doing no work, over the same TCP code and poll window as rpc-server (row
+    /// "echo floor"; loopback only).
+    #[arg(long)]
+    echo_floor: bool,
     /// Write a PNG chart (p50 per link: empty command and GET_TENSOR of each size).
     #[arg(long, value_name = "FILE")]
     png: Option<PathBuf>,
@@ -210,6 +219,7 @@ fn real_main() -> anyhow::Result<()> {
         Cmd::Latency(a) => cmd_latency(a),
         Cmd::E2e(a) => cmd_e2e(a),
         Cmd::EmulatorCheck(a) => cmd_check(a),
+        Cmd::EchoFloor => rpc_bench::echo::run_child(),
         Cmd::Links => {
             let mut t = Table::new(&["link", "figures", "kind", "source"]);
             for l in LinkProfile::all_named() {
@@ -286,8 +296,22 @@ fn cmd_latency(a: LatencyArgs) -> anyhow::Result<()> {
             gid_index: a.rdma_gid_index,
         },
     });
+    let mut targets = a.server.clone();
+    let mut floor = None;
+    if a.echo_floor {
+        anyhow::ensure!(
+            rdma.is_none(),
+            "--echo-floor measures TCP over loopback; leave out --transport rdma"
+        );
+        let child = rpc_bench::echo::spawn_child()?;
+        targets.push(rpc_bench::report::Target {
+            label: "echo floor".into(),
+            addr: child.addr(),
+        });
+        floor = Some(child);
+    }
     let cfg = LatencyConfig {
-        targets: a.server.clone(),
+        targets,
         links: links.clone(),
         sizes: a.sizes.clone(),
         iterations: a.iterations.max(1),
@@ -302,6 +326,7 @@ fn cmd_latency(a: LatencyArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let rows = rt.block_on(latency::run(&cfg))?;
+    drop(floor);
     let mut md = String::new();
     md.push_str(&format!(
         "## rpc-bench latency\n\n{} measured iterations per case in {} rounds (each round visits every server and \

@@ -123,7 +123,7 @@ pub struct Args {
     /// (microseconds; 0: sleep at once). Polling yields the core to any other runnable thread;
     /// it saves the sleep and wake-up of a thread per request, which on a VM or a busy host
     /// costs more than the request itself.
-    #[arg(long, value_name = "MICROSECONDS", default_value_t = 50)]
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = rpc_transport::tcp::DEFAULT_POLL_WINDOW.as_micros() as u64)]
     pub poll_window: u64,
 
     /// Largest number of nodes and of tensors in one GRAPH_COMPUTE.

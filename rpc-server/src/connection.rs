@@ -100,16 +100,12 @@ pub struct ConnectionOptions {
     pub poll_window: Duration,
 }
 
-/// Default `--poll-window`: longer than a client needs to turn a reply into its next request on
-/// the same machine, short enough to cost little when the next request is a token away.
-pub const DEFAULT_POLL_WINDOW: Duration = Duration::from_micros(50);
-
 impl Default for ConnectionOptions {
     fn default() -> Self {
         ConnectionOptions {
             budget: Arc::new(MemoryBudget::unlimited()),
             idle_timeout: None,
-            poll_window: DEFAULT_POLL_WINDOW,
+            poll_window: rpc_transport::tcp::DEFAULT_POLL_WINDOW,
         }
     }
 }

@@ -51,7 +51,7 @@ impl Default for ServerOptions {
             memory: MemoryLimits::default(),
             idle_timeout: None,
             keepalive: Some(DEFAULT_KEEPALIVE),
-            poll_window: connection::DEFAULT_POLL_WINDOW,
+            poll_window: rpc_transport::tcp::DEFAULT_POLL_WINDOW,
         }
     }
 }

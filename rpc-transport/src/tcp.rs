@@ -81,6 +81,11 @@ impl Transport for TcpTransport {
 /// and at the stop signal (a request that arrives wakes it at once).
 const TICK: Duration = Duration::from_millis(200);
 
+/// Default poll window of a [`BlockingTcpTransport`] (`rpc-server --poll-window`): longer than
+/// a client needs to turn a reply into its next request on the same machine, short enough to
+/// cost little when the next request is a token away.
+pub const DEFAULT_POLL_WINDOW: Duration = Duration::from_micros(50);
+
 /// Read buffer of a [`BlockingTcpTransport`] (pipelined small commands arrive in one `recv`).
 const READ_BUFFER: usize = 256 * 1024;
 
@@ -281,7 +286,10 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (server, _) = l.accept().unwrap();
-        (BlockingTcpTransport::new(server, None, poll).unwrap(), client)
+        (
+            BlockingTcpTransport::new(server, None, poll).unwrap(),
+            client,
+        )
     }
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -335,7 +343,11 @@ mod tests {
         block_on(t.read_exact(&mut b)).unwrap();
         assert_eq!(&b, b"abcd");
         drop(c);
-        assert_eq!(block_on(t.read(&mut b)).unwrap(), 0, "peer closed: end of stream");
+        assert_eq!(
+            block_on(t.read(&mut b)).unwrap(),
+            0,
+            "peer closed: end of stream"
+        );
     }
 
     #[test]

@@ -1,0 +1,155 @@
+//! The floor of a round trip: a server in this process that speaks just enough of the protocol
+//! for [`crate::latency`] (HELLO, ALLOC_BUFFER, BUFFER_GET_BASE, DEVICE_COUNT, SET_TENSOR,
+//! GET_TENSOR, FREE_BUFFER) and does no work: every request is read whole and answered with a
+//! reply of the right size (zeros), over the same blocking TCP transport and poll window as
+//! `rpc-server`, one thread per connection, in a process of its own (as a real server is: a
+//! round trip crosses processes). Measured in the same run as real servers, it shows what the
+//! loopback, the kernel and the client cost, and so what a server adds on top.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use rpc_proto::{check_frame, FrameHeader, Limits, Request, Response};
+use rpc_transport::{BlockingTcpTransport, Transport};
+
+/// Largest GET_TENSOR the floor answers (the latency cases go up to a few MiB).
+const MAX_GET: u64 = 256 << 20;
+
+/// The floor server running as a child process (`rpc-bench echo-floor`); killed on drop.
+pub struct FloorChild {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl FloorChild {
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for FloorChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts this executable as `rpc-bench echo-floor` and reads the port it listens on.
+pub fn spawn_child() -> anyhow::Result<FloorChild> {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .arg("echo-floor")
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    std::io::BufReader::new(stdout).read_line(&mut line)?;
+    let port: u16 = match line.trim().parse() {
+        Ok(p) => p,
+        Err(_) => {
+            let _ = child.kill();
+            anyhow::bail!("echo floor did not report its port (got {line:?})");
+        }
+    };
+    Ok(FloorChild {
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+    })
+}
+
+/// `rpc-bench echo-floor`: serve on an ephemeral loopback port, print it, run until killed.
+pub fn run_child() -> anyhow::Result<()> {
+    use std::io::Write;
+    let addr = start(rpc_transport::tcp::DEFAULT_POLL_WINDOW)?;
+    println!("{}", addr.port());
+    std::io::stdout().flush()?;
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Starts the floor server on `127.0.0.1` (an ephemeral port) in this process; it serves until
+/// the process ends.
+pub fn start(poll_window: Duration) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("echo-floor".into())
+        .spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("echo-conn".into())
+                        .spawn(move || {
+                            if let Err(e) = serve(stream, poll_window) {
+                                tracing::debug!("echo floor connection: {e}");
+                            }
+                        });
+                if let Err(e) = spawned {
+                    tracing::warn!("echo floor: cannot start a connection thread: {e}");
+                }
+            }
+        })?;
+    Ok(addr)
+}
+
+fn serve(stream: TcpStream, poll_window: Duration) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut t = BlockingTcpTransport::new(stream, None, poll_window)?;
+    rt.block_on(async move {
+        let limits = Limits::default();
+        let mut payload = Vec::new();
+        let mut zeros = Vec::new();
+        let mut out = Vec::with_capacity(64);
+        loop {
+            let mut hb = [0u8; rpc_proto::FRAME_HEADER_SIZE];
+            if t.read(&mut hb[..1]).await? == 0 {
+                return Ok(());
+            }
+            t.read_exact(&mut hb[1..]).await?;
+            let h = FrameHeader::decode(&hb);
+            let cmd = check_frame(&h, &limits)?;
+            let size = usize::try_from(h.size)?;
+            anyhow::ensure!(h.size <= MAX_GET + 4096, "request too large for the floor");
+            payload.resize(size, 0);
+            t.read_exact(&mut payload).await?;
+            let reply = match Request::decode(cmd, &payload, &limits)? {
+                Request::Hello { .. } => Response::Hello {
+                    major: rpc_proto::PROTO_MAJOR,
+                    minor: rpc_proto::PROTO_MINOR,
+                    patch: rpc_proto::PROTO_PATCH,
+                    caps: [0; rpc_proto::CONN_CAPS_SIZE],
+                },
+                Request::AllocBuffer { size, .. } => Response::AllocBuffer {
+                    remote_ptr: 1,
+                    remote_size: size,
+                },
+                Request::BufferGetBase { .. } => Response::BufferGetBase { base_ptr: 1 << 40 },
+                Request::DeviceCount => Response::DeviceCount { count: 1 },
+                Request::GetTensor { size, .. } => {
+                    anyhow::ensure!(size <= MAX_GET, "GET_TENSOR too large for the floor");
+                    let n = size as usize;
+                    if zeros.len() < n {
+                        zeros.resize(n, 0);
+                    }
+                    t.send_message(&[&size.to_le_bytes(), &zeros[..n]]).await?;
+                    continue;
+                }
+                r if !cmd.has_response() => {
+                    drop(r);
+                    continue;
+                }
+                _ => anyhow::bail!("the echo floor does not answer {}", cmd.name()),
+            };
+            out.clear();
+            reply.encode(&mut out);
+            t.send_message(&[&out[..8], &out[8..]]).await?;
+        }
+    })
+}
