@@ -14,8 +14,9 @@ need_apt=()
 command -v ninja >/dev/null || need_apt+=(ninja-build)
 # The soft-RoCE VM suite (tests/vm/): QEMU, busybox, cpio, kmod, rdma-core and its tools;
 # iproute2 also for the dead-peer test's network namespace (tests/e2e/idle_e2e.py); curl for
-# llama-server requests in the VM.
-for p in rdma-core ibverbs-providers ibverbs-utils qemu-system-x86 busybox-static cpio kmod iproute2 curl; do
+# llama-server requests in the VM; systemd for `systemd-analyze verify` of the service unit
+# (tests/scripts/test_service.py).
+for p in rdma-core ibverbs-providers ibverbs-utils qemu-system-x86 busybox-static cpio kmod iproute2 curl systemd; do
   dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

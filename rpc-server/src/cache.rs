@@ -21,22 +21,32 @@ pub struct WeightCache {
     evict_lock: Mutex<()>,
 }
 
-/// The stock tool's cache directory: `$LLAMA_CACHE/rpc`, else `$XDG_CACHE_HOME/llama.cpp/rpc`,
-/// else the platform cache directory (`~/.cache/llama.cpp/rpc` on Linux,
-/// `~/Library/Caches/llama.cpp/rpc` on macOS).
+/// The stock tool's cache directory (its `fs_get_cache_directory()` joined with `rpc`):
+/// `$LLAMA_CACHE/rpc`; else on macOS `~/Library/Caches/llama.cpp/rpc` (`XDG_CACHE_HOME` is not
+/// looked at there, as by the stock tool); elsewhere `$XDG_CACHE_HOME/llama.cpp/rpc`, else
+/// `~/.cache/llama.cpp/rpc`.
 pub fn default_cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("LLAMA_CACHE").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(d).join("rpc"));
+    cache_dir_for(cfg!(target_os = "macos"), |k| std::env::var_os(k))
+}
+
+/// [`default_cache_dir`] for either OS, from the environment `env` answers (testable anywhere).
+fn cache_dir_for(
+    macos: bool,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<PathBuf> {
+    let var = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(d) = var("LLAMA_CACHE") {
+        return Some(d.join("rpc"));
     }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(d).join("llama.cpp").join("rpc"));
-    }
-    let home = PathBuf::from(std::env::var_os("HOME")?);
-    if cfg!(target_os = "macos") {
-        Some(home.join("Library/Caches/llama.cpp/rpc"))
+    let base = if macos {
+        var("HOME")?.join("Library/Caches")
     } else {
-        Some(home.join(".cache/llama.cpp/rpc"))
-    }
+        match var("XDG_CACHE_HOME") {
+            Some(x) => x,
+            None => var("HOME")?.join(".cache"),
+        }
+    };
+    Some(base.join("llama.cpp").join("rpc"))
 }
 
 fn entry_name(hash: u64) -> String {
@@ -154,6 +164,47 @@ impl WeightCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_dir_as_the_stock_tool_per_os() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        let all = &[
+            ("LLAMA_CACHE", "/lc"),
+            ("XDG_CACHE_HOME", "/xdg"),
+            ("HOME", "/home/u"),
+        ];
+        let no_llama = &[("XDG_CACHE_HOME", "/xdg"), ("HOME", "/home/u")];
+        let home_only = &[("HOME", "/home/u"), ("LLAMA_CACHE", "")];
+        let p = |s: &str| Some(PathBuf::from(s));
+        for macos in [false, true] {
+            assert_eq!(cache_dir_for(macos, env(all)), p("/lc/rpc"));
+        }
+        assert_eq!(
+            cache_dir_for(false, env(no_llama)),
+            p("/xdg/llama.cpp/rpc")
+        );
+        assert_eq!(
+            cache_dir_for(true, env(no_llama)),
+            p("/home/u/Library/Caches/llama.cpp/rpc"),
+            "macOS ignores XDG_CACHE_HOME"
+        );
+        assert_eq!(
+            cache_dir_for(false, env(home_only)),
+            p("/home/u/.cache/llama.cpp/rpc")
+        );
+        assert_eq!(
+            cache_dir_for(true, env(home_only)),
+            p("/home/u/Library/Caches/llama.cpp/rpc")
+        );
+        assert_eq!(cache_dir_for(false, env(&[])), None);
+    }
 
     fn tmpdir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("rpc-cache-test-{name}-{}", std::process::id()));

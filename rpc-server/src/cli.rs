@@ -126,6 +126,12 @@ pub struct Args {
     #[arg(long, value_name = "MICROSECONDS", default_value_t = rpc_transport::tcp::DEFAULT_POLL_WINDOW.as_micros() as u64)]
     pub poll_window: u64,
 
+    /// On SIGTERM or Ctrl-C: stop accepting, close idle connections, and give running commands
+    /// this many seconds to finish before exiting without them. Keep it below the service
+    /// manager's stop timeout (launchd: 20 s by default; the files in packaging/ allow 30 s).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::DEFAULT_SHUTDOWN_GRACE.as_secs())]
+    pub shutdown_grace: u64,
+
     /// Largest number of nodes and of tensors in one GRAPH_COMPUTE.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_graph_size: u32,

@@ -253,6 +253,7 @@ fn real_main() -> anyhow::Result<()> {
         opts.keepalive =
             (args.keepalive > 0).then(|| std::time::Duration::from_secs(args.keepalive));
         opts.poll_window = std::time::Duration::from_micros(args.poll_window);
+        opts.shutdown_grace = std::time::Duration::from_secs(args.shutdown_grace);
         let stats = Arc::new(Stats::default());
         server::serve(listener, config, opts, stats, shutdown_signal()).await;
         Ok(())

@@ -40,6 +40,9 @@ pub struct ServerOptions {
     pub keepalive: Option<Duration>,
     /// See [`ConnectionOptions::poll_window`].
     pub poll_window: Duration,
+    /// On shutdown, how long running commands may take to finish before the server exits
+    /// without them.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ServerOptions {
@@ -52,9 +55,14 @@ impl Default for ServerOptions {
             idle_timeout: None,
             keepalive: Some(DEFAULT_KEEPALIVE),
             poll_window: rpc_transport::tcp::DEFAULT_POLL_WINDOW,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
 }
+
+/// Default `--shutdown-grace`: below launchd's default `ExitTimeOut` (20 s), after which a
+/// service is killed (a killed RDMA process can leave queue pairs behind).
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Default `--keepalive`: a vanished peer is found within about two minutes.
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(60);
@@ -182,11 +190,12 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     drop(listener);
     drop(alive_tx);
-    if tokio::time::timeout(Duration::from_secs(30), alive_rx.recv())
-        .await
-        .is_err()
-    {
-        tracing::warn!("connections still busy after 30 s; exiting without them");
+    let grace = opts.shutdown_grace;
+    if tokio::time::timeout(grace, alive_rx.recv()).await.is_err() {
+        tracing::warn!(
+            "connections still busy after {} s; exiting without them",
+            grace.as_secs_f32()
+        );
     }
 }
 

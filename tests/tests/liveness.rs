@@ -96,3 +96,30 @@ async fn a_request_that_stops_mid_body_is_cut_even_when_the_connection_holds_a_b
     expect_closed(&mut c, "a frame header cut after one byte").await;
     assert_healthy(s.addr).await;
 }
+
+/// Shutdown (SIGTERM in the binary): a connection waiting for its next request, even one that
+/// holds a buffer, is closed at once (its thread sleeps in a blocking read and looks at the stop
+/// signal on every tick), and the server returns long before its grace period ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_waiting_connections_without_using_the_grace_period() {
+    let s = TestServer::start_with_options(ServerOptions {
+        shutdown_grace: Duration::from_secs(20),
+        ..Default::default()
+    });
+    let mut holding = connect(s.addr).await;
+    let _buf = alloc(&mut holding, 4096).await;
+    let mut querying = connect(s.addr).await;
+    assert_eq!(querying.device_count().await.expect("DEVICE_COUNT"), 1);
+    let start = std::time::Instant::now();
+    let stopped = tokio::task::spawn_blocking(move || drop(s));
+    within("server shutdown", stopped)
+        .await
+        .expect("server thread");
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "shutdown took {took:?} with two idle connections (grace 20 s)"
+    );
+    expect_closed(&mut holding, "a connection holding a buffer at shutdown").await;
+    expect_closed(&mut querying, "a query-only connection at shutdown").await;
+}
