@@ -30,10 +30,7 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 }
 
 /// [`default_cache_dir`] for either OS, from the environment `env` answers (testable anywhere).
-fn cache_dir_for(
-    macos: bool,
-    env: impl Fn(&str) -> Option<std::ffi::OsString>,
-) -> Option<PathBuf> {
+fn cache_dir_for(macos: bool, env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
     let var = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     if let Some(d) = var("LLAMA_CACHE") {
         return Some(d.join("rpc"));
@@ -186,10 +183,7 @@ mod tests {
         for macos in [false, true] {
             assert_eq!(cache_dir_for(macos, env(all)), p("/lc/rpc"));
         }
-        assert_eq!(
-            cache_dir_for(false, env(no_llama)),
-            p("/xdg/llama.cpp/rpc")
-        );
+        assert_eq!(cache_dir_for(false, env(no_llama)), p("/xdg/llama.cpp/rpc"));
         assert_eq!(
             cache_dir_for(true, env(no_llama)),
             p("/home/u/Library/Caches/llama.cpp/rpc"),

@@ -33,25 +33,76 @@ fn local_ip_towards(peer: &str) -> Result<(SocketAddr, IpAddr), String> {
     Ok((addr, s.local_addr().map_err(|e| e.to_string())?.ip()))
 }
 
+/// The systems whose advice differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Os {
+    Linux,
+    MacOs,
+    Other,
+}
+
+impl Os {
+    /// The system this binary was built for.
+    pub fn this() -> Os {
+        if cfg!(target_os = "macos") {
+            Os::MacOs
+        } else if cfg!(target_os = "linux") {
+            Os::Linux
+        } else {
+            Os::Other
+        }
+    }
+}
+
+/// What keeps RDMA from engaging, in the order `doctor` finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Problem {
+    /// Built without `infiniband/verbs.h`: the verbs layer is a stub.
+    NotCompiledIn,
+    /// The verbs library cannot be loaded at run time.
+    NoLibrary,
+    /// The library loads but lists no device.
+    NoDevices,
+    /// Devices exist but no port is ACTIVE.
+    NoActivePort,
+    /// The address used towards the peer is no device's GID.
+    NoGidForAddress,
+}
+
+/// What to do about `p` on `os`: one table, so that each system gets its own advice.
+pub fn advice(os: Os, p: Problem) -> &'static str {
+    use Problem::*;
+    match (os, p) {
+        (Os::MacOs, NotCompiledIn) => "the SDK had no infiniband/verbs.h at build time (it ships with the macOS 26.2 SDK): update the Command Line Tools (softwareupdate --list, or xcode-select --install) and rebuild (scripts/run-server.sh)",
+        (Os::MacOs, NoLibrary) => "librdma.dylib is missing: RDMA over Thunderbolt needs macOS 26.2 or later on an Apple-silicon Mac with Thunderbolt 5",
+        (Os::MacOs, NoDevices) => "RDMA is not enabled: boot to Recovery, open Terminal, run `rdma_ctl enable`, reboot (`rdma_ctl status` shows it; it cannot be done remotely). Thunderbolt 4 Macs never list a device, and on a Mac Studio the Thunderbolt 5 port next to Ethernet cannot do RDMA",
+        (Os::MacOs, NoActivePort) => "a port is ACTIVE only when the Mac at the other end of the cable has RDMA enabled too: run `rdma_ctl status` there, check the cable (Thunderbolt 5), and keep both Macs on the same macOS version",
+        (Os::MacOs, NoGidForAddress) => "use the address of the Thunderbolt interface enN paired with the device rdma_enN (e.g. `ifconfig en2`), not the Thunderbolt Bridge (bridge0): clients connect to that address, and the server listens on it or on 0.0.0.0. The IPv4 GID appears only once enN has an IPv4 address (a self-assigned 169.254.x.x one can take minutes after boot or re-cabling)",
+        (_, NotCompiledIn) => "built without infiniband/verbs.h: install the verbs headers (Debian/Ubuntu: apt-get install libibverbs-dev; Fedora: rdma-core-devel) and rebuild",
+        (_, NoLibrary) => "install rdma-core (Debian/Ubuntu: apt-get install rdma-core ibverbs-providers) and a NIC driver or soft-RoCE (rdma_rxe)",
+        (_, NoDevices) => "load the NIC's RDMA driver (e.g. mlx5_ib) or create a soft-RoCE device: rdma link add rxe0 type rxe netdev eth0",
+        (_, NoActivePort) => "no port is ACTIVE: check the link (cable, switch port, `ibv_devinfo`); a soft-RoCE port follows its Ethernet interface's state",
+        (_, NoGidForAddress) => "connect over the interface that owns the RDMA device's address (its GIDs are listed above)",
+    }
+}
+
 /// Prints the report; returns whether RDMA is usable at all on this machine.
 pub fn run(peer: Option<&str>) -> bool {
+    let os = Os::this();
     println!(
         "rpc-server doctor ({} {})",
         std::env::consts::OS,
         std::env::consts::ARCH
     );
     if !rdma_verbs::built_with_verbs() {
-        println!("  verbs support  : not compiled in (no infiniband/verbs.h at build time; install libibverbs-dev and rebuild)");
+        println!("  verbs support  : not compiled in");
+        println!("  => {}", advice(os, Problem::NotCompiledIn));
     }
     match rdma_verbs::load() {
         Err(e) => {
             println!("  verbs library  : NOT available: {e}");
             println!("  => RDMA cannot engage here; every connection uses TCP.");
-            if cfg!(target_os = "linux") {
-                println!("     Install rdma-core (Debian: apt-get install rdma-core ibverbs-providers) and a NIC driver or rdma_rxe.");
-            } else if cfg!(target_os = "macos") {
-                println!("     macOS 26.2+ with Thunderbolt 5: boot to Recovery, run `rdma_ctl enable`, reboot.");
-            }
+            println!("     {}", advice(os, Problem::NoLibrary));
             return false;
         }
         Ok(()) => println!("  verbs library  : loaded"),
@@ -64,8 +115,9 @@ pub fn run(peer: Option<&str>) -> bool {
         }
     };
     if devices.is_empty() {
-        println!("  devices        : none (the kernel exposes no RDMA device)");
+        println!("  devices        : none");
         println!("  => every connection uses TCP.");
+        println!("     {}", advice(os, Problem::NoDevices));
         return false;
     }
     for d in &devices {
@@ -94,6 +146,17 @@ pub fn run(peer: Option<&str>) -> bool {
             }
         }
     }
+    let active = devices.iter().any(|d| {
+        d.ports.iter().any(|p| {
+            matches!(
+                p.state,
+                rdma_verbs::PortState::Active | rdma_verbs::PortState::ActiveDefer
+            )
+        })
+    });
+    if !active {
+        println!("  => {}", advice(os, Problem::NoActivePort));
+    }
     println!(
         "  An RPC connection uses RDMA when its TCP socket's local address appears above as a GID"
     );
@@ -114,7 +177,8 @@ pub fn run(peer: Option<&str>) -> bool {
                         m.active_mtu.bytes()
                     ),
                     Ok(None) => println!(
-                        "  => RDMA would NOT engage: no device has a GID for {ip}. Connect over the interface that owns the RDMA device's address."
+                        "  => RDMA would NOT engage: no device has a GID for {ip}. {}",
+                        advice(os, Problem::NoGidForAddress)
                     ),
                     Err(e) => println!("  => RDMA would NOT engage: {e}"),
                 }
@@ -122,4 +186,42 @@ pub fn run(peer: Option<&str>) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Problem; 5] = [
+        Problem::NotCompiledIn,
+        Problem::NoLibrary,
+        Problem::NoDevices,
+        Problem::NoActivePort,
+        Problem::NoGidForAddress,
+    ];
+
+    #[test]
+    fn a_mac_gets_mac_advice_and_linux_linux_advice() {
+        for p in ALL {
+            let mac = advice(Os::MacOs, p);
+            let linux = advice(Os::Linux, p);
+            assert_ne!(mac, linux, "{p:?}: the same advice on both systems");
+            for apt in ["apt-get", "libibverbs-dev", "rdma_rxe", "rdma link"] {
+                assert!(
+                    !mac.contains(apt),
+                    "{p:?}: macOS advice mentions {apt}: {mac}"
+                );
+            }
+            for mac_only in ["rdma_ctl", "Thunderbolt", "librdma"] {
+                assert!(
+                    !linux.contains(mac_only),
+                    "{p:?}: Linux advice mentions {mac_only}"
+                );
+            }
+        }
+        assert!(advice(Os::MacOs, Problem::NoDevices).contains("rdma_ctl enable"));
+        assert!(advice(Os::MacOs, Problem::NoGidForAddress).contains("bridge0"));
+        assert!(advice(Os::MacOs, Problem::NotCompiledIn).contains("26.2"));
+        assert!(advice(Os::Linux, Problem::NotCompiledIn).contains("libibverbs-dev"));
+    }
 }

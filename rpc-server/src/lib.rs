@@ -4,6 +4,7 @@
 //! validates requests and calls the [`ggml`] FFI layer (the only `unsafe` code); [`server`]
 //! accepts connections concurrently; [`cache`] is the SET_TENSOR_HASH weight cache.
 
+pub mod app;
 pub mod cache;
 pub mod cli;
 pub mod connection;

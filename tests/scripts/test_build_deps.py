@@ -17,7 +17,7 @@ import tempfile
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SCRIPT = os.path.join(REPO, "scripts", "build-deps.sh")
 # Real tools the script itself runs (from /usr/bin or /bin), linked into the stub directory.
-REAL = ["bash", "id", "env"]
+REAL = ["bash", "id", "env", "dirname", "mkdir", "chmod"]
 
 
 def stub_dir(stubs):
@@ -34,18 +34,41 @@ def stub_dir(stubs):
     return d
 
 
-def run_case(stubs, env=None):
+def run_case(stubs, env=None, script=SCRIPT, args=(), out=None):
     d = stub_dir(stubs)
     log = os.path.join(d, "calls.log")
     open(log, "w").close()
     e = {"PATH": d, "STUB_LOG": log, "HOME": d}
     e.update(env or {})
-    r = subprocess.run([shutil.which("bash"), SCRIPT], env=e, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, timeout=60)
+    r = subprocess.run([shutil.which("bash"), script] + list(args), env=e, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     with open(log) as f:
         calls = f.read().splitlines()
     shutil.rmtree(d, ignore_errors=True)
+    if out is not None:
+        out.append(r.stdout)
     return r.returncode, r.stderr, calls
+
+
+# scripts/run-server.sh in a scratch copy of scripts/ (it builds and runs ./target/... relative to
+# the checkout): a stub cargo records the build's RUSTFLAGS and target dir and leaves a stub server
+# that prints its arguments.
+CARGO_BUILDS = ('echo "build RUSTFLAGS=[${RUSTFLAGS-unset}] TARGET=[${CARGO_TARGET_DIR-unset}]" >> "$STUB_LOG"\n'
+                'mkdir -p "${CARGO_TARGET_DIR:-target}/release"\n'
+                'printf \'#!/bin/sh\\necho "served $*"\\n\' > "${CARGO_TARGET_DIR:-target}/release/rpc-server"\n'
+                'chmod +x "${CARGO_TARGET_DIR:-target}/release/rpc-server"')
+
+
+def run_server_case(stubs, env=None, args=("-p", "50052")):
+    repo = tempfile.mkdtemp(prefix="run-server-test-")
+    os.mkdir(os.path.join(repo, "scripts"))
+    for f in ("run-server.sh", "build-deps.sh", "portable-rustflags.sh"):
+        shutil.copy(os.path.join(REPO, "scripts", f), os.path.join(repo, "scripts", f))
+    out = []
+    rc, err, calls = run_case(stubs, env=env, script=os.path.join(repo, "scripts", "run-server.sh"), args=args,
+                              out=out)
+    shutil.rmtree(repo, ignore_errors=True)
+    return rc, err, calls, out[0]
 
 
 MAC_OK = {
@@ -176,6 +199,37 @@ def linux_without_cargo_prints_rustup():
 def unknown_os_fails_clearly():
     rc, err, _ = run_case({"uname": "echo Plan9"})
     assert rc == 1 and "unsupported OS 'Plan9'" in err, err
+
+
+def uname(s, m):
+    return 'case "$1" in -m) echo %s ;; *) echo %s ;; esac' % (m, s)
+
+
+@case
+def run_server_builds_native_by_default():
+    rc, err, calls, out = run_server_case(with_(LINUX_OK, uname=uname("Linux", "x86_64"), cargo=CARGO_BUILDS))
+    assert rc == 0, err
+    assert "build RUSTFLAGS=[unset] TARGET=[unset]" in calls, calls
+    assert out.strip() == "served -p 50052", out
+
+
+@case
+def run_server_portable_on_x86_64_uses_x86_64_v3_in_its_own_target_dir():
+    rc, err, calls, out = run_server_case(with_(LINUX_OK, uname=uname("Linux", "x86_64"), cargo=CARGO_BUILDS),
+                                          env={"PORTABLE": "1"})
+    assert rc == 0, err
+    assert "build RUSTFLAGS=[-C target-cpu=x86-64-v3] TARGET=[target/portable]" in calls, calls
+    assert out.strip() == "served -p 50052", out
+
+
+@case
+def run_server_portable_on_a_mac_uses_the_targets_baseline():
+    rc, err, calls, out = run_server_case(with_(MAC_OK, uname=uname("Darwin", "arm64"), cargo=CARGO_BUILDS),
+                                          env={"PORTABLE": "1"}, args=("-H", "10.0.0.2"))
+    assert rc == 0, err
+    # Empty RUSTFLAGS (set, so .cargo/config.toml's target-cpu=native is not used): apple-m1.
+    assert "build RUSTFLAGS=[] TARGET=[target/portable]" in calls, calls
+    assert out.strip() == "served -H 10.0.0.2", out
 
 
 def main():

@@ -6,14 +6,14 @@
 # emulate (the guest CPU is x86-64-v3: AVX2/FMA/BMI2, no AVX-512) and the
 # binary dies with SIGILL (exit 132) in the VM.  This wrapper builds into a
 # separate target dir (target/vm, so the shared target/ is not rebuilt) with
-# `-C target-cpu=x86-64-v3`.  C code built by build scripts with its own
-# -march=native (e.g. ggml's GGML_NATIVE) is not affected by RUSTFLAGS.
+# the portable flags (scripts/portable-rustflags.sh: `-C target-cpu=x86-64-v3` on
+# x86_64), which llama-cpp-sys-2 also applies to ggml (GGML_NATIVE off, -march=x86-64-v3).
 #
 #   tests/vm/cargo-vm.sh build --release -p rdma-verbs --examples
 #   -> target/vm/release/examples/pingpong
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 export CARGO_TARGET_DIR=${RVM_CARGO_TARGET_DIR:-$ROOT/target/vm}
-export RUSTFLAGS="${RVM_RUSTFLAGS:--C target-cpu=x86-64-v3}"
+export RUSTFLAGS="${RVM_RUSTFLAGS:-$("$ROOT/scripts/portable-rustflags.sh")}"
 cd "$ROOT"
 exec cargo "$@"

@@ -1,0 +1,264 @@
+//! The `rpc-server` program (also installed as `ggml-rpc-server`, upstream's name): parse flags,
+//! pick devices, print the banner, serve. `src/main.rs` and `src/bin/ggml-rpc-server.rs` call
+//! [`main`].
+
+use std::sync::Arc;
+
+use crate::cache::{default_cache_dir, WeightCache};
+use crate::cli::Args;
+use crate::ggml::{Device, DeviceKind};
+use crate::rdma::{RdmaConfig, TransportMode};
+use crate::server::{self, ServerOptions};
+use crate::session::{MemoryLimits, SessionConfig};
+use crate::stats::Stats;
+use anyhow::{bail, Context};
+use clap::Parser;
+use rpc_transport::rdma::real::RdmaOptions;
+
+const MIB: u64 = 1024 * 1024;
+
+fn select_devices(args: &Args) -> anyhow::Result<Vec<Device>> {
+    let names = args.device_names();
+    let all = Device::all();
+    if !names.is_empty() {
+        let mut out = Vec::new();
+        for n in &names {
+            match Device::by_name(n) {
+                Some(d) => out.push(d),
+                None => {
+                    eprintln!("error: unknown device: {n}");
+                    eprintln!("available devices:");
+                    for d in &all {
+                        eprintln!("  {}: {}", d.name(), d.description());
+                    }
+                    bail!("no such device: {n}");
+                }
+            }
+        }
+        return Ok(out);
+    }
+    let gpus: Vec<Device> = all
+        .iter()
+        .filter(|d| !matches!(d.kind(), DeviceKind::Cpu | DeviceKind::Accel))
+        .cloned()
+        .collect();
+    if !gpus.is_empty() {
+        return Ok(gpus);
+    }
+    all.into_iter()
+        .find(|d| d.kind() == DeviceKind::Cpu)
+        .map(|d| vec![d])
+        .context("no CPU device found")
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// The whole program: exits the process with status 1 on an error.
+pub fn main() {
+    // Before any thread exists: a few malloc arenas, a fixed mmap threshold (see tune_malloc).
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    crate::ggml::tune_malloc(cores.clamp(2, 8));
+    if let Err(e) = real_main() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RPC_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    crate::ggml::load_backends();
+
+    if let Some(crate::cli::SubCommand::Doctor { peer }) = &args.command {
+        crate::doctor::run(peer.as_deref());
+        return Ok(());
+    }
+    // Upstream's environment switches keep working.
+    let mut mode = args.transport;
+    if std::env::var_os("GGML_RPC_NO_RDMA").is_some() {
+        mode = TransportMode::Tcp;
+    }
+    let rdma_opts = RdmaOptions {
+        device: args.rdma_device.clone().or_else(|| {
+            std::env::var("GGML_RDMA_DEV")
+                .ok()
+                .filter(|s| !s.is_empty())
+        }),
+        gid_index: args.rdma_gid_index.or_else(|| {
+            std::env::var("GGML_RDMA_GID")
+                .ok()
+                .and_then(|s| s.parse().ok())
+        }),
+    };
+    let rdma = Arc::new(RdmaConfig::new(
+        mode,
+        rdma_opts,
+        args.rdma_max_connections.max(1),
+    ));
+    if mode == TransportMode::Rdma {
+        let usable = rdma_verbs::load().is_ok()
+            && rdma_verbs::devices()
+                .map(|d| !d.is_empty())
+                .unwrap_or(false);
+        if !usable {
+            bail!(
+                "--transport rdma: no usable RDMA device on this machine (run `rpc-server doctor`)"
+            );
+        }
+    }
+
+    if args.list_devices {
+        println!("Available devices:");
+        for d in Device::all() {
+            let (free, total) = d.memory();
+            println!(
+                "  {}: {} ({} MiB, {} MiB free)",
+                d.name(),
+                d.description(),
+                total / MIB,
+                free / MIB
+            );
+        }
+        return Ok(());
+    }
+    let devices = select_devices(&args)?;
+    let cache = if args.cache || args.cache_dir.is_some() {
+        let dir = args
+            .cache_dir
+            .clone()
+            .or_else(default_cache_dir)
+            .context("cannot determine the cache directory")?;
+        Some(
+            WeightCache::open(&dir, args.cache_max_size)
+                .with_context(|| format!("cannot create cache directory {}", dir.display()))?,
+        )
+    } else {
+        None
+    };
+
+    // The listener's runtime: one thread that accepts and hands each connection to a thread of its
+    // own (server.rs); nothing else runs here, so nothing competes with ggml for the cores.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = server::bind(&args.host, args.port)
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        let local = listener.local_addr()?;
+        if !local.ip().is_loopback() {
+            eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+            eprintln!("WARNING: listening on {local}, reachable from other machines.");
+            eprintln!("         The ggml RPC protocol has no authentication or encryption:");
+            eprintln!("         anyone who can connect can use this machine's devices and memory.");
+            eprintln!("         Only expose it on a network you trust.");
+            eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+        }
+        println!(
+            "Starting RPC server v{}.{}.{} (rpc-server {})",
+            rpc_proto::PROTO_MAJOR,
+            rpc_proto::PROTO_MINOR,
+            rpc_proto::PROTO_PATCH,
+            env!("CARGO_PKG_VERSION")
+        );
+        println!("  endpoint       : {local}");
+        match &cache {
+            Some(c) => match c.max_size() {
+                Some(m) => println!(
+                    "  local cache    : {} (max {} MiB)",
+                    c.dir().display(),
+                    m / MIB
+                ),
+                None => println!("  local cache    : {}", c.dir().display()),
+            },
+            None => println!("  local cache    : n/a"),
+        }
+        println!("Devices:");
+        for d in &devices {
+            let (free, total) = d.memory();
+            println!(
+                "  {}: {} ({} MiB, {} MiB free)",
+                d.name(),
+                d.description(),
+                total / MIB,
+                free / MIB
+            );
+        }
+        println!("  threads        : {}", args.threads);
+        println!("  transport      : {}", rdma.describe());
+        println!("  connections    : up to {} at once", args.max_connections);
+        // Default memory limits: what the devices have (a larger ALLOC_BUFFER would only succeed
+        // through overcommit and end in the OOM killer).
+        let device_memory: u64 = devices.iter().map(|d| d.memory().1).sum::<u64>().max(1);
+        println!(
+            "  limits         : {} MiB per connection, {} MiB in total",
+            args.max_alloc_per_connection.unwrap_or(device_memory) / MIB,
+            args.max_alloc_total.unwrap_or(device_memory) / MIB,
+        );
+        println!(
+            "  liveness       : idle timeout {} (connections holding nothing), keepalive {}",
+            if args.idle_timeout > 0 {
+                format!("{} s", args.idle_timeout)
+            } else {
+                "off".into()
+            },
+            if args.keepalive > 0 {
+                let dead =
+                    server::keepalive_deadline(std::time::Duration::from_secs(args.keepalive));
+                format!(
+                    "{} s (a vanished peer is dropped after ~{} s)",
+                    args.keepalive,
+                    dead.as_secs()
+                )
+            } else {
+                "off".into()
+            }
+        );
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+
+        let config = Arc::new(SessionConfig {
+            devices,
+            n_threads: args.threads,
+            cache,
+        });
+        let mut opts = ServerOptions {
+            max_connections: args.max_connections,
+            rdma,
+            ..Default::default()
+        };
+        opts.limits.max_request_size = args.max_request_size;
+        opts.limits.max_graph_nodes = args.max_graph_size;
+        opts.limits.max_graph_tensors = args.max_graph_size;
+        opts.memory = MemoryLimits {
+            per_connection: args.max_alloc_per_connection.unwrap_or(device_memory),
+            total: args.max_alloc_total.unwrap_or(device_memory),
+        };
+        opts.idle_timeout =
+            (args.idle_timeout > 0).then(|| std::time::Duration::from_secs(args.idle_timeout));
+        opts.keepalive =
+            (args.keepalive > 0).then(|| std::time::Duration::from_secs(args.keepalive));
+        opts.poll_window = std::time::Duration::from_micros(args.poll_window);
+        opts.shutdown_grace = std::time::Duration::from_secs(args.shutdown_grace);
+        let stats = Arc::new(Stats::default());
+        server::serve(listener, config, opts, stats, shutdown_signal()).await;
+        Ok(())
+    })
+}
