@@ -163,6 +163,19 @@ fn real_main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let local = listener.local_addr()?;
+        let metrics = match &args.metrics {
+            Some(spec) => {
+                let (host, port) = spec
+                    .rsplit_once(':')
+                    .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                    .with_context(|| format!("--metrics {spec}: expected HOST:PORT"))?;
+                let l = server::bind(host, port)
+                    .await
+                    .with_context(|| format!("cannot listen for --metrics on {spec}"))?;
+                Some(l)
+            }
+            None => None,
+        };
         if !local.ip().is_loopback() {
             eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
             eprintln!("WARNING: listening on {local}, reachable from other machines.");
@@ -204,6 +217,9 @@ fn real_main() -> anyhow::Result<()> {
         println!("  threads        : {}", args.threads);
         println!("  transport      : {}", rdma.describe());
         println!("  connections    : up to {} at once", args.max_connections);
+        if let Some(m) = &metrics {
+            println!("  metrics        : http://{}/metrics", m.local_addr()?);
+        }
         // Default memory limits: what the devices have (a larger ALLOC_BUFFER would only succeed
         // through overcommit and end in the OOM killer).
         let device_memory: u64 = devices.iter().map(|d| d.memory().1).sum::<u64>().max(1);
@@ -258,6 +274,14 @@ fn real_main() -> anyhow::Result<()> {
         opts.poll_window = std::time::Duration::from_micros(args.poll_window);
         opts.shutdown_grace = std::time::Duration::from_secs(args.shutdown_grace);
         let stats = Arc::new(Stats::default());
+        if let Some(m) = metrics {
+            let src = Arc::new(crate::metrics::Sources {
+                stats: stats.clone(),
+                rdma: opts.rdma.clone(),
+                config: config.clone(),
+            });
+            tokio::spawn(crate::metrics::serve(m, src));
+        }
         server::serve(listener, config, opts, stats, shutdown_signal()).await;
         Ok(())
     })

@@ -8,6 +8,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
@@ -19,6 +20,20 @@ pub struct WeightCache {
     max_size: Option<u64>,
     /// Serializes eviction scans; reads and writes are atomic file operations.
     evict_lock: Mutex<()>,
+    counters: CacheCounters,
+}
+
+/// What the cache did since start (for `--metrics`).
+#[derive(Debug, Default)]
+pub struct CacheCounters {
+    /// SET_TENSOR_HASH answered from the cache, and the bytes written from it.
+    pub hits: AtomicU64,
+    pub bytes_served: AtomicU64,
+    /// SET_TENSOR_HASH not found (or found corrupt): the client uploads.
+    pub misses: AtomicU64,
+    /// Entries written, and their bytes.
+    pub stores: AtomicU64,
+    pub bytes_stored: AtomicU64,
 }
 
 /// The stock tool's cache directory (its `fs_get_cache_directory()` joined with `rpc`):
@@ -58,6 +73,7 @@ impl WeightCache {
             dir: dir.to_path_buf(),
             max_size,
             evict_lock: Mutex::new(()),
+            counters: CacheCounters::default(),
         })
     }
 
@@ -73,6 +89,24 @@ impl WeightCache {
     pub fn entry_len(&self, hash: u64) -> Option<u64> {
         let m = fs::metadata(self.dir.join(entry_name(hash))).ok()?;
         m.is_file().then_some(m.len())
+    }
+
+    /// Counters since start.
+    pub fn counters(&self) -> &CacheCounters {
+        &self.counters
+    }
+
+    /// Counts a SET_TENSOR_HASH answered from the cache (`Some(bytes)`) or not (`None`).
+    pub fn record_lookup(&self, served: Option<u64>) {
+        match served {
+            Some(n) => {
+                self.counters.hits.fetch_add(1, Relaxed);
+                self.counters.bytes_served.fetch_add(n, Relaxed);
+            }
+            None => {
+                self.counters.misses.fetch_add(1, Relaxed);
+            }
+        }
     }
 
     /// Reads and verifies the entry for `hash`. A file whose content does not hash to its name
@@ -112,6 +146,10 @@ impl WeightCache {
         match res {
             Ok(()) => {
                 tracing::info!(path = %path.display(), bytes = data.len(), "saved to cache");
+                self.counters.stores.fetch_add(1, Relaxed);
+                self.counters
+                    .bytes_stored
+                    .fetch_add(data.len() as u64, Relaxed);
                 self.evict();
             }
             Err(e) => {

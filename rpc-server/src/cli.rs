@@ -132,6 +132,13 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = crate::server::DEFAULT_SHUTDOWN_GRACE.as_secs())]
     pub shutdown_grace: u64,
 
+    /// Serve the server's counters in Prometheus text format at http://HOST:PORT/metrics
+    /// (connections, commands and bytes per command and transport, compute and per-token time
+    /// histograms, memory against the limits, cache, RDMA activations and fallbacks). Off by
+    /// default; e.g. `--metrics 127.0.0.1:9100`.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
+
     /// Largest number of nodes and of tensors in one GRAPH_COMPUTE.
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_graph_size: u32,

@@ -195,8 +195,8 @@ pub async fn serve(
         caps: reply_caps,
     }
     .encode(&mut out);
+    stats.command(tcp.name(), Command::Hello, h.size, out.len() as u64);
     tcp.send_message(&[&out[..8], &out[8..]]).await?;
-    stats.command(Command::Hello, h.size, out.len() as u64);
     let session = Session::with_budget(config, conn.budget.clone());
     let Some(activated) = activated else {
         return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
@@ -220,6 +220,7 @@ pub async fn serve(
         }
         Activated::Uc(link, _permit) => {
             if !exchange_ready(&mut tcp).await? {
+                rdma.fallback(crate::rdma::Fallback::ClientNotReady);
                 drop(link);
                 return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
             }
@@ -242,6 +243,7 @@ pub async fn serve(
             // Our own client: the lean framing. Over UC the readiness exchange comes first, as
             // for upstream's UC flavor (receives are posted on both sides before any frame).
             if flavor == Flavor::AppleUc && !exchange_ready(&mut tcp).await? {
+                rdma.fallback(crate::rdma::Fallback::ClientNotReady);
                 drop(link);
                 return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
             }
@@ -337,6 +339,9 @@ pub async fn run<T: Transport>(
 ) -> Result<(), ConnectionError> {
     let mut out = Vec::with_capacity(64);
     let mut payload: Vec<u8> = Vec::new();
+    let transport = rd.name();
+    // The token under way: when its GRAPH_RECOMPUTE arrived and how long the recompute took.
+    let mut token: Option<(Instant, Duration)> = None;
     loop {
         let h = tokio::select! {
             biased;
@@ -348,10 +353,11 @@ pub async fn run<T: Transport>(
             _ = shutdown.changed() => { tracing::debug!("closing connection for shutdown"); None }
         };
         let Some(h) = h else { break };
+        let arrived = Instant::now();
         let cmd = check_frame(&h, &limits)?;
         if cmd == Command::SetTensor && h.size >= STREAM_MIN {
             stream_set_tensor(rd, &mut session, h.size, deadlines.stall).await?;
-            stats.command(cmd, h.size, 0);
+            stats.command(transport, cmd, h.size, 0);
             continue;
         }
         let size = usize::try_from(h.size).map_err(|_| ConnectionError::OutOfMemory(h.size))?;
@@ -379,45 +385,74 @@ pub async fn run<T: Transport>(
                 .and_then(|n| buf.host_slice(off, n))
             {
                 let prefix = size.to_le_bytes();
+                // Counted before the reply leaves: whoever reads the counters after the client
+                // has its answer sees this command.
+                stats.command(transport, cmd, h.size, 8 + *size);
                 rd.send_message(&[&prefix, src]).await?;
-                stats.command(cmd, h.size, 8 + *size);
+                if let Some((start, compute)) = token.take() {
+                    stats.token(start.elapsed(), compute);
+                }
                 continue;
             }
         }
         // Computes run right here: the connection's own thread (see `server.rs`).
+        let computes = matches!(cmd, Command::GraphCompute | Command::GraphRecompute);
+        let started = computes.then(Instant::now);
         let reply = session
             .handle(req)
             .map_err(|err| ConnectionError::Session {
                 cmd: cmd.name(),
                 err,
             })?;
+        if let Some(t0) = started {
+            let took = t0.elapsed();
+            stats.compute.observe(took);
+            if cmd == Command::GraphRecompute {
+                token = Some((arrived, took));
+            }
+        }
         if payload.capacity() > KEEP_PAYLOAD_CAPACITY {
             payload = Vec::new(); // do not hold on to a one-off large request for the session's life
         }
-        let mut sent = 0;
-        if let Some(r) = reply {
-            sent = send_response(rd, &r, &mut out).await?;
+        let sent = reply.as_ref().map_or(0, |r| encode_response(r, &mut out));
+        stats.command(transport, cmd, h.size, sent); // before the reply leaves, as above
+        if let Some(r) = &reply {
+            send_response(rd, r, &out).await?;
         }
-        stats.command(cmd, h.size, sent);
+        if cmd == Command::GetTensor {
+            if let Some((start, compute)) = token.take() {
+                stats.token(start.elapsed(), compute);
+            }
+        }
     }
     Ok(())
 }
 
-/// Writes a response as upstream does: the size prefix and the payload as two sends.
-async fn send_response<T: Transport>(
-    t: &mut T,
-    r: &Response,
-    out: &mut Vec<u8>,
-) -> Result<u64, ConnectionError> {
+/// Encodes a response into `out` (except GET_TENSOR's data, sent from where it is); returns its
+/// size on the wire.
+fn encode_response(r: &Response, out: &mut Vec<u8>) -> u64 {
     if let Response::GetTensor(data) = r {
-        let prefix = (data.len() as u64).to_le_bytes();
-        t.send_message(&[&prefix, data]).await?;
-        return Ok(8 + data.len() as u64);
+        return 8 + data.len() as u64;
     }
     out.clear();
     r.encode(out);
-    t.send_message(&[&out[..8], &out[8..]]).await?;
-    Ok(out.len() as u64)
+    out.len() as u64
+}
+
+/// Writes a response encoded by [`encode_response`] as upstream does: the size prefix and the
+/// payload as two sends.
+async fn send_response<T: Transport>(
+    t: &mut T,
+    r: &Response,
+    out: &[u8],
+) -> Result<(), ConnectionError> {
+    if let Response::GetTensor(data) = r {
+        let prefix = (data.len() as u64).to_le_bytes();
+        t.send_message(&[&prefix, data]).await?;
+    } else {
+        t.send_message(&[&out[..8], &out[8..]]).await?;
+    }
+    Ok(())
 }
 
 /// Reads a large SET_TENSOR: the 305-byte header first, then the payload directly into the

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod connection;
 pub mod doctor;
 pub mod ggml;
+pub mod metrics;
 pub mod rdma;
 pub mod server;
 pub mod session;

@@ -41,7 +41,38 @@ pub struct RdmaConfig {
     pub lean_activated: AtomicU64,
     pub sends: AtomicU64,
     pub recvs: AtomicU64,
+    /// Activations per kind, in [`ACTIVATIONS`] order.
+    activations: [AtomicU64; ACTIVATIONS.len()],
+    /// Clients that offered RDMA and stayed on TCP, per [`Fallback`].
+    fallbacks: [AtomicU64; FALLBACKS.len()],
 }
+
+/// Kinds of RDMA activation, as the metrics label them.
+pub const ACTIVATIONS: [&str; 4] = ["rc", "uc", "rc_lean", "uc_lean"];
+
+/// Why a client that offered RDMA stayed on TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// Its caps fit neither upstream layout.
+    UnknownCaps,
+    /// `--rdma-max-connections` RDMA connections were open.
+    Budget,
+    /// No device owns the connection's address, or the queue pair could not be prepared.
+    NoDevice,
+    /// The queue pair could not be moved to RTS with the client's parameters.
+    ActivationFailed,
+    /// The client could not activate its side (upstream's UC readiness byte).
+    ClientNotReady,
+}
+
+/// [`Fallback`] labels, in its order.
+pub const FALLBACKS: [&str; 5] = [
+    "unknown_caps",
+    "budget",
+    "no_device",
+    "activation_failed",
+    "client_not_ready",
+];
 
 impl std::fmt::Debug for RdmaConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,7 +104,32 @@ impl RdmaConfig {
             lean_activated: AtomicU64::new(0),
             sends: AtomicU64::new(0),
             recvs: AtomicU64::new(0),
+            activations: Default::default(),
+            fallbacks: Default::default(),
         }
+    }
+
+    /// Counts a client that offered RDMA and stays on TCP.
+    pub fn fallback(&self, why: Fallback) {
+        self.fallbacks[why as usize].fetch_add(1, Relaxed);
+    }
+
+    /// `(kind, count)` per [`ACTIVATIONS`] kind.
+    pub fn activations(&self) -> Vec<(&'static str, u64)> {
+        ACTIVATIONS
+            .iter()
+            .zip(&self.activations)
+            .map(|(k, n)| (*k, n.load(Relaxed)))
+            .collect()
+    }
+
+    /// `(reason, count)` per [`FALLBACKS`] reason.
+    pub fn fallbacks(&self) -> Vec<(&'static str, u64)> {
+        FALLBACKS
+            .iter()
+            .zip(&self.fallbacks)
+            .map(|(k, n)| (*k, n.load(Relaxed)))
+            .collect()
     }
 
     /// One line for the banner: what this machine can do.
@@ -135,6 +191,7 @@ pub fn negotiate(
         Choice::Tcp => {
             if client.iter().any(|&b| b != 0) {
                 tracing::warn!("client caps fit neither upstream RDMA layout; staying on TCP");
+                cfg.fallback(Fallback::UnknownCaps);
             }
             return ([0; 24], None);
         }
@@ -146,12 +203,14 @@ pub fn negotiate(
             max = cfg.max_connections,
             "RDMA connection budget used up; this client stays on TCP"
         );
+        cfg.fallback(Fallback::Budget);
         return ([0; 24], None);
     };
     let prepared = match real::prepare_with(local_ip, peer.flavor, &cfg.opts, lean) {
         Ok(p) => p,
         Err(e) => {
             tracing::info!("RDMA cannot engage ({e}); staying on TCP");
+            cfg.fallback(Fallback::NoDevice);
             return ([0; 24], None);
         }
     };
@@ -190,10 +249,13 @@ pub fn negotiate(
             if lean {
                 cfg.lean_activated.fetch_add(1, Relaxed);
             }
+            let kind = usize::from(peer.flavor == Flavor::AppleUc) + 2 * usize::from(lean);
+            cfg.activations[kind].fetch_add(1, Relaxed);
             (ours.encode(), Some(a))
         }
         Err(e) => {
             tracing::warn!("RDMA activation failed ({e}); staying on TCP");
+            cfg.fallback(Fallback::ActivationFailed);
             ([0; 24], None)
         }
     }

@@ -133,8 +133,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(opts.max_connections.max(1)));
+    let budget = Arc::new(MemoryBudget::new(opts.memory));
+    stats.set_budget(budget.clone());
     let conn = ConnectionOptions {
-        budget: Arc::new(MemoryBudget::new(opts.memory)),
+        budget,
         idle_timeout: opts.idle_timeout,
         poll_window: opts.poll_window,
     };
@@ -226,7 +228,10 @@ async fn handle(
     tracing::info!(%peer, "accepted client connection");
     match connection::serve(stream, config, limits, stats.clone(), rdma, conn, stop).await {
         Ok(()) => tracing::info!(%peer, "client connection closed"),
-        Err(e) => tracing::error!(%peer, "closing connection: {e}"),
+        Err(e) => {
+            stats.closed_with_error.fetch_add(1, Relaxed);
+            tracing::error!(%peer, "closing connection: {e}");
+        }
     }
     stats.active.fetch_sub(1, Relaxed);
 }

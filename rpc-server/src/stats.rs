@@ -1,29 +1,149 @@
-//! Server-wide counters: connections, commands and bytes by command, for logs and benchmarks.
+//! Server-wide counters: connections, commands and bytes by command and by transport, graph
+//! compute and per-token times. Read by the logs, the benchmarks and `--metrics` (`metrics.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use rpc_proto::Command;
 
-#[derive(Default)]
-pub struct Stats {
-    pub connections: AtomicU64,
-    pub active: AtomicU64,
-    commands: [AtomicU64; 18],
-    bytes_in: [AtomicU64; 18],
-    bytes_out: [AtomicU64; 18],
+use crate::session::MemoryBudget;
+
+/// Transports as [`rpc_transport::Transport::name`] names them; traffic on any other name is
+/// counted under `other`.
+pub const TRANSPORTS: [&str; 5] = [
+    "TCP",
+    "RDMA/RC",
+    "RDMA/UC",
+    "RDMA/RC+lean",
+    "RDMA/UC+lean",
+];
+
+fn transport_index(name: &str) -> usize {
+    TRANSPORTS
+        .iter()
+        .position(|t| *t == name)
+        .unwrap_or(TRANSPORTS.len())
 }
 
+/// Upper bounds (seconds) of the histogram buckets: 100 us to 2.5 s.
+pub const BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// A latency histogram (Prometheus layout: cumulative buckets when read, plus sum and count).
+#[derive(Default)]
+pub struct Histogram {
+    /// Per-bucket (not cumulative) counts; the last one is `+Inf`.
+    buckets: [AtomicU64; BUCKETS.len() + 1],
+    sum_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+/// A point-in-time copy of a [`Histogram`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistogramSnapshot {
+    /// `(upper bound in seconds, cumulative count)`, the last bound `f64::INFINITY`.
+    pub buckets: Vec<(f64, u64)>,
+    pub sum_seconds: f64,
+    pub count: u64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = BUCKETS
+            .iter()
+            .position(|&b| s <= b)
+            .unwrap_or(BUCKETS.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_ns
+            .fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut acc = 0;
+        let buckets = self
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                acc += b.load(Relaxed);
+                (BUCKETS.get(i).copied().unwrap_or(f64::INFINITY), acc)
+            })
+            .collect();
+        HistogramSnapshot {
+            buckets,
+            sum_seconds: self.sum_ns.load(Relaxed) as f64 / 1e9,
+            count: self.count.load(Relaxed),
+        }
+    }
+}
+
+const NCMD: usize = Command::ALL.len();
+
+#[derive(Default)]
+pub struct Stats {
+    /// Connections accepted since start.
+    pub connections: AtomicU64,
+    /// Connections open now.
+    pub active: AtomicU64,
+    /// Connections that ended with an error (malformed or refused request, I/O error, deadline).
+    pub closed_with_error: AtomicU64,
+    commands: [AtomicU64; NCMD],
+    bytes_in: [AtomicU64; NCMD],
+    bytes_out: [AtomicU64; NCMD],
+    transport_in: [AtomicU64; TRANSPORTS.len() + 1],
+    transport_out: [AtomicU64; TRANSPORTS.len() + 1],
+    /// Wall time of each GRAPH_COMPUTE and GRAPH_RECOMPUTE (validation, graph build, compute).
+    pub compute: Histogram,
+    /// Per token, server side: from a GRAPH_RECOMPUTE's header to the end of the GET_TENSOR
+    /// reply that follows it.
+    pub token: Histogram,
+    /// The part of [`Stats::token`] that is not the recompute itself: reading the requests,
+    /// copying the result out, writing the reply.
+    pub token_non_compute: Histogram,
+    /// The memory budget of the server these counters belong to (set when it starts serving).
+    budget: OnceLock<Arc<MemoryBudget>>,
+}
+
+/// What [`Stats::snapshot`] returns per command.
+pub type CommandCounts = (Command, u64, u64, u64);
+
 impl Stats {
-    /// Counts one command with its request payload size and reply size (prefix included).
-    pub fn command(&self, cmd: Command, req: u64, rsp: u64) {
+    /// Records the server's memory budget (first call wins).
+    pub fn set_budget(&self, b: Arc<MemoryBudget>) {
+        let _ = self.budget.set(b);
+    }
+
+    /// The server's memory budget, once it serves.
+    pub fn budget(&self) -> Option<&Arc<MemoryBudget>> {
+        self.budget.get()
+    }
+
+    /// Counts one command on `transport` with its request payload size and reply size (prefix
+    /// included).
+    pub fn command(&self, transport: &str, cmd: Command, req: u64, rsp: u64) {
         let i = cmd as usize;
+        let wire_in = req.saturating_add(rpc_proto::FRAME_HEADER_SIZE as u64);
         self.commands[i].fetch_add(1, Relaxed);
-        self.bytes_in[i].fetch_add(req + 9, Relaxed);
+        self.bytes_in[i].fetch_add(wire_in, Relaxed);
         self.bytes_out[i].fetch_add(rsp, Relaxed);
+        let t = transport_index(transport);
+        self.transport_in[t].fetch_add(wire_in, Relaxed);
+        self.transport_out[t].fetch_add(rsp, Relaxed);
+    }
+
+    /// One generated token's server-side time and the recompute's share of it.
+    pub fn token(&self, total: Duration, compute: Duration) {
+        self.token.observe(total);
+        self.token_non_compute
+            .observe(total.saturating_sub(compute));
     }
 
     /// `(command, count, bytes in, bytes out)` for every command seen at least once.
-    pub fn snapshot(&self) -> Vec<(Command, u64, u64, u64)> {
+    pub fn snapshot(&self) -> Vec<CommandCounts> {
         Command::ALL
             .iter()
             .map(|&c| {
@@ -37,5 +157,66 @@ impl Stats {
             })
             .filter(|x| x.1 > 0)
             .collect()
+    }
+
+    /// `(transport, bytes in, bytes out)` for every transport that carried a command.
+    pub fn transports(&self) -> Vec<(&'static str, u64, u64)> {
+        TRANSPORTS
+            .iter()
+            .copied()
+            .chain(["other"])
+            .enumerate()
+            .map(|(i, t)| {
+                (
+                    t,
+                    self.transport_in[i].load(Relaxed),
+                    self.transport_out[i].load(Relaxed),
+                )
+            })
+            .filter(|x| x.1 > 0 || x.2 > 0)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_with_sum_and_count() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(50)); // first bucket
+        h.observe(Duration::from_micros(100)); // exactly its bound: still the first
+        h.observe(Duration::from_millis(3)); // 5 ms bucket
+        h.observe(Duration::from_secs(10)); // +Inf
+        let s = h.snapshot();
+        assert_eq!(s.count, 4);
+        assert!((s.sum_seconds - 10.00315).abs() < 1e-9, "{}", s.sum_seconds);
+        assert_eq!(s.buckets[0], (0.0001, 2));
+        let five_ms = s.buckets.iter().find(|b| b.0 == 0.005).unwrap();
+        assert_eq!(five_ms.1, 3);
+        assert_eq!(s.buckets.last().unwrap(), &(f64::INFINITY, 4));
+    }
+
+    #[test]
+    fn traffic_is_counted_per_command_and_per_transport() {
+        let s = Stats::default();
+        s.command("TCP", Command::GetTensor, 312, 8 + 4096);
+        s.command("RDMA/UC+lean", Command::SetTensor, 1000, 0);
+        s.command("QUIC", Command::DeviceCount, 0, 12);
+        assert_eq!(
+            s.transports(),
+            vec![
+                ("TCP", 321, 4104),
+                ("RDMA/UC+lean", 1009, 0),
+                ("other", 9, 12)
+            ]
+        );
+        let get = s
+            .snapshot()
+            .into_iter()
+            .find(|c| c.0 == Command::GetTensor)
+            .unwrap();
+        assert_eq!(get, (Command::GetTensor, 1, 321, 4104));
     }
 }

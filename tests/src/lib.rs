@@ -31,6 +31,8 @@ pub struct TestServer {
     pub addr: SocketAddr,
     /// The server's counters.
     pub stats: Arc<Stats>,
+    /// Its devices and weight cache.
+    pub config: Arc<SessionConfig>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -88,6 +90,7 @@ impl TestServer {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let st = stats.clone();
+        let cfg = config.clone();
         let thread = std::thread::Builder::new()
             .name("rpc-test-server".into())
             .spawn(move || {
@@ -106,7 +109,7 @@ impl TestServer {
                     let stop = async {
                         let _ = stop_rx.await;
                     };
-                    server::serve(listener, config, opts, st, stop).await;
+                    server::serve(listener, cfg, opts, st, stop).await;
                 });
             })
             .expect("spawn server thread");
@@ -114,6 +117,7 @@ impl TestServer {
         TestServer {
             addr,
             stats,
+            config,
             stop: Some(stop_tx),
             thread: Some(thread),
         }

@@ -29,6 +29,7 @@ impl Default for MemoryLimits {
 pub struct MemoryBudget {
     limits: MemoryLimits,
     used: AtomicU64,
+    refused: AtomicU64,
 }
 
 impl MemoryBudget {
@@ -36,6 +37,7 @@ impl MemoryBudget {
         MemoryBudget {
             limits,
             used: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         }
     }
 
@@ -52,9 +54,22 @@ impl MemoryBudget {
         self.used.load(Ordering::Relaxed)
     }
 
-    /// Reserves `n` bytes for a session that already holds `held`; false if either limit would
-    /// be exceeded.
+    /// ALLOC_BUFFERs refused because they would have exceeded a limit.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Reserves `n` bytes for a session that already holds `held`; false (and counted) if
+    /// either limit would be exceeded.
     pub(crate) fn try_reserve(&self, held: u64, n: u64) -> bool {
+        let ok = self.reserve(held, n);
+        if !ok {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    fn reserve(&self, held: u64, n: u64) -> bool {
         if held
             .checked_add(n)
             .is_none_or(|x| x > self.limits.per_connection)
@@ -109,5 +124,6 @@ mod tests {
         assert_eq!(b.used(), 50);
         assert!(b.try_reserve(0, 100));
         assert!(!b.try_reserve(0, u64::MAX), "no overflow");
+        assert_eq!(b.refused(), 3);
     }
 }

@@ -335,15 +335,20 @@ impl Session {
             return Ok(Response::SetTensorHash { result: 0 });
         };
         let Some(len) = cache.entry_len(hash) else {
+            cache.record_lookup(None);
             return Ok(Response::SetTensorHash { result: 0 });
         };
         let (buf, off) = self.resolve_region("SET_TENSOR_HASH", tensor, offset, len)?;
         match cache.load(hash) {
             Some(data) if data.len() as u64 == len => {
                 buf.write(off, &data);
+                cache.record_lookup(Some(len));
                 Ok(Response::SetTensorHash { result: 1 })
             }
-            _ => Ok(Response::SetTensorHash { result: 0 }),
+            _ => {
+                cache.record_lookup(None);
+                Ok(Response::SetTensorHash { result: 0 })
+            }
         }
     }
 
