@@ -31,6 +31,8 @@ step "rpc-shim end to end over TCP (stock TCP-only llama.cpp -> rpc-shim -> rpc-
 python3 tests/e2e/shim_e2e.py --shim target/release/rpc-shim --ours target/release/rpc-server --stock-bin "$STOCK_BIN" --quick
 step "idle and dead clients: stock llama-server across idle periods (direct, through rpc-shim), a peer that vanishes without a FIN"
 python3 tests/e2e/idle_e2e.py --stock-bin "$STOCK_BIN" --ours target/release/rpc-server --shim target/release/rpc-shim
+step "metrics: rpc-server --metrics scraped during a stock llama-completion run, against a frame-counting proxy"
+python3 tests/e2e/metrics_e2e.py --stock-bin "$STOCK_BIN" --ours target/release/rpc-server
 step "RDMA end to end in a soft-RoCE VM (stock llama.cpp RDMA clients, both flavors)"
 tests/vm/test-rdma.sh
 step "lean RDMA framing in the soft-RoCE VM (per-token SENDs/packets: stock flavors vs rpc-shim lean; fallbacks)"

@@ -177,7 +177,11 @@ pub fn render(src: &Sources) -> String {
         "Request bytes received per command (9-byte frame header included).",
     );
     for (c, _, i, _) in &cmds {
-        o.sample("rpc_command_received_bytes_total", &[("command", c.name())], i);
+        o.sample(
+            "rpc_command_received_bytes_total",
+            &[("command", c.name())],
+            i,
+        );
     }
     o.family(
         "rpc_command_sent_bytes_total",
@@ -185,7 +189,11 @@ pub fn render(src: &Sources) -> String {
         "Reply bytes sent per command (8-byte size prefix included).",
     );
     for (c, _, _, out) in &cmds {
-        o.sample("rpc_command_sent_bytes_total", &[("command", c.name())], out);
+        o.sample(
+            "rpc_command_sent_bytes_total",
+            &[("command", c.name())],
+            out,
+        );
     }
     let tr = st.transports();
     o.family(
@@ -237,7 +245,11 @@ pub fn render(src: &Sources) -> String {
             &[("scope", "per_connection")],
             limits.per_connection,
         );
-        o.sample("rpc_memory_limit_bytes", &[("scope", "total")], limits.total);
+        o.sample(
+            "rpc_memory_limit_bytes",
+            &[("scope", "total")],
+            limits.total,
+        );
         o.one(
             "rpc_memory_refused_allocations_total",
             "counter",

@@ -11,13 +11,7 @@ use crate::session::MemoryBudget;
 
 /// Transports as [`rpc_transport::Transport::name`] names them; traffic on any other name is
 /// counted under `other`.
-pub const TRANSPORTS: [&str; 5] = [
-    "TCP",
-    "RDMA/RC",
-    "RDMA/UC",
-    "RDMA/RC+lean",
-    "RDMA/UC+lean",
-];
+pub const TRANSPORTS: [&str; 5] = ["TCP", "RDMA/RC", "RDMA/UC", "RDMA/RC+lean", "RDMA/UC+lean"];
 
 fn transport_index(name: &str) -> usize {
     TRANSPORTS

@@ -226,9 +226,45 @@ def run(cmd, timeout, out_path=None, err_path=None):
     return rc, out, err, dt
 
 
+# ggml RPC command ids (rpc-proto/src/command.rs) and their upstream names.
+COMMANDS = ["ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", "FREE_BUFFER", "BUFFER_CLEAR",
+            "SET_TENSOR", "SET_TENSOR_HASH", "GET_TENSOR", "COPY_TENSOR", "GRAPH_COMPUTE", "GET_DEVICE_MEMORY",
+            "INIT_TENSOR", "GET_ALLOC_SIZE", "HELLO", "DEVICE_COUNT", "GRAPH_RECOMPUTE", "MEMSET_TENSOR"]
+
+
+class FrameCounter:
+    """Splits one connection's client-to-server bytes into `| cmd u8 | size u64 | payload |` frames
+    and counts commands and their wire bytes (header included) per command name."""
+
+    def __init__(self, into):
+        self.into = into  # name -> [count, bytes], shared by the proxy's connections
+        self.head = b""
+        self.left = 0  # payload bytes of the current frame still to come
+
+    def feed(self, data):
+        i = 0
+        while i < len(data):
+            if self.left:
+                n = min(self.left, len(data) - i)
+                self.left -= n
+                i += n
+                continue
+            need = 9 - len(self.head)
+            self.head += data[i:i + need]
+            i += min(need, len(data) - i)
+            if len(self.head) == 9:
+                cmd, size = self.head[0], int.from_bytes(self.head[1:9], "little")
+                name = COMMANDS[cmd] if cmd < len(COMMANDS) else "UNKNOWN_%d" % cmd
+                c = self.into.setdefault(name, [0, 0])
+                c[0] += 1
+                c[1] += 9 + size
+                self.head, self.left = b"", size
+
+
 class CountingProxy:
     """Threaded TCP proxy 127.0.0.1:port -> 127.0.0.1:target that counts bytes and connections
-    (protocol-agnostic; used to see e.g. that a warm server cache saves the big SET_TENSORs)."""
+    (used to see e.g. that a warm server cache saves the big SET_TENSORs) and, per command name,
+    the client's requests and their bytes (`commands`: name -> [count, bytes])."""
 
     def __init__(self, target_port, exclude=()):
         import threading
@@ -236,6 +272,7 @@ class CountingProxy:
         self.target_port = target_port
         self.lock = threading.Lock()
         self.up = self.down = self.conns = 0
+        self.commands = {}
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -251,6 +288,7 @@ class CountingProxy:
     def reset(self):
         with self.lock:
             self.up = self.down = self.conns = 0
+            self.commands.clear()
 
     def _accept(self):
         while not self.closed:
@@ -268,7 +306,7 @@ class CountingProxy:
                 x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self.lock:
                 self.conns += 1
-            state = {"open": 2}
+            state = {"open": 2, "frames": FrameCounter(self.commands)}
             self._threading.Thread(target=self._pump, args=(c, s, "up", state), daemon=True).start()
             self._threading.Thread(target=self._pump, args=(s, c, "down", state), daemon=True).start()
 
@@ -278,9 +316,11 @@ class CountingProxy:
                 data = src.recv(1 << 20)
                 if not data:
                     break
-                dst.sendall(data)
                 with self.lock:
                     setattr(self, attr, getattr(self, attr) + len(data))
+                    if attr == "up":
+                        state["frames"].feed(data)
+                dst.sendall(data)
         except OSError:
             pass
         finally:

@@ -42,10 +42,16 @@ async fn counters_match_what_the_client_sent() {
     let data = f32_bytes(&av);
     // A miss, an upload that is cached, then a hit.
     let hash = rpc_proto::fnv1a64(&data);
-    assert!(!c.set_tensor_hash(&a, 0, hash).await.expect("SET_TENSOR_HASH"));
+    assert!(!c
+        .set_tensor_hash(&a, 0, hash)
+        .await
+        .expect("SET_TENSOR_HASH"));
     c.set_tensor(&a, 0, &data, true).await.expect("SET_TENSOR");
     c.set_tensor(&b, 0, &data, false).await.expect("SET_TENSOR");
-    assert!(c.set_tensor_hash(&a, 0, hash).await.expect("SET_TENSOR_HASH"));
+    assert!(c
+        .set_tensor_hash(&a, 0, hash)
+        .await
+        .expect("SET_TENSOR_HASH"));
     c.graph_compute(0, &[3], &[a, b, sum])
         .await
         .expect("GRAPH_COMPUTE");
