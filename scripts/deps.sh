@@ -27,3 +27,5 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 python3 -c "import gguf, numpy" 2>/dev/null || python3 -m pip install -q "gguf==0.19.0" numpy
+# The CI workflow's schema check (tests/scripts/test_workflow.py).
+python3 -c "import check_jsonschema" 2>/dev/null || python3 -m pip install -q "check-jsonschema==0.39.0"

@@ -19,6 +19,8 @@ step "script tests: scripts/build-deps.sh under a faked OS (macOS and Linux bran
 python3 tests/scripts/test_build_deps.py
 step "script tests: scripts/service.sh (launchd plist via plistlib, systemd unit via systemd-analyze verify, install/uninstall under a faked OS)"
 python3 tests/scripts/test_service.py --bin target/release/rpc-server
+step "script tests: the macOS CI workflow (.github/workflows/, GitHub's workflow schema; cannot run here)"
+python3 tests/scripts/test_workflow.py
 step "stock llama.cpp tools and test model"
 STOCK_BIN="$(./scripts/stock-llama.sh)"
 MODEL="$(./scripts/test-model.sh)"
