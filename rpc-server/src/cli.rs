@@ -158,8 +158,9 @@ pub struct Args {
     pub rdma_gid_index: Option<u32>,
 
     /// RDMA connections at once; more clients get TCP. Apple allows 10 queue pairs per
-    /// Thunderbolt device, shared by every process.
-    #[arg(long, value_name = "N", default_value_t = if cfg!(target_os = "macos") { 8 } else { 64 })]
+    /// Thunderbolt device, shared by every process: 8 with Apple's verbs (macOS, or
+    /// RDMA_VERBS_SYMBOLS=apple), else 64.
+    #[arg(long, value_name = "N", default_value_t = crate::rdma::default_max_connections())]
     pub rdma_max_connections: usize,
 }
 

@@ -105,7 +105,15 @@ pub fn run(peer: Option<&str>) -> bool {
             println!("     {}", advice(os, Problem::NoLibrary));
             return false;
         }
-        Ok(()) => println!("  verbs library  : loaded"),
+        Ok(()) => println!(
+            "  verbs library  : loaded ({} entry points; {})",
+            rdma_verbs::symbols_loaded(),
+            match rdma_verbs::symbol_set() {
+                rdma_verbs::SymbolSet::Apple =>
+                    "Apple's set: only what upstream's Apple transport calls",
+                rdma_verbs::SymbolSet::Full => "full set",
+            }
+        ),
     }
     let devices = match rdma_verbs::devices() {
         Ok(d) => d,

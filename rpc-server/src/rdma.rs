@@ -83,6 +83,16 @@ impl std::fmt::Debug for RdmaConfig {
     }
 }
 
+/// Default `--rdma-max-connections`: Apple's Thunderbolt devices allow 10 queue pairs each,
+/// shared by every process, so 8 with Apple's verbs; 64 elsewhere.
+pub fn default_max_connections() -> usize {
+    if rdma_verbs::symbol_set() == rdma_verbs::SymbolSet::Apple {
+        8
+    } else {
+        64
+    }
+}
+
 /// The flavor this platform's stock peers speak (decides ambiguous caps).
 pub fn native_flavor() -> Flavor {
     if cfg!(target_os = "macos") {
@@ -140,10 +150,17 @@ impl RdmaConfig {
                 Err(e) => format!("TCP (no RDMA: {e})"),
                 Ok(()) => match rdma_verbs::devices() {
                     Ok(d) if !d.is_empty() => format!(
-                        "TCP + RDMA auto-negotiated in HELLO (Linux RC and Apple UC flavors{}; devices: {}; up to {} RDMA connections)",
+                        "TCP + RDMA auto-negotiated in HELLO (Linux RC and Apple UC flavors{}; devices: {}; up to {} RDMA connections{})",
                         if self.lean { ", lean framing for our clients" } else { "" },
                         d.iter().map(|d| d.name.clone()).collect::<Vec<_>>().join(", "),
-                        self.max_connections
+                        self.max_connections,
+                        match rdma_verbs::symbol_set() {
+                            rdma_verbs::SymbolSet::Apple => format!(
+                                "; Apple's verbs: {} entry points, idle connections poll",
+                                rdma_verbs::symbols_loaded()
+                            ),
+                            rdma_verbs::SymbolSet::Full => String::new(),
+                        }
                     ),
                     _ => "TCP (RDMA library present, no RDMA device)".into(),
                 },

@@ -205,9 +205,12 @@ pub fn prepare_with(
     if m.gid_index > u8::MAX as u32 {
         return Err(RdmaError::NoDevice(local_ip));
     }
-    // Optional: without a channel an idle connection polls on a 1 ms timer instead. Linux
-    // only: Apple's provider is only known to work polled, as upstream uses it.
-    let channel = if cfg!(target_os = "linux") && std::env::var_os("RPC_RDMA_NO_EVENTS").is_none() {
+    // Optional: without a channel an idle connection polls on a 1 ms timer instead. Not with
+    // Apple's symbol set (macOS, or RDMA_VERBS_SYMBOLS=apple): Apple's provider is only known to
+    // work polled, as upstream uses it, and its library may lack the channel's entry points.
+    let channel = if rv::symbol_set() == rv::SymbolSet::Full
+        && std::env::var_os("RPC_RDMA_NO_EVENTS").is_none()
+    {
         match rv::CompChannel::new(&ctx) {
             Ok(c) => Some(c),
             Err(e) => {

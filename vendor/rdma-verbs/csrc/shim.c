@@ -90,7 +90,16 @@ int rv_has_gid_ex(void)
 
 /* Not thread-safe by itself: the Rust side calls it exactly once (OnceLock)
  * before any other rv_* function can be reached. */
-int rv_load(const char *path, char *err, size_t errlen)
+/* Entry points resolved in the last rv_load(). */
+static int g_symbols;
+
+int rv_symbols_loaded(void) { return g_symbols; }
+
+/* apple_only: resolve only the 17 entry points upstream's Apple transport
+ * (ggml-rpc transport-apple.cpp) uses, as on a macOS librdma.dylib that may
+ * lack the rest; everything else stays NULL and what needs it reports
+ * RV_ERR_NOSYM (completion channel, ibv_query_qp, the GID-entry API). */
+int rv_load(const char *path, int apple_only, char *err, size_t errlen)
 {
     if (g_loaded)
         return 0;
@@ -113,6 +122,7 @@ int rv_load(const char *path, char *err, size_t errlen)
 #define REQ(field, name)                                                          \
     do {                                                                          \
         *(void **)(&F.field) = dlsym(h, name);                                    \
+        g_symbols++;                                                              \
         if (!F.field) {                                                           \
             if (err && errlen) snprintf(err, errlen, "symbol %s missing", name);  \
             memset(&F, 0, sizeof F);                                              \
@@ -120,7 +130,12 @@ int rv_load(const char *path, char *err, size_t errlen)
             return RV_ERR_NOLIB;                                                  \
         }                                                                         \
     } while (0)
-#define OPT(field, name) (*(void **)(&F.field) = dlsym(h, name))
+#define OPT(field, name)                                                          \
+    do {                                                                          \
+        if (!apple_only && (*(void **)(&F.field) = dlsym(h, name)) != NULL)       \
+            g_symbols++;                                                          \
+    } while (0)
+    g_symbols = 0;
 
     REQ(get_device_list, "ibv_get_device_list");
     REQ(free_device_list, "ibv_free_device_list");
@@ -136,18 +151,21 @@ int rv_load(const char *path, char *err, size_t errlen)
 #endif
     REQ(alloc_pd, "ibv_alloc_pd");
     REQ(dealloc_pd, "ibv_dealloc_pd");
-    REQ(create_comp_channel, "ibv_create_comp_channel");
-    REQ(destroy_comp_channel, "ibv_destroy_comp_channel");
     REQ(create_cq, "ibv_create_cq");
     REQ(destroy_cq, "ibv_destroy_cq");
-    REQ(get_cq_event, "ibv_get_cq_event");
-    REQ(ack_cq_events, "ibv_ack_cq_events");
     REQ(reg_mr, "ibv_reg_mr");
     REQ(dereg_mr, "ibv_dereg_mr");
     REQ(create_qp, "ibv_create_qp");
     REQ(modify_qp, "ibv_modify_qp");
-    REQ(query_qp, "ibv_query_qp");
     REQ(destroy_qp, "ibv_destroy_qp");
+    /* Beyond upstream's Apple set: each optional, its absence disables only
+     * what needs it (idle connections then poll instead of sleeping on a
+     * completion channel). */
+    OPT(create_comp_channel, "ibv_create_comp_channel");
+    OPT(destroy_comp_channel, "ibv_destroy_comp_channel");
+    OPT(get_cq_event, "ibv_get_cq_event");
+    OPT(ack_cq_events, "ibv_ack_cq_events");
+    OPT(query_qp, "ibv_query_qp");
     OPT(wc_status_str, "ibv_wc_status_str");
 #undef REQ
 #undef OPT
@@ -394,6 +412,9 @@ int rv_dealloc_pd(void *pd)
 int rv_create_comp_channel(void *ctx, void **ch, int *fd)
 {
     NEED_LIB();
+    /* A channel is only usable with all four of its entry points. */
+    if (!F.create_comp_channel || !F.destroy_comp_channel || !F.get_cq_event || !F.ack_cq_events)
+        return RV_ERR_NOSYM;
     errno = 0;
     struct ibv_comp_channel *c = F.create_comp_channel((struct ibv_context *)ctx);
     if (!c) return last_errno();
@@ -412,6 +433,7 @@ int rv_create_comp_channel(void *ctx, void **ch, int *fd)
 int rv_destroy_comp_channel(void *ch)
 {
     NEED_LIB();
+    if (!F.destroy_comp_channel) return RV_ERR_NOSYM;
     return norm_rc(F.destroy_comp_channel((struct ibv_comp_channel *)ch));
 }
 
@@ -420,6 +442,7 @@ int rv_get_cq_event(void *ch, void **cq, void **cq_context)
     NEED_LIB();
     struct ibv_cq *c = NULL;
     void *cctx = NULL;
+    if (!F.get_cq_event) return RV_ERR_NOSYM;
     errno = 0;
     if (F.get_cq_event((struct ibv_comp_channel *)ch, &c, &cctx) != 0) return last_errno();
     *cq = c;
@@ -429,7 +452,7 @@ int rv_get_cq_event(void *ch, void **cq, void **cq_context)
 
 void rv_ack_cq_events(void *cq, unsigned int n)
 {
-    if (g_loaded && cq && n) F.ack_cq_events((struct ibv_cq *)cq, n);
+    if (g_loaded && F.ack_cq_events && cq && n) F.ack_cq_events((struct ibv_cq *)cq, n);
 }
 
 int rv_poll_fd(int fd, int timeout_ms, int *ready)
@@ -666,6 +689,7 @@ int rv_query_qp(void *qp, uint32_t *state, struct rv_qp_cap *cap)
     NEED_LIB();
     struct ibv_qp_attr a;
     struct ibv_qp_init_attr ia;
+    if (!F.query_qp) return RV_ERR_NOSYM;
     memset(&a, 0, sizeof a);
     memset(&ia, 0, sizeof ia);
     errno = 0;

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RV_SHIM_ABI 1
+#define RV_SHIM_ABI 2
 
 #define RV_ERR_NOLIB       (-1000) /* library not loaded / not loadable */
 #define RV_ERR_NOSYM       (-1001) /* optional entry point absent in this library */
@@ -175,7 +175,8 @@ struct rv_qp_attr {
 /* library */
 int  rv_shim_abi(void);
 int  rv_built_with_verbs(void);
-int  rv_load(const char *path, char *err, size_t errlen);
+int  rv_load(const char *path, int apple_only, char *err, size_t errlen);
+int  rv_symbols_loaded(void);
 int  rv_is_loaded(void);
 int  rv_has_gid_ex(void);
 long rv_page_size(void);

@@ -10,9 +10,11 @@
 
 int rv_shim_abi(void) { return RV_SHIM_ABI; }
 int rv_built_with_verbs(void) { return 0; }
-int rv_load(const char *path, char *err, size_t errlen)
+int rv_symbols_loaded(void) { return 0; }
+int rv_load(const char *path, int apple_only, char *err, size_t errlen)
 {
     (void)path;
+    (void)apple_only;
     const char msg[] = "rdma-verbs was built without infiniband/verbs.h";
     if (err && errlen) {
         size_t i = 0;

@@ -73,6 +73,63 @@ pub use types::{
 /// Environment variable that overrides the library path passed to `dlopen`.
 pub const LIBRARY_ENV: &str = "RDMA_VERBS_LIBRARY";
 
+/// Environment variable that selects the [`SymbolSet`] on Linux: `apple` loads only Apple's.
+pub const SYMBOLS_ENV: &str = "RDMA_VERBS_SYMBOLS";
+
+/// Which verbs entry points [`load`] resolves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SymbolSet {
+    /// Every entry point this crate can use; those beyond [`SymbolSet::Apple`]'s are optional
+    /// (completion channel, `ibv_query_qp`, the GID-entry API).
+    Full,
+    /// Only the 17 that upstream's Apple transport (`transport-apple.cpp`) calls: what a macOS
+    /// `librdma.dylib` is known to have. Always on macOS; on Linux with
+    /// `RDMA_VERBS_SYMBOLS=apple`, to run the Apple code path against a Linux provider (the
+    /// soft-RoCE VM suite does). Without a completion channel, idle connections poll.
+    Apple,
+}
+
+impl SymbolSet {
+    /// The 17 entry points of [`SymbolSet::Apple`] (`ibv_post_send`, `ibv_post_recv` and
+    /// `ibv_poll_cq` are inline in the header and need none).
+    pub const APPLE: [&'static str; 17] = [
+        "ibv_get_device_list",
+        "ibv_free_device_list",
+        "ibv_get_device_name",
+        "ibv_open_device",
+        "ibv_close_device",
+        "ibv_query_device",
+        "ibv_query_port",
+        "ibv_query_gid",
+        "ibv_alloc_pd",
+        "ibv_dealloc_pd",
+        "ibv_create_cq",
+        "ibv_destroy_cq",
+        "ibv_reg_mr",
+        "ibv_dereg_mr",
+        "ibv_create_qp",
+        "ibv_modify_qp",
+        "ibv_destroy_qp",
+    ];
+}
+
+/// The symbol set of this process: [`SymbolSet::Apple`] on macOS or with
+/// `RDMA_VERBS_SYMBOLS=apple`, else [`SymbolSet::Full`].
+pub fn symbol_set() -> SymbolSet {
+    let apple_env = std::env::var(SYMBOLS_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("apple"));
+    if cfg!(target_os = "macos") || apple_env {
+        SymbolSet::Apple
+    } else {
+        SymbolSet::Full
+    }
+}
+
+/// How many entry points the loaded library provided (0 before [`load`] succeeded).
+pub fn symbols_loaded() -> usize {
+    // SAFETY: reads a counter of the shim, no arguments.
+    usize::try_from(unsafe { sys::rv_symbols_loaded() }).unwrap_or(0)
+}
+
 static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// Loads the verbs library once per process (thread-safe); later calls return
@@ -93,7 +150,8 @@ pub fn load() -> Result<()> {
             // SAFETY: `p` is NULL or a NUL-terminated string alive for the
             // call; `err` is a writable buffer of the stated length.  The
             // OnceLock guarantees rv_load runs at most once at a time.
-            let rc = unsafe { sys::rv_load(p, err.as_mut_ptr(), err.len()) };
+            let apple = std::ffi::c_int::from(symbol_set() == SymbolSet::Apple);
+            let rc = unsafe { sys::rv_load(p, apple, err.as_mut_ptr(), err.len()) };
             if rc == 0 {
                 Ok(())
             } else {

@@ -8,7 +8,7 @@
 
 use std::ffi::{c_char, c_int, c_long, c_uint, c_void};
 
-pub const RV_SHIM_ABI: c_int = 1;
+pub const RV_SHIM_ABI: c_int = 2;
 
 pub const RV_ERR_NOLIB: c_int = -1000;
 pub const RV_ERR_NOSYM: c_int = -1001;
@@ -182,7 +182,13 @@ const _: () = assert!(std::mem::size_of::<rv_qp_attr>() == 64);
 extern "C" {
     pub fn rv_shim_abi() -> c_int;
     pub fn rv_built_with_verbs() -> c_int;
-    pub fn rv_load(path: *const c_char, err: *mut c_char, errlen: usize) -> c_int;
+    pub fn rv_load(
+        path: *const c_char,
+        apple_only: c_int,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn rv_symbols_loaded() -> c_int;
     pub fn rv_is_loaded() -> c_int;
     pub fn rv_has_gid_ex() -> c_int;
     pub fn rv_page_size() -> c_long;
