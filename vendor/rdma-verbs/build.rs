@@ -63,6 +63,18 @@ fn main() {
             println!("cargo:rustc-link-lib=dl");
         }
     } else {
+        if os_ok && !force_stub {
+            // Never a silent stub: say why RDMA is off and how to get it.
+            let how = if target_os == "macos" {
+                "it ships with the macOS 26.2 SDK: update the Command Line Tools \
+                 (softwareupdate --list, or xcode-select --install) and rebuild"
+            } else {
+                "install the verbs headers (Debian/Ubuntu: apt-get install libibverbs-dev) and rebuild"
+            };
+            println!(
+                "cargo:warning=rdma-verbs: no usable <infiniband/verbs.h>: building WITHOUT RDMA (TCP only); {how}"
+            );
+        }
         b.file("csrc/stub.c");
         b.compile("rdma_verbs_shim");
         println!("cargo:rustc-cfg=rdma_verbs_stub");
