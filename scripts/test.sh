@@ -13,6 +13,8 @@ step "format (cargo fmt --check)"
 cargo fmt --all --check
 step "build"
 cargo build --release --workspace --all-targets
+step "lints (cargo clippy --workspace --all-targets -- -D warnings)"
+cargo clippy --release --workspace --all-targets -- -D warnings
 step "unit and protocol tests"
 cargo test --release --workspace
 step "script tests: scripts/build-deps.sh under a faked OS (macOS and Linux branches)"

@@ -339,7 +339,7 @@ fn differential(one: &Traffic, many: &Traffic, reps: u32) -> Traffic {
         t.cmd_bytes[i] = d.cmd_bytes[i] / k;
     }
     for i in 0..t.wire.len() {
-        t.wire[i] = d.wire[i].div(k);
+        t.wire[i] = d.wire[i].div_by(k);
     }
     t
 }

@@ -61,7 +61,7 @@ impl WireTraffic {
     }
 
     /// Each counter divided by `k` (per repetition, per token).
-    pub fn div(self, k: u64) -> WireTraffic {
+    pub fn div_by(self, k: u64) -> WireTraffic {
         self.zip(self, |a, _| a / k.max(1))
     }
 }

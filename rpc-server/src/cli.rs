@@ -34,6 +34,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("invalid size '{s}'"))?;
+    // Negated on purpose: NaN is rejected too.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     if !(n >= 0.0) {
         return Err(format!("invalid size '{s}'"));
     }

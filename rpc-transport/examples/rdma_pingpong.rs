@@ -1,5 +1,5 @@
-//! Request/response round trips over our RDMA transport stack (flavor framing + `RdmaTransport`
-//! + real verbs), for comparison with rdma-core's `ibv_rc_pingpong` / `ibv_uc_pingpong` on the
+//! Request/response round trips over our RDMA transport stack (flavor framing, `RdmaTransport`
+//! and real verbs), for comparison with rdma-core's `ibv_rc_pingpong` / `ibv_uc_pingpong` on the
 //! same device (benches/rdma_pingpong_vm.sh runs both inside the soft-RoCE VM).
 //!
 //! ```text

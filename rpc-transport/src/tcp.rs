@@ -56,7 +56,7 @@ impl Transport for TcpTransport {
         let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
         let mut idx = 0;
         while idx < parts.len() {
-            let slices: Vec<IoSlice<'_>> = parts[idx..].iter().map(|p| IoSlice::new(*p)).collect();
+            let slices: Vec<IoSlice<'_>> = parts[idx..].iter().map(|p| IoSlice::new(p)).collect();
             let mut n = self.wr.write_vectored(&slices).await?;
             if n == 0 {
                 return Err(io::ErrorKind::WriteZero.into());

@@ -23,7 +23,7 @@ pub(crate) enum UnknownBuffer {
 /// `ggml_nbytes` with checked arithmetic: the extent in bytes of a tensor with these strides.
 pub fn nbytes(type_: u32, ne: &[u32; 4], nb: &[u64; 4]) -> Option<u64> {
     let info = type_info(type_)?;
-    if ne.iter().any(|&n| n == 0) {
+    if ne.contains(&0) {
         return Some(0);
     }
     let mut total: u128 = if info.blck_size == 1 {
@@ -50,7 +50,7 @@ impl Session {
             .ok_or_else(|| SessionError::tensor(t, format!("invalid type {type_}")))?;
         let ne = t.ne.map(|x| x.get());
         let nb = t.nb.map(|x| x.get() as u64);
-        if ne[0] as u64 % info.blck_size != 0 {
+        if !(ne[0] as u64).is_multiple_of(info.blck_size) {
             return Err(SessionError::tensor(
                 t,
                 format!(

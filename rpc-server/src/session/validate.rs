@@ -51,11 +51,13 @@ pub(crate) struct IndexCheck {
 type R = Result<(), String>;
 
 macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)+) => {
+    ($cond:expr, $($fmt:tt)+) => {{
+        // Negated on purpose: a float condition fails on NaN too.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
         if !$cond {
             return Err(format!($($fmt)+));
         }
-    };
+    }};
 }
 
 /// Shape helpers with the exact semantics of ggml's (`ggml.c`).
@@ -619,12 +621,12 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             let dim = dim as usize;
             ensure!(a.ty() == b.ty() && d.ty() == a.ty(), "CONCAT types differ");
             let mut want = [0i64; 4];
-            for i in 0..4 {
+            for (i, w) in want.iter_mut().enumerate() {
                 if i == dim {
-                    want[i] = a.ne(i) + b.ne(i);
+                    *w = a.ne(i) + b.ne(i);
                 } else {
                     ensure!(a.ne(i) == b.ne(i), "CONCAT shapes differ in dim {i}");
-                    want[i] = a.ne(i);
+                    *w = a.ne(i);
                 }
             }
             ne_eq(d, want)?;

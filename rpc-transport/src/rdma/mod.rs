@@ -191,7 +191,7 @@ impl<F: Flavored> RdmaTransport<F> {
         }
         *spins += 1;
         if self.last_activity.elapsed() < spin_window() {
-            if *spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 self.check_anchor()?;
             }
             tokio::task::yield_now().await;

@@ -382,8 +382,7 @@ impl AsyncCompChannel {
                 tokio::io::Interest::READABLE,
             )
         };
-        fd.map(AsyncCompChannel)
-            .map_err(|e| std::io::Error::from(e))
+        fd.map(AsyncCompChannel).map_err(std::io::Error::from)
     }
 
     /// Waits until the channel is readable, then consumes (acknowledges) its pending events.
