@@ -4,11 +4,16 @@
 //! validates requests and calls the [`ggml`] FFI layer (the only `unsafe` code); [`server`]
 //! accepts connections concurrently; [`cache`] is the SET_TENSOR_HASH weight cache.
 
+// `unsafe` only in the ggml FFI layer, each block with a `// SAFETY:` line.
+#![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod app;
 pub mod cache;
 pub mod cli;
 pub mod connection;
 pub mod doctor;
+#[allow(unsafe_code)]
 pub mod ggml;
 pub mod metrics;
 pub mod rdma;

@@ -1,5 +1,7 @@
 //! `rpc-server`: see [`rpc_server::app`].
 
+#![forbid(unsafe_code)]
+
 fn main() {
     rpc_server::app::main()
 }

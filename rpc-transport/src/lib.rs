@@ -5,6 +5,8 @@
 //! concatenated, but upstream's Linux RDMA flavor maps every part to its own SEND(s) and its
 //! receiver depends on those boundaries, so the distinction must survive up to here.
 
+#![forbid(unsafe_code)]
+
 use std::future::Future;
 use std::io;
 use std::time::Instant;

@@ -5,6 +5,8 @@
 //! use any runtime and a server outlives no test that owns it. `RPC_LOG=debug` shows the
 //! server's logs.
 
+#![forbid(unsafe_code)]
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -43,6 +43,9 @@
 //! # Ok(()) }
 //! ```
 
+// The FFI layer: `unsafe` is its job; every block states why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod context;
 mod cq;
 mod error;
@@ -147,10 +150,10 @@ pub fn load() -> Result<()> {
                 .transpose()?;
             let mut err = [0 as c_char; 512];
             let p = path.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+            let apple = std::ffi::c_int::from(symbol_set() == SymbolSet::Apple);
             // SAFETY: `p` is NULL or a NUL-terminated string alive for the
             // call; `err` is a writable buffer of the stated length.  The
             // OnceLock guarantees rv_load runs at most once at a time.
-            let apple = std::ffi::c_int::from(symbol_set() == SymbolSet::Apple);
             let rc = unsafe { sys::rv_load(p, apple, err.as_mut_ptr(), err.len()) };
             if rc == 0 {
                 Ok(())
