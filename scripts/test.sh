@@ -11,6 +11,8 @@ step "dependencies"
 ./scripts/deps.sh
 step "format (cargo fmt --check)"
 cargo fmt --all --check
+step "ARCHITECTURE.md names every source file once, and only paths that exist (scripts/file-index.py --check)"
+python3 scripts/file-index.py --check
 step "build"
 cargo build --release --workspace --all-targets
 step "lints (cargo clippy --workspace --all-targets -- -D warnings)"

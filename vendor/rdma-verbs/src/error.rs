@@ -1,3 +1,6 @@
+//! Errors of the verbs layer: one type for a missing library, a missing device, a failed verb
+//! (errno) and a bad argument, so that no function of the crate panics.
+
 use std::fmt;
 
 /// Everything that can go wrong in this crate.  No function of the crate
