@@ -8,6 +8,7 @@ set -euo pipefail
 if [ "$(uname -s)" != Linux ]; then
   echo "deps: the test suite's system packages (QEMU, rdma-core, ...) are Linux-only; on $(uname -s) only the build dependencies were set up" >&2
   python3 -c "import gguf, numpy" 2>/dev/null || python3 -m pip install -q "gguf==0.19.0" numpy
+  python3 -c "import check_jsonschema" 2>/dev/null || python3 -m pip install -q "check-jsonschema==0.39.0"
   exit 0
 fi
 need_apt=()

@@ -17,7 +17,7 @@ import tempfile
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SCRIPT = os.path.join(REPO, "scripts", "build-deps.sh")
 # Real tools the script itself runs (from /usr/bin or /bin), linked into the stub directory.
-REAL = ["bash", "id", "env", "dirname", "mkdir", "chmod"]
+REAL = ["bash", "id", "env", "dirname", "mkdir", "chmod", "date"]
 
 
 def stub_dir(stubs):
@@ -230,6 +230,36 @@ def run_server_portable_on_a_mac_uses_the_targets_baseline():
     # Empty RUSTFLAGS (set, so .cargo/config.toml's target-cpu=native is not used): apple-m1.
     assert "build RUSTFLAGS=[] TARGET=[target/portable]" in calls, calls
     assert out.strip() == "served -H 10.0.0.2", out
+
+
+def test_plan(os_name):
+    out = []
+    rc, err, _ = run_case({"uname": "echo %s" % os_name}, env={"TEST_PLAN": "1"},
+                          script=os.path.join(REPO, "scripts", "test.sh"), out=out)
+    assert rc == 0, err
+    lines = out[0].splitlines()
+    return [l for l in lines if l.startswith("run: ")], [l for l in lines if l.startswith("skip: ")]
+
+
+@case
+def test_command_on_linux_runs_every_suite():
+    runs, skips = test_plan("Linux")
+    assert not skips, skips
+    assert any("tests/vm/test-rdma.sh" in r for r in runs) and any("tests/vm/test-lean.sh" in r for r in runs), runs
+    assert not any("--no-netns" in r for r in runs), runs
+
+
+@case
+def test_command_on_a_mac_skips_only_the_linux_suites_with_a_reason_each():
+    runs, skips = test_plan("Darwin")
+    assert len(skips) == 3, skips
+    assert all("Linux-only:" in s for s in skips), skips
+    assert sum("soft-RoCE VM" in s for s in skips) == 2 and any("dead-peer" in s for s in skips), skips
+    assert not any("tests/vm/" in r for r in runs), runs
+    for must in ("cargo test --release --workspace", "tests/e2e/run_e2e.py", "tests/e2e/shim_e2e.py",
+                 "tests/e2e/metrics_e2e.py", "hostile", "test-backend-ops.sh", "fuzz/smoke.sh"):
+        assert any(must in r for r in runs), (must, runs)
+    assert any("idle_e2e.py" in r and "--no-netns" in r for r in runs), runs
 
 
 def main():
