@@ -9,9 +9,11 @@
 //!   real verbs ([`negotiate::negotiate_client`]).
 //! - [`RdmaTransport`]: drives a flavor asynchronously as a [`crate::Transport`], and watches the
 //!   TCP socket that stays open as the liveness anchor (UC reports nothing when a peer dies).
-//! - [`fake`]: an in-process fabric that enforces both flavors' hardware rules, for fast tests.
+//! - `fake`: an in-process fabric that enforces both flavors' hardware rules, for fast tests
+//!   (only in test builds and with the `test-util` feature: it is not part of the library users get).
 
 pub mod caps;
+#[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub mod lean;
 pub mod negotiate;
