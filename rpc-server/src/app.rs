@@ -17,6 +17,18 @@ use rpc_transport::rdma::real::RdmaOptions;
 
 const MIB: u64 = 1024 * 1024;
 
+/// A device as the stock tool lists it: `  NAME: DESCRIPTION (TOTAL MiB, FREE MiB free)`.
+fn device_line(d: &Device) -> String {
+    let (free, total) = d.memory();
+    format!(
+        "  {}: {} ({} MiB, {} MiB free)",
+        d.name(),
+        d.description(),
+        total / MIB,
+        free / MIB
+    )
+}
+
 fn select_devices(args: &Args) -> anyhow::Result<Vec<Device>> {
     let names = args.device_names();
     let all = Device::all();
@@ -127,14 +139,7 @@ fn real_main() -> anyhow::Result<()> {
     if args.list_devices {
         println!("Available devices:");
         for d in Device::all() {
-            let (free, total) = d.memory();
-            println!(
-                "  {}: {} ({} MiB, {} MiB free)",
-                d.name(),
-                d.description(),
-                total / MIB,
-                free / MIB
-            );
+            println!("{}", device_line(&d));
         }
         return Ok(());
     }
@@ -205,14 +210,7 @@ fn real_main() -> anyhow::Result<()> {
         }
         println!("Devices:");
         for d in &devices {
-            let (free, total) = d.memory();
-            println!(
-                "  {}: {} ({} MiB, {} MiB free)",
-                d.name(),
-                d.description(),
-                total / MIB,
-                free / MIB
-            );
+            println!("{}", device_line(d));
         }
         println!("  threads        : {}", args.threads);
         println!("  transport      : {}", rdma.describe());

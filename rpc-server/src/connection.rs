@@ -353,8 +353,9 @@ pub async fn run<T: Transport>(
             _ = shutdown.changed() => { tracing::debug!("closing connection for shutdown"); None }
         };
         let Some(h) = h else { break };
-        let arrived = Instant::now();
         let cmd = check_frame(&h, &limits)?;
+        // A token's server-side time starts with its GRAPH_RECOMPUTE's header (read just now).
+        let arrived = (cmd == Command::GraphRecompute).then(Instant::now);
         if cmd == Command::SetTensor && h.size >= STREAM_MIN {
             stream_set_tensor(rd, &mut session, h.size, deadlines.stall).await?;
             stats.command(transport, cmd, h.size, 0);
@@ -407,7 +408,7 @@ pub async fn run<T: Transport>(
         if let Some(t0) = started {
             let took = t0.elapsed();
             stats.compute.observe(took);
-            if cmd == Command::GraphRecompute {
+            if let Some(arrived) = arrived {
                 token = Some((arrived, took));
             }
         }

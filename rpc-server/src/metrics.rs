@@ -259,36 +259,35 @@ pub fn render(src: &Sources) -> String {
     }
     if let Some(c) = &src.config.cache {
         let c = c.counters();
-        o.one(
-            "rpc_cache_hits_total",
-            "counter",
-            "SET_TENSOR_HASH answered from the weight cache.",
-            c.hits.load(Relaxed),
-        );
-        o.one(
-            "rpc_cache_misses_total",
-            "counter",
-            "SET_TENSOR_HASH not in the cache (the client uploads the tensor).",
-            c.misses.load(Relaxed),
-        );
-        o.one(
-            "rpc_cache_served_bytes_total",
-            "counter",
-            "Bytes written into tensors from the cache.",
-            c.bytes_served.load(Relaxed),
-        );
-        o.one(
-            "rpc_cache_stores_total",
-            "counter",
-            "Entries written to the cache.",
-            c.stores.load(Relaxed),
-        );
-        o.one(
-            "rpc_cache_stored_bytes_total",
-            "counter",
-            "Bytes written to the cache.",
-            c.bytes_stored.load(Relaxed),
-        );
+        for (name, help, v) in [
+            (
+                "rpc_cache_hits_total",
+                "SET_TENSOR_HASH answered from the weight cache.",
+                &c.hits,
+            ),
+            (
+                "rpc_cache_misses_total",
+                "SET_TENSOR_HASH not in the cache (the client uploads the tensor).",
+                &c.misses,
+            ),
+            (
+                "rpc_cache_served_bytes_total",
+                "Bytes written into tensors from the cache.",
+                &c.bytes_served,
+            ),
+            (
+                "rpc_cache_stores_total",
+                "Entries written to the cache.",
+                &c.stores,
+            ),
+            (
+                "rpc_cache_stored_bytes_total",
+                "Bytes written to the cache.",
+                &c.bytes_stored,
+            ),
+        ] {
+            o.one(name, "counter", help, v.load(Relaxed));
+        }
     }
     o.family(
         "rpc_rdma_activations_total",
