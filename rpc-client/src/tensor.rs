@@ -2,86 +2,19 @@
 
 use rpc_proto::{RpcTensor, GGML_MAX_DIMS};
 
-/// `ggml_type` numbers (protocol 7.0.0; `GGML_TYPE_COUNT` = 43).
-///
-/// Only the types this crate knows the size of are named; any `u32` can still be put in a
-/// tensor with [`TensorBuilder::new`].
+/// `ggml_type` numbers (protocol 7.0.0), defined once in [`rpc_proto::ggml_type`]; any `u32` can
+/// still be put in a tensor with [`TensorBuilder::new`]. [`type_traits`] knows the sizes of a few.
 pub mod types {
-    /// `GGML_TYPE_F32`.
-    pub const F32: u32 = 0;
-    /// `GGML_TYPE_F16`.
-    pub const F16: u32 = 1;
-    /// `GGML_TYPE_Q4_0` (blocks of 32 elements, 18 bytes).
-    pub const Q4_0: u32 = 2;
-    /// `GGML_TYPE_Q4_1` (blocks of 32 elements, 20 bytes).
-    pub const Q4_1: u32 = 3;
-    /// Removed `GGML_TYPE_Q4_2`: a server must reject it.
-    pub const REMOVED_Q4_2: u32 = 4;
-    /// `GGML_TYPE_Q8_0` (blocks of 32 elements, 34 bytes).
-    pub const Q8_0: u32 = 8;
-    /// `GGML_TYPE_I8`.
-    pub const I8: u32 = 24;
-    /// `GGML_TYPE_I16`.
-    pub const I16: u32 = 25;
-    /// `GGML_TYPE_I32`.
-    pub const I32: u32 = 26;
-    /// `GGML_TYPE_I64`.
-    pub const I64: u32 = 27;
-    /// `GGML_TYPE_F64`.
-    pub const F64: u32 = 28;
-    /// `GGML_TYPE_BF16`.
-    pub const BF16: u32 = 30;
+    pub use rpc_proto::ggml_type::*;
 }
 
-/// `ggml_op` numbers (protocol 7.0.0; `GGML_OP_COUNT` = 101), the ones tests and benchmarks use.
+/// `ggml_op` numbers (protocol 7.0.0), defined once in [`rpc_proto::ggml_op`].
 pub mod ops {
-    /// `GGML_OP_NONE`: a leaf (weights, inputs).
-    pub const NONE: u32 = 0;
-    /// `GGML_OP_DUP`.
-    pub const DUP: u32 = 1;
-    /// `GGML_OP_ADD`: `dst = src0 + src1` (src1 broadcast over src0).
-    pub const ADD: u32 = 2;
-    /// `GGML_OP_SUB`.
-    pub const SUB: u32 = 6;
-    /// `GGML_OP_MUL`: element-wise product.
-    pub const MUL: u32 = 7;
-    /// `GGML_OP_DIV`.
-    pub const DIV: u32 = 8;
-    /// `GGML_OP_SQR`.
-    pub const SQR: u32 = 9;
-    /// `GGML_OP_MUL_MAT`: `dst[n][m] = Σ_k src0[m][k] · src1[n][k]`;
-    /// `src0.ne = [K, M]`, `src1.ne = [K, N]`, `dst.ne = [M, N]`.
-    pub const MUL_MAT: u32 = 29;
-    /// `GGML_OP_SCALE`.
-    pub const SCALE: u32 = 32;
-    /// `GGML_OP_CPY`.
-    pub const CPY: u32 = 34;
-    /// `GGML_OP_RESHAPE`.
-    pub const RESHAPE: u32 = 36;
-    /// `GGML_OP_VIEW`.
-    pub const VIEW: u32 = 37;
-    /// `GGML_OP_PERMUTE`.
-    pub const PERMUTE: u32 = 38;
-    /// `GGML_OP_TRANSPOSE`.
-    pub const TRANSPOSE: u32 = 39;
-    /// `GGML_OP_GET_ROWS`.
-    pub const GET_ROWS: u32 = 40;
-    /// `GGML_OP_MAP_CUSTOM1` (carries a function pointer: servers should refuse it).
-    pub const MAP_CUSTOM1: u32 = 92;
-    /// `GGML_OP_MAP_CUSTOM2` (carries a function pointer: servers should refuse it).
-    pub const MAP_CUSTOM2: u32 = 93;
-    /// `GGML_OP_MAP_CUSTOM3` (carries a function pointer: servers should refuse it).
-    pub const MAP_CUSTOM3: u32 = 94;
-    /// `GGML_OP_CUSTOM` (carries a function pointer: servers should refuse it).
-    pub const CUSTOM: u32 = 95;
-    /// `GGML_OP_GLU`, the last op of 7.0.0.
-    pub const GLU: u32 = 100;
-    /// `GGML_OP_COUNT`: the first invalid op number.
-    pub const COUNT: u32 = 101;
+    pub use rpc_proto::ggml_op::*;
 }
 
 /// `(block size in elements, bytes per block)` of the types this crate knows
-/// (those named in [`types`] except the removed one); `None` otherwise.
+/// (F32, F16, BF16, the integer types, F64, Q4_0, Q4_1, Q8_0); `None` otherwise.
 pub fn type_traits(ty: u32) -> Option<(u64, u64)> {
     Some(match ty {
         types::F32 => (1, 4),

@@ -8,9 +8,9 @@ pub const PROTO_MINOR: u8 = 0;
 pub const PROTO_PATCH: u8 = 0;
 
 /// Number of `ggml_op` values; a valid `op` is `< GGML_OP_COUNT`.
-pub const GGML_OP_COUNT: u32 = 101;
+pub const GGML_OP_COUNT: u32 = crate::ggml_op::COUNT;
 /// Number of `ggml_type` values; a valid `type` is `< GGML_TYPE_COUNT`.
-pub const GGML_TYPE_COUNT: u32 = 43;
+pub const GGML_TYPE_COUNT: u32 = crate::ggml_type::COUNT;
 /// Length of `ne[]` and `nb[]` in a tensor.
 pub const GGML_MAX_DIMS: usize = 4;
 /// Length of `src[]` in a tensor (also the number of `srcs` in GET_ALLOC_SIZE).

@@ -200,7 +200,7 @@ pub(crate) fn with_byte_tensor<R>(
     f: impl FnOnce(*mut sys::ggml_tensor) -> R,
 ) -> Option<R> {
     let mut ctx = Context::new(1, None)?;
-    let i8_ty = sys::GGML_TYPE_I8 as u32;
+    let i8_ty = rpc_proto::ggml_type::I8;
     let spec = TensorSpec {
         type_: i8_ty,
         ne: [u32::try_from(len).ok()?, 1, 1, 1],

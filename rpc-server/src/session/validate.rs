@@ -22,18 +22,10 @@
 
 use crate::ggml::{ops, type_info, TensorSpec};
 
-/// ggml type ids used by the rules (values of `enum ggml_type`, fixed by the protocol).
-pub(crate) mod ty {
-    pub const F32: u32 = 0;
-    pub const F16: u32 = 1;
-    pub const I16: u32 = 25;
-    pub const I32: u32 = 26;
-    pub const I64: u32 = 27;
-    pub const BF16: u32 = 30;
-}
-
+/// ggml type ids (`enum ggml_type`, fixed by the protocol; defined once in `rpc-proto`).
+pub(crate) use rpc_proto::ggml_type as ty;
 /// `GGML_TENSOR_FLAG_PARAM`.
-const FLAG_PARAM: i32 = 4;
+use rpc_proto::TENSOR_FLAG_PARAM as FLAG_PARAM;
 
 /// A check on the contents of an index tensor, run before every compute of the graph.
 #[derive(Debug, Clone)]
@@ -635,7 +627,7 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
             // generic one copies whole rows.
             if !matches!(
                 a.ty(),
-                ty::F32 | ty::I32 | ty::F16 | ty::BF16 | ty::I16 | 24
+                ty::F32 | ty::I32 | ty::F16 | ty::BF16 | ty::I16 | ty::I8
             ) {
                 ensure!(
                     a.contiguous_rows() && b.contiguous_rows(),
