@@ -20,7 +20,11 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::conn::{bench_tensor, BenchConn, ConnError, RdmaSettings};
+use rpc_client::Client;
+use rpc_proto::{Command, Request, CONN_CAPS_SIZE};
+use rpc_transport::Transport;
+
+use crate::conn::{self, alloc, bench_tensor, BenchConn, ConnError, RdmaSettings};
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
 use crate::report::{human_bytes, us, Table, Target};
@@ -201,16 +205,16 @@ impl Lane {
         let (mut conn, relay) = match spec.wire {
             Some(w) => {
                 let relay = Relay::start(target, w, RelayOptions::default())?;
-                (BenchConn::tcp(relay.addr()).await?, Some(relay))
+                (conn::connect(relay.addr(), None).await?, Some(relay))
             }
-            None => (connect(target, &cfg.rdma).await?, None),
+            None => (conn::connect(target, cfg.rdma.as_ref()).await?, None),
         };
         let max = cfg.sizes.iter().copied().max().unwrap_or(4).max(4);
-        let (handle, base) = conn.alloc(cfg.device, max as u64).await?;
+        let (handle, base) = alloc(&mut conn, cfg.device, max as u64).await?;
         let transport = if spec.wire.is_some() {
             "TCP".to_string()
         } else {
-            conn.transport_name().to_string()
+            conn.transport().name().to_string()
         };
         Ok(Lane {
             conn,
@@ -240,23 +244,18 @@ impl Lane {
                 self.conn.device_count().await?;
             }
             CaseKind::Set => {
-                self.conn.set_tensor(&t, &data[..case.bytes]).await?;
+                self.conn
+                    .set_tensor(&t, 0, &data[..case.bytes], false)
+                    .await?;
                 self.conn.device_count().await?;
             }
             CaseKind::Get => {
                 self.conn
-                    .get_tensor_into(&t, &mut out[..case.bytes])
+                    .get_tensor_into(&t, 0, &mut out[..case.bytes])
                     .await?
             }
         }
         Ok(start.elapsed())
-    }
-}
-
-async fn connect(addr: SocketAddr, rdma: &Option<RdmaSettings>) -> Result<BenchConn, ConnError> {
-    match rdma {
-        Some(s) => BenchConn::rdma(addr, s).await,
-        None => BenchConn::tcp(addr).await,
     }
 }
 
@@ -311,21 +310,20 @@ async fn measure(
 /// in time, it closes `first`, waits for the (now accepted) probe's reply, and only then closes
 /// the probe (`None`).
 async fn concurrent_probe(target: SocketAddr, first: Lane) -> anyhow::Result<Option<Lane>> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut probe = tokio::net::TcpStream::connect(target).await?;
-    let mut hello = vec![rpc_proto::Command::Hello.as_u8()];
-    hello.extend_from_slice(&(rpc_proto::CONN_CAPS_SIZE as u64).to_le_bytes());
-    hello.extend_from_slice(&[0u8; rpc_proto::CONN_CAPS_SIZE]);
-    probe.write_all(&hello).await?;
-    let mut reply = [0u8; 8 + 28];
-    let kept = match tokio::time::timeout(OPEN_TIMEOUT, probe.read_exact(&mut reply)).await {
+    let mut probe = Client::connect_raw(target).await?;
+    probe
+        .request(&Request::Hello {
+            caps: [0; CONN_CAPS_SIZE],
+        })
+        .await?;
+    let kept = match tokio::time::timeout(OPEN_TIMEOUT, probe.response(Command::Hello)).await {
         Ok(r) => {
             r?;
             Some(first)
         }
         Err(_) => {
             drop(first);
-            tokio::time::timeout(Duration::from_secs(60), probe.read_exact(&mut reply))
+            tokio::time::timeout(Duration::from_secs(60), probe.response(Command::Hello))
                 .await
                 .map_err(|_| {
                     anyhow::anyhow!(

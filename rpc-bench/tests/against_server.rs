@@ -106,7 +106,7 @@ async fn rdma_without_a_device_fails_clearly() {
     // Either this machine has no RDMA (error before HELLO) or the server declines: never a hang.
     let r = tokio::time::timeout(
         Duration::from_secs(30),
-        rpc_bench::conn::BenchConn::rdma(server.addr, &settings),
+        rpc_bench::conn::connect(server.addr, Some(&settings)),
     )
     .await;
     let err = match r.expect("RDMA negotiation hung") {

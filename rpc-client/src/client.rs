@@ -1,13 +1,13 @@
-//! The async connection: one method per protocol 7.0.0 command.
+//! The async connection over any transport: one method per protocol 7.0.0 command.
 
 use std::net::SocketAddr;
 
 use rpc_proto::{
-    encode_graph, graph_payload_size, Command, FrameHeader, Request, Response, RpcTensor,
+    encode_graph, graph_payload_size, Command, FrameHeader, Parts, Request, Response, RpcTensor,
     SetTensorHeader, CONN_CAPS_SIZE, GGML_MAX_SRC, RESPONSE_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use rpc_transport::{TcpTransport, Transport};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, ToSocketAddrs};
 
 use crate::error::ClientError;
@@ -33,31 +33,38 @@ pub struct DeviceMemory {
     pub total: u64,
 }
 
-/// Size of the read and write buffers of a connection.
-const IO_BUFFER: usize = 64 * 1024;
-
-/// A connection to a ggml RPC server speaking protocol 7.0.0.
+/// A connection to a ggml RPC server speaking protocol 7.0.0, over any [`Transport`]: TCP
+/// ([`TcpTransport`], the default, [`Client::connect`]) or whatever [`crate::negotiate_client`]
+/// negotiated in HELLO (RDMA in upstream's flavors or the lean framing, else TCP).
 ///
-/// Requests are strictly ordered. Commands without a response (SET_TENSOR, GRAPH_COMPUTE,
+/// Every request is one transport message cut into upstream's `send_data()` parts
+/// ([`Request::parts`]), as the stock client sends it. Requests are strictly ordered. Commands without a response (SET_TENSOR, GRAPH_COMPUTE,
 /// FREE_BUFFER, ...) only write their frame, so several of them can be in flight at once;
 /// commands with a response write their frame and then read exactly the expected reply.
-/// Every method flushes before returning, so nothing stays buffered on the client side.
+/// Every method has sent its whole message before returning, so nothing stays buffered on the
+/// client side.
 ///
 /// A server reports every error by closing the connection: the call that notices it fails
 /// with [`ClientError::Closed`] (often the next call with a response, since a refused
 /// no-response command cannot be noticed by itself). After any error the connection should
 /// be dropped.
-#[derive(Debug)]
-pub struct Client {
-    rd: BufReader<OwnedReadHalf>,
-    wr: BufWriter<OwnedWriteHalf>,
-    peer: SocketAddr,
+pub struct Client<T: Transport = TcpTransport> {
+    t: T,
     version: Option<(u8, u8, u8)>,
     caps: [u8; CONN_CAPS_SIZE],
     scratch: Vec<u8>,
 }
 
-impl Client {
+impl<T: Transport> std::fmt::Debug for Client<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("transport", &self.t.name())
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+impl Client<TcpTransport> {
     /// Connects (with `TCP_NODELAY`) and performs the HELLO handshake: sends 24 zero
     /// capability bytes and accepts a server announcing `7.x` with `x <= 0`
     /// (else [`ClientError::VersionMismatch`]).
@@ -71,16 +78,74 @@ impl Client {
     /// Call [`Client::hello`] (or send raw frames) next.
     pub async fn connect_raw(addr: impl ToSocketAddrs) -> Result<Client> {
         let stream = TcpStream::connect(addr).await.map_err(ClientError::Io)?;
-        stream.set_nodelay(true).map_err(ClientError::Io)?;
-        let peer = stream.peer_addr().map_err(ClientError::Io)?;
-        let (rd, wr) = stream.into_split();
-        Ok(Client {
-            rd: BufReader::with_capacity(IO_BUFFER, rd),
-            wr: BufWriter::with_capacity(IO_BUFFER, wr),
-            peer,
+        Ok(Client::new(
+            TcpTransport::new(stream).map_err(ClientError::Io)?,
+        ))
+    }
+
+    /// The server's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.t
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// Shuts down the sending side; the server then ends the connection and frees its buffers
+    /// and graphs.
+    pub async fn shutdown(self) -> Result<()> {
+        let (_rd, mut wr) = self.t.into_inner();
+        wr.shutdown().await?;
+        Ok(())
+    }
+}
+
+impl<T: Transport> Client<T> {
+    /// A client over a connected transport on which HELLO was not sent yet: call
+    /// [`Client::hello`] (or send raw frames) next.
+    pub fn new(t: T) -> Client<T> {
+        Client {
+            t,
             version: None,
             caps: [0; CONN_CAPS_SIZE],
             scratch: Vec::with_capacity(4096),
+        }
+    }
+
+    /// The transport, e.g. to relay bytes over it after HELLO.
+    pub fn into_transport(self) -> T {
+        self.t
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &T {
+        &self.t
+    }
+
+    /// The transport, e.g. for a transport-level exchange (RDMA readiness byte).
+    pub fn transport_mut(&mut self) -> &mut T {
+        &mut self.t
+    }
+
+    /// The same connection over the transport `f` makes of this one (HELLO state kept).
+    pub fn map_transport<U: Transport>(self, f: impl FnOnce(T) -> U) -> Client<U> {
+        Client {
+            t: f(self.t),
+            version: self.version,
+            caps: self.caps,
+            scratch: self.scratch,
+        }
+    }
+
+    /// [`Client::map_transport`] with a fallible `f`.
+    pub fn try_map_transport<U: Transport, E>(
+        self,
+        f: impl FnOnce(T) -> std::result::Result<U, E>,
+    ) -> std::result::Result<Client<U>, E> {
+        Ok(Client {
+            t: f(self.t)?,
+            version: self.version,
+            caps: self.caps,
+            scratch: self.scratch,
         })
     }
 
@@ -88,11 +153,13 @@ impl Client {
     /// capabilities. Returns `(major, minor, patch)`. A server accepts it only as the first
     /// command of a connection.
     pub async fn hello(&mut self) -> Result<(u8, u8, u8)> {
-        let rsp = self
-            .call(&Request::Hello {
-                caps: [0; CONN_CAPS_SIZE],
-            })
-            .await?;
+        self.hello_with_caps([0; CONN_CAPS_SIZE]).await
+    }
+
+    /// HELLO (14) offering transport capabilities `caps` (an RDMA offer, see
+    /// [`crate::negotiate_client`]); otherwise as [`Client::hello`].
+    pub async fn hello_with_caps(&mut self, caps: [u8; CONN_CAPS_SIZE]) -> Result<(u8, u8, u8)> {
+        let rsp = self.call(&Request::Hello { caps }).await?;
         let Response::Hello {
             major,
             minor,
@@ -122,11 +189,6 @@ impl Client {
     /// The server's transport capabilities from HELLO (all zero for a TCP-only server).
     pub fn server_caps(&self) -> &[u8; CONN_CAPS_SIZE] {
         &self.caps
-    }
-
-    /// The server's address.
-    pub fn peer_addr(&self) -> SocketAddr {
-        self.peer
     }
 
     // ----------------------------------------------------------------------------------
@@ -249,9 +311,8 @@ impl Client {
             size,
         })
         .await?;
-        let got = self.read_prefix().await?;
-        Response::check_size(Command::GetTensor, got, size)?;
-        self.rd.read_exact(out).await?;
+        self.read_header(Command::GetTensor, size).await?;
+        self.t.read_exact(out).await?;
         Ok(())
     }
 
@@ -320,7 +381,8 @@ impl Client {
     /// SET_TENSOR (6): writes `data` into `tensor` at `offset`. With `cache` set, the server
     /// may store the bytes in its weight cache (for a later [`Client::set_tensor_hash`]).
     ///
-    /// The data is written straight from `data`, without an intermediate copy.
+    /// The data is sent straight from `data`, without an intermediate copy: the payload goes as
+    /// two parts (the header, then the data).
     pub async fn set_tensor(
         &mut self,
         tensor: &RpcTensor,
@@ -336,9 +398,9 @@ impl Client {
         self.scratch.clear();
         h.encode_frame_head(data.len() as u64, &mut self.scratch);
         debug_assert_eq!(self.scratch.len(), 9 + SET_TENSOR_HEADER_SIZE);
-        self.wr.write_all(&self.scratch).await?;
-        self.wr.write_all(data).await?;
-        self.wr.flush().await?;
+        let (cmd, rest) = self.scratch.split_at(1);
+        let (size, header) = rest.split_at(8);
+        self.t.send_message(&[cmd, size, header, data]).await?;
         Ok(())
     }
 
@@ -359,8 +421,9 @@ impl Client {
         self.scratch
             .extend_from_slice(&FrameHeader::new(Command::GraphCompute, size).encode());
         encode_graph(device, node_ids, tensors, &mut self.scratch);
-        self.wr.write_all(&self.scratch).await?;
-        self.wr.flush().await?;
+        self.t
+            .send_message(Parts::of_frame(&self.scratch).as_slice())
+            .await?;
         Ok(())
     }
 
@@ -401,24 +464,56 @@ impl Client {
         let h = FrameHeader {
             cmd,
             size: payload.len() as u64,
-        };
-        self.wr.write_all(&h.encode()).await?;
-        self.wr.write_all(payload).await?;
-        self.wr.flush().await?;
+        }
+        .encode();
+        let (cmd, size) = h.split_at(1);
+        self.t.send_message(&[cmd, size, payload]).await?;
         Ok(())
     }
 
-    /// Sends arbitrary bytes (e.g. a frame whose declared size differs from what follows).
+    /// Sends arbitrary bytes as one message (e.g. a frame whose declared size differs from what
+    /// follows).
     pub async fn send_bytes(&mut self, bytes: &[u8]) -> Result<()> {
-        self.wr.write_all(bytes).await?;
-        self.wr.flush().await?;
+        self.t.send_message(&[bytes]).await?;
         Ok(())
+    }
+
+    /// Sends a complete request frame (e.g. one relayed from another client) in upstream's parts
+    /// and returns the payload of its response, whose size must be the fixed one of the frame's
+    /// command ([`Response::fixed_size`]; else [`ClientError::BadResponse`]).
+    pub async fn round_trip(&mut self, frame: &[u8]) -> Result<Vec<u8>> {
+        let cmd = frame
+            .first()
+            .and_then(|&b| Command::from_u8(b))
+            .ok_or(ClientError::InvalidArgument("not a request frame"))?;
+        self.t
+            .send_message(Parts::of_frame(frame).as_slice())
+            .await?;
+        let got = self.read_header(cmd, 0).await?;
+        // read_header passed: `got` is one of the small fixed sizes.
+        self.recv_raw(got).await
+    }
+
+    /// Sends `req` (one message in upstream's parts) without reading anything.
+    pub async fn request(&mut self, req: &Request<'_>) -> Result<()> {
+        self.send(req).await
+    }
+
+    /// Reads and decodes the fixed-size response to `cmd` (its size prefix checked before the
+    /// payload is read).
+    pub async fn response(&mut self, cmd: Command) -> Result<Response> {
+        let got = self.read_header(cmd, 0).await?;
+        // read_header passed: `got` is one of the small fixed sizes.
+        let payload = self.recv_raw(got).await?;
+        Ok(Response::decode(cmd, &payload)?)
     }
 
     /// Reads one response: a `u64` size prefix that must equal `len`
     /// (else [`ClientError::BadResponse`]), then `len` payload bytes.
     pub async fn recv_response(&mut self, len: u64) -> Result<Vec<u8>> {
-        let got = self.read_prefix().await?;
+        let mut p = [0u8; RESPONSE_HEADER_SIZE];
+        self.t.read_exact(&mut p).await?;
+        let got = u64::from_le_bytes(p);
         if got != len {
             return Err(ClientError::BadResponse(format!(
                 "response size prefix is {got}, expected {len}"
@@ -435,7 +530,7 @@ impl Client {
         buf.try_reserve_exact(n)
             .map_err(|_| ClientError::InvalidArgument("read size does not fit in memory"))?;
         buf.resize(n, 0);
-        self.rd.read_exact(&mut buf).await?;
+        self.t.read_exact(&mut buf).await?;
         Ok(buf)
     }
 
@@ -444,7 +539,7 @@ impl Client {
     /// it waits forever on a server that neither answers nor closes.
     pub async fn wait_closed(&mut self) -> Result<()> {
         let mut b = [0u8; 1];
-        match self.rd.read(&mut b).await {
+        match self.t.read(&mut b).await {
             Ok(0) => Ok(()),
             Ok(_) => Err(ClientError::BadResponse(format!(
                 "expected the connection to be closed, got byte {:#04x}",
@@ -457,43 +552,28 @@ impl Client {
         }
     }
 
-    /// Flushes and shuts down the sending side; the server then ends the connection and frees
-    /// its buffers and graphs.
-    pub async fn shutdown(mut self) -> Result<()> {
-        self.wr.flush().await?;
-        self.wr.shutdown().await?;
-        Ok(())
-    }
-
     // ----------------------------------------------------------------------------------
     // Internals
     // ----------------------------------------------------------------------------------
 
-    /// Writes the frame of `req` and flushes.
+    /// Sends the frame of `req` as one message in upstream's parts.
     async fn send(&mut self, req: &Request<'_>) -> Result<()> {
-        self.scratch.clear();
-        req.encode(&mut self.scratch);
-        self.wr.write_all(&self.scratch).await?;
-        self.wr.flush().await?;
+        let parts = req.parts(&mut self.scratch);
+        self.t.send_message(parts.as_slice()).await?;
         Ok(())
     }
 
-    /// Reads a response size prefix.
-    async fn read_prefix(&mut self) -> Result<u64> {
+    /// Reads the response header of `cmd` and checks it ([`Response::check_header`]).
+    async fn read_header(&mut self, cmd: Command, get_tensor_size: u64) -> Result<u64> {
         let mut p = [0u8; RESPONSE_HEADER_SIZE];
-        self.rd.read_exact(&mut p).await?;
-        Ok(u64::from_le_bytes(p))
+        self.t.read_exact(&mut p).await?;
+        Ok(Response::check_header(cmd, &p, get_tensor_size)?)
     }
 
     /// Sends a request with a fixed-size response and decodes the response.
     async fn call(&mut self, req: &Request<'_>) -> Result<Response> {
-        let cmd = req.command();
         self.send(req).await?;
-        let got = self.read_prefix().await?;
-        Response::check_size(cmd, got, 0)?;
-        // check_size passed: `got` is one of the small fixed sizes.
-        let payload = self.recv_raw(got).await?;
-        Ok(Response::decode(cmd, &payload)?)
+        self.response(req.command()).await
     }
 }
 

@@ -1,8 +1,10 @@
 //! Async client (tokio) for the ggml RPC protocol **7.0.0**, the protocol of llama.cpp's
 //! `ggml-rpc-server` and of this workspace's `rpc-server`.
 //!
-//! [`Client`] has one method per command and shares the wire codec with the server
-//! (`rpc-proto`). [`TensorBuilder`] makes [`RpcTensor`]s by hand (tests, benchmarks).
+//! [`Client`] has one method per command over any `rpc_transport::Transport` and shares the wire
+//! codec with the server (`rpc-proto`): over TCP with [`Client::connect`], or over whatever
+//! [`negotiate_client`] negotiated in HELLO (RDMA in upstream's flavors or our lean framing, TCP
+//! otherwise). [`TensorBuilder`] makes [`RpcTensor`]s by hand (tests, benchmarks).
 //!
 //! ```no_run
 //! use rpc_client::{ops, Client, TensorBuilder, TENSOR_FLAG_COMPUTE};
@@ -32,10 +34,12 @@
 
 mod client;
 mod error;
+mod negotiate;
 mod tensor;
 
 pub use client::{Client, DeviceMemory, RemoteBuffer, Result};
 pub use error::ClientError;
+pub use negotiate::{negotiate_client, Negotiated};
 pub use tensor::{contiguous_nb, nbytes, ops, type_traits, types, TensorBuilder};
 
 pub use rpc_proto::{

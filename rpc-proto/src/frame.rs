@@ -45,6 +45,33 @@ impl FrameHeader {
     }
 }
 
+/// A request frame cut where upstream's client cuts it: one `send_data()` call per part, the
+/// command byte, the `u64` size, and the payload (left out when empty). TCP concatenates the parts;
+/// upstream's Linux RDMA receiver needs each one as its own SEND(s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parts<'a> {
+    parts: [&'a [u8]; 3],
+    len: usize,
+}
+
+impl<'a> Parts<'a> {
+    /// The parts of a whole encoded frame (`| cmd | size | payload |`). Never panics: a frame
+    /// shorter than its header is cut as far as it goes.
+    pub fn of_frame(frame: &'a [u8]) -> Parts<'a> {
+        let (head, payload) = frame.split_at(frame.len().min(FRAME_HEADER_SIZE));
+        let (cmd, size) = head.split_at(head.len().min(1));
+        Parts {
+            parts: [cmd, size, payload],
+            len: if payload.is_empty() { 2 } else { 3 },
+        }
+    }
+
+    /// The parts, in order.
+    pub fn as_slice(&self) -> &[&'a [u8]] {
+        self.parts.get(..self.len).unwrap_or(&self.parts)
+    }
+}
+
 /// Resource limits enforced before anything is allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limits {

@@ -3,7 +3,7 @@
 use crate::command::Command;
 use crate::consts::{CONN_CAPS_SIZE, GGML_MAX_SRC, SET_TENSOR_HEADER_SIZE};
 use crate::error::DecodeError;
-use crate::frame::{check_payload_size, Limits};
+use crate::frame::{check_payload_size, Limits, Parts};
 use crate::graph::Graph;
 use crate::tensor::RpcTensor;
 use crate::wire::{patch_len, put_tensor, put_u32, put_u64, put_u8, reserve_len, Reader};
@@ -249,6 +249,14 @@ impl<'a> Request<'a> {
         let pos = reserve_len(out);
         self.encode_payload(out);
         patch_len(out, pos);
+    }
+
+    /// Encodes the whole frame into `buf` (cleared first) and returns it cut into upstream's
+    /// `send_data()` parts ([`Parts`]): what a client hands to a transport as one message.
+    pub fn parts<'b>(&self, buf: &'b mut Vec<u8>) -> Parts<'b> {
+        buf.clear();
+        self.encode(buf);
+        Parts::of_frame(buf)
     }
 
     /// Append the payload only (no command byte, no size).

@@ -1,7 +1,7 @@
 //! Responses (server → client payloads), spec §5.1 and `rpc_msg_*_rsp` upstream.
 
 use crate::command::Command;
-use crate::consts::{CONN_CAPS_SIZE, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH};
+use crate::consts::{CONN_CAPS_SIZE, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, RESPONSE_HEADER_SIZE};
 use crate::error::DecodeError;
 use crate::wire::{patch_len, put_u32, put_u64, put_u8, reserve_len, Reader};
 
@@ -150,6 +150,19 @@ impl Response {
             Some(expected) if got != expected => Err(DecodeError::BadSize { cmd, got, expected }),
             Some(_) => Ok(()),
         }
+    }
+
+    /// Client side: decodes the response header (the `u64` size prefix) of the response to `cmd`
+    /// and checks it ([`Response::check_size`]) before the payload is read. Returns the payload
+    /// size.
+    pub fn check_header(
+        cmd: Command,
+        header: &[u8; RESPONSE_HEADER_SIZE],
+        get_tensor_size: u64,
+    ) -> Result<u64, DecodeError> {
+        let got = u64::from_le_bytes(*header);
+        Self::check_size(cmd, got, get_tensor_size)?;
+        Ok(got)
     }
 
     /// Size of the encoded payload (without the `u64` prefix).

@@ -3,6 +3,7 @@
 
 use std::io;
 
+use rpc_client::ClientError;
 use rpc_proto::{Command, DecodeError};
 
 /// Why a downstream connection (or an upstream connection attempt) ended.
@@ -76,7 +77,7 @@ pub enum ShimError {
         /// The command answered.
         cmd: Command,
         /// The mismatch.
-        err: DecodeError,
+        err: String,
     },
     /// The worker sent bytes while no response was pending.
     #[error("worker {0} sent data while no response was pending")]
@@ -100,6 +101,34 @@ impl ShimError {
         move |err| ShimError::Upstream {
             worker: worker.to_string(),
             err,
+        }
+    }
+
+    /// A failed client call to `worker` (asking `cmd`): a refusal or a broken connection is an
+    /// upstream error, a reply that does not fit is a bad response.
+    pub fn from_client(worker: &str, cmd: Command, err: ClientError) -> ShimError {
+        let worker = worker.to_string();
+        match err {
+            ClientError::Io(err) => ShimError::Upstream { worker, err },
+            ClientError::Closed => ShimError::Upstream {
+                worker,
+                err: io::ErrorKind::UnexpectedEof.into(),
+            },
+            ClientError::BadResponse(err) => ShimError::BadResponse { worker, cmd, err },
+            ClientError::VersionMismatch {
+                major,
+                minor,
+                patch,
+            } => ShimError::Version {
+                worker,
+                major,
+                minor,
+                patch,
+            },
+            ClientError::InvalidArgument(what) => ShimError::Upstream {
+                worker,
+                err: io::Error::other(what),
+            },
         }
     }
 

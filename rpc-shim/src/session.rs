@@ -521,17 +521,15 @@ async fn read_response_size<T: Transport>(
     cmd: Command,
     get_size: u64,
 ) -> Result<u64, ShimError> {
-    let mut prefix = [0u8; RESPONSE_HEADER_SIZE];
-    up.read_exact(&mut prefix)
+    let mut header = [0u8; RESPONSE_HEADER_SIZE];
+    up.read_exact(&mut header)
         .await
         .map_err(ShimError::upstream(addr))?;
-    let size = u64::from_le_bytes(prefix);
-    Response::check_size(cmd, size, get_size).map_err(|err| ShimError::BadResponse {
+    Response::check_header(cmd, &header, get_size).map_err(|err| ShimError::BadResponse {
         worker: addr.to_string(),
         cmd,
-        err,
-    })?;
-    Ok(size)
+        err: err.to_string(),
+    })
 }
 
 #[cfg(test)]

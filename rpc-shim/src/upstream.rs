@@ -1,5 +1,5 @@
-//! Connections to a worker: TCP setup with bounded timeouts and keepalive, the HELLO handshake as
-//! a client, and the RDMA negotiation inside HELLO in upstream's two flavors (client role).
+//! Connections to a worker: TCP setup with bounded timeouts and keepalive, then HELLO and the
+//! RDMA negotiation inside it in upstream's two flavors (client role, `rpc_client`).
 //!
 //! A per-client upstream connection is opened through a [`Connector`]. The [`RealConnector`]
 //! offers RDMA in HELLO when the TCP socket's local address belongs to an RDMA device (the same
@@ -12,14 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpc_proto::{
-    version_compatible, Command, FrameHeader, Limits, Response, CONN_CAPS_SIZE, FRAME_HEADER_SIZE,
-};
-use rpc_transport::rdma::negotiate::{negotiate_client, ClientConfig, ClientConn};
+use rpc_client::negotiate_client;
+use rpc_proto::{Command, Limits};
+use rpc_transport::rdma::negotiate::{ClientConfig, ClientConn};
 use rpc_transport::rdma::real::RdmaOptions;
 use rpc_transport::rdma::Flavor;
 use rpc_transport::Transport;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -166,93 +164,6 @@ pub(crate) fn timeout(worker: &str, what: &'static str, d: Duration) -> ShimErro
     }
 }
 
-/// HELLO as a client on a fresh TCP stream: sends `caps`, checks the version, returns the
-/// worker's caps. Parts as a stock client sends them (cmd, size, payload).
-pub async fn hello(
-    stream: &mut TcpStream,
-    worker: &str,
-    caps: &[u8; CONN_CAPS_SIZE],
-) -> Result<[u8; CONN_CAPS_SIZE], ShimError> {
-    let up = ShimError::upstream(worker);
-    let h = FrameHeader::new(Command::Hello, CONN_CAPS_SIZE as u64).encode();
-    let mut msg = Vec::with_capacity(FRAME_HEADER_SIZE + CONN_CAPS_SIZE);
-    msg.extend_from_slice(&h);
-    msg.extend_from_slice(caps);
-    stream
-        .write_all(&msg)
-        .await
-        .map_err(ShimError::upstream(worker))?;
-    let mut prefix = [0u8; 8];
-    stream
-        .read_exact(&mut prefix)
-        .await
-        .map_err(ShimError::upstream(worker))?;
-    let got = u64::from_le_bytes(prefix);
-    Response::check_size(Command::Hello, got, 0).map_err(|err| ShimError::BadResponse {
-        worker: worker.to_string(),
-        cmd: Command::Hello,
-        err,
-    })?;
-    let mut rsp = [0u8; 4 + CONN_CAPS_SIZE];
-    stream.read_exact(&mut rsp).await.map_err(up)?;
-    let (major, minor, patch) = (rsp[0], rsp[1], rsp[2]);
-    if !version_compatible(major, minor) {
-        return Err(ShimError::Version {
-            worker: worker.to_string(),
-            major,
-            minor,
-            patch,
-        });
-    }
-    let mut theirs = [0u8; CONN_CAPS_SIZE];
-    theirs.copy_from_slice(&rsp[4..]);
-    Ok(theirs)
-}
-
-/// Sends one request frame (`cmd | size | payload`, three parts like a stock client) and reads
-/// its fixed-size response payload.
-pub async fn round_trip<T: Transport>(
-    t: &mut T,
-    worker: &str,
-    frame: &[u8],
-) -> Result<Vec<u8>, ShimError> {
-    let cmd = frame
-        .first()
-        .and_then(|&b| Command::from_u8(b))
-        .ok_or_else(|| ShimError::Unsolicited(worker.to_string()))?;
-    let parts = frame_parts(frame);
-    t.send_message(&parts)
-        .await
-        .map_err(ShimError::upstream(worker))?;
-    let mut prefix = [0u8; 8];
-    t.read_exact(&mut prefix)
-        .await
-        .map_err(ShimError::upstream(worker))?;
-    let got = u64::from_le_bytes(prefix);
-    Response::check_size(cmd, got, 0).map_err(|err| ShimError::BadResponse {
-        worker: worker.to_string(),
-        cmd,
-        err,
-    })?;
-    // check_size passed: `got` is one of the small fixed sizes.
-    let mut payload = vec![0u8; got as usize];
-    t.read_exact(&mut payload)
-        .await
-        .map_err(ShimError::upstream(worker))?;
-    Ok(payload)
-}
-
-/// The `send_data()` parts of a complete request frame: cmd byte, size, payload (if any).
-pub fn frame_parts(frame: &[u8]) -> Vec<&[u8]> {
-    let (head, payload) = frame.split_at(frame.len().min(FRAME_HEADER_SIZE));
-    let (cmd, size) = head.split_at(head.len().min(1));
-    let mut parts = vec![cmd, size];
-    if !payload.is_empty() {
-        parts.push(payload);
-    }
-    parts
-}
-
 // ---------------------------------------------------------------------------------------------
 // The real connector: TCP, or RDMA negotiated inside HELLO
 // ---------------------------------------------------------------------------------------------
@@ -396,18 +307,14 @@ impl RealConnector {
         Ok(())
     }
 
-    fn negotiation_error(&self, err: io::Error) -> ShimError {
-        if err.kind() == io::ErrorKind::TimedOut {
-            timeout(
+    fn negotiation_error(&self, err: rpc_client::ClientError) -> ShimError {
+        match err {
+            rpc_client::ClientError::Io(e) if e.kind() == io::ErrorKind::TimedOut => timeout(
                 &self.addr,
                 "HELLO / RDMA setup",
                 self.opts.handshake_timeout,
-            )
-        } else {
-            ShimError::Upstream {
-                worker: self.addr.clone(),
-                err,
-            }
+            ),
+            err => ShimError::from_client(&self.addr, Command::Hello, err),
         }
     }
 
@@ -431,22 +338,14 @@ impl RealConnector {
         let n = negotiate_client(stream, &cfg)
             .await
             .map_err(|e| self.negotiation_error(e))?;
-        let (major, minor, patch) = n.version;
-        if !version_compatible(major, minor) {
-            return Err(ShimError::Version {
-                worker: self.addr.clone(),
-                major,
-                minor,
-                patch,
-            });
-        }
+        let conn = n.client.into_transport();
         match n.why_tcp {
             Some(why) => {
                 if cfg.rdma {
                     self.no_rdma(&why)?;
                 }
                 Ok(Upstream {
-                    conn: n.conn,
+                    conn,
                     _permit: None,
                 })
             }
@@ -455,14 +354,14 @@ impl RealConnector {
                     Flavor::LinuxRc => "Linux RC flavor",
                     Flavor::AppleUc => "Apple UC flavor",
                 };
-                let framing = if matches!(n.conn, ClientConn::Lean(_)) {
+                let framing = if matches!(conn, ClientConn::Lean(_)) {
                     "lean"
                 } else {
                     "upstream"
                 };
-                tracing::info!(worker = %self.addr, transport = n.conn.name(), "RDMA activated ({flavor}, {framing} framing)");
+                tracing::info!(worker = %self.addr, transport = conn.name(), "RDMA activated ({flavor}, {framing} framing)");
                 Ok(Upstream {
-                    conn: n.conn,
+                    conn,
                     _permit: permit,
                 })
             }

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rpc_client::Client;
 use rpc_proto::Command;
 use rpc_transport::{TcpTransport, Transport};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -33,7 +34,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::cache::{QueryCache, DEVICE_COUNT_FRAME};
 use crate::error::ShimError;
 use crate::stats::ShimStats;
-use crate::upstream::{connect_tcp, hello, round_trip, timeout, Connector, Options};
+use crate::upstream::{connect_tcp, timeout, Connector, Options};
+
+/// The control connection: a client over TCP.
+type Control = Client<TcpTransport>;
 
 /// A control connection the worker closes sooner than this after it was opened is not reopened
 /// (that worker is refusing us, not timing out an idle connection).
@@ -70,16 +74,13 @@ impl Core {
         self.down.send_modify(|n| *n += 1);
     }
 
-    async fn open_control(&self) -> Result<TcpTransport, ShimError> {
-        let mut stream = connect_tcp(&self.addr, &self.opts).await?;
-        match tokio::time::timeout(
-            self.opts.handshake_timeout,
-            hello(&mut stream, &self.addr, &[0; 24]),
-        )
-        .await
-        {
+    async fn open_control(&self) -> Result<Control, ShimError> {
+        let stream = connect_tcp(&self.addr, &self.opts).await?;
+        let mut t =
+            Client::new(TcpTransport::new(stream).map_err(ShimError::upstream(&self.addr))?);
+        match tokio::time::timeout(self.opts.handshake_timeout, t.hello()).await {
             Ok(r) => {
-                r?;
+                r.map_err(|e| ShimError::from_client(&self.addr, Command::Hello, e))?;
             }
             Err(_) => {
                 return Err(timeout(
@@ -90,7 +91,6 @@ impl Core {
             }
         }
         ShimStats::inc(&self.stats.control_connections);
-        let mut t = TcpTransport::new(stream).map_err(ShimError::upstream(&self.addr))?;
         tracing::debug!(worker = %self.addr, "control connection up");
         if self.opts.prefetch {
             self.prefetch(&mut t).await?;
@@ -99,7 +99,7 @@ impl Core {
     }
 
     /// Fills the cache with the device count and every device's alignment and maximum size.
-    async fn prefetch(&self, t: &mut TcpTransport) -> Result<(), ShimError> {
+    async fn prefetch(&self, t: &mut Control) -> Result<(), ShimError> {
         let count = match self.cache.device_count() {
             Some(n) => n,
             None => {
@@ -124,11 +124,13 @@ impl Core {
         Ok(())
     }
 
-    async fn query_on(&self, t: &mut TcpTransport, frame: &[u8]) -> Result<Vec<u8>, ShimError> {
+    async fn query_on(&self, t: &mut Control, frame: &[u8]) -> Result<Vec<u8>, ShimError> {
         ShimStats::inc(&self.stats.control_queries);
-        match tokio::time::timeout(self.opts.query_timeout, round_trip(t, &self.addr, frame)).await
-        {
-            Ok(r) => r,
+        let Some(cmd) = frame.first().and_then(|&b| Command::from_u8(b)) else {
+            return Err(ShimError::Unsolicited(self.addr.clone()));
+        };
+        match tokio::time::timeout(self.opts.query_timeout, t.round_trip(frame)).await {
+            Ok(r) => r.map_err(|e| ShimError::from_client(&self.addr, cmd, e)),
             Err(_) => Err(timeout(
                 &self.addr,
                 "query on the control connection",
@@ -144,7 +146,7 @@ async fn control_task(core: Arc<Core>, mut rx: mpsc::UnboundedReceiver<ControlMs
         Msg(Option<ControlMsg>),
         Idle(std::io::Result<usize>),
     }
-    let mut conn: Option<TcpTransport> = None;
+    let mut conn: Option<Control> = None;
     let mut opened = Instant::now();
     loop {
         let ev = match conn.as_mut() {
@@ -152,7 +154,7 @@ async fn control_task(core: Arc<Core>, mut rx: mpsc::UnboundedReceiver<ControlMs
                 let mut probe = [0u8; 1];
                 tokio::select! {
                     m = rx.recv() => Event::Msg(m),
-                    r = c.read(&mut probe) => Event::Idle(r),
+                    r = c.transport_mut().read(&mut probe) => Event::Idle(r),
                 }
             }
             None => Event::Msg(rx.recv().await),

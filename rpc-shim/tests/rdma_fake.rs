@@ -136,11 +136,10 @@ impl Connector for FakeConnector {
 
     async fn open(&self) -> Result<FakeConn, ShimError> {
         if self.tcp_only.load(SeqCst) {
-            let mut tcp = TcpStream::connect(self.worker)
+            let tcp = TcpStream::connect(self.worker)
                 .await
                 .map_err(ShimError::upstream("fake"))?;
-            tcp.set_nodelay(true).map_err(ShimError::upstream("fake"))?;
-            rpc_shim::upstream::hello(&mut tcp, "fake", &[0; 24]).await?;
+            let tcp = hello(tcp).await?;
             self.tcp_opens.fetch_add(1, SeqCst);
             return Ok(FakeConn::Tcp(
                 rpc_transport::TcpTransport::new(tcp).map_err(ShimError::upstream("fake"))?,
@@ -152,11 +151,10 @@ impl Connector for FakeConnector {
             err,
         })?;
         self.opened.fetch_add(1, SeqCst);
-        let mut tcp = TcpStream::connect(self.worker)
+        let tcp = TcpStream::connect(self.worker)
             .await
             .map_err(ShimError::upstream("fake"))?;
-        tcp.set_nodelay(true).map_err(ShimError::upstream("fake"))?;
-        rpc_shim::upstream::hello(&mut tcp, "fake", &[0; 24]).await?;
+        let tcp = hello(tcp).await?;
         // The TCP liveness anchor: the far side closes it when the worker's connection ends, as a
         // worker process does.
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -208,6 +206,18 @@ impl Connector for FakeConnector {
             }
         })
     }
+}
+
+/// HELLO as a client on a fresh stream (`TCP_NODELAY`); the stream back, for the bridge.
+async fn hello(tcp: TcpStream) -> Result<TcpStream, ShimError> {
+    let up = ShimError::upstream("fake");
+    let mut c = rpc_client::Client::new(rpc_transport::TcpTransport::new(tcp).map_err(up)?);
+    c.hello()
+        .await
+        .map_err(|e| ShimError::from_client("fake", rpc_proto::Command::Hello, e))?;
+    c.into_transport()
+        .into_stream()
+        .map_err(ShimError::upstream("fake"))
 }
 
 /// Carries bytes between the far end of a fake queue pair and the worker's TCP connection until

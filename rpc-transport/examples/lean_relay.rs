@@ -1,5 +1,5 @@
 //! A minimal TCP → RDMA byte relay for an unmodified, TCP-only llama.cpp client, over
-//! [`negotiate_client`]: the client's HELLO is answered locally (7.0.0, zero caps: it stays on
+//! `rpc_client::negotiate_client`: the client's HELLO is answered locally (7.0.0, zero caps: it stays on
 //! TCP), the upstream connection offers RDMA with the lean marker (`--no-lean`: without) and
 //! speaks whatever the server's reply says (lean, upstream framing, or TCP). Then bytes are
 //! pumped both ways; every chunk read from the client becomes one message upstream.
@@ -15,7 +15,9 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use rpc_transport::rdma::negotiate::{negotiate_client, ClientConfig, ClientConn};
+use rpc_client::negotiate_client;
+use rpc_proto::Response;
+use rpc_transport::rdma::negotiate::{ClientConfig, ClientConn};
 use rpc_transport::rdma::Flavor;
 use rpc_transport::Transport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,13 +45,17 @@ async fn serve(
     );
     let up = TcpStream::connect(&worker).await?;
     let neg = negotiate_client(up, &cfg).await?;
-    let (major, minor, patch) = neg.version;
-    let mut rsp = Vec::with_capacity(8 + 28);
-    rsp.extend_from_slice(&28u64.to_le_bytes());
-    rsp.extend_from_slice(&[major, minor, patch, 0]);
-    rsp.extend_from_slice(&[0u8; 24]);
+    let (major, minor, patch) = neg.client.server_version().unwrap_or_default();
+    let mut rsp = Vec::new();
+    Response::Hello {
+        major,
+        minor,
+        patch,
+        caps: [0; 24],
+    }
+    .encode(&mut rsp);
     client.write_all(&rsp).await?;
-    let mut up = neg.conn;
+    let mut up = neg.client.into_transport();
     // Upstream's RC receiver needs one SEND per send_data() piece, which a byte relay cannot know.
     anyhow::ensure!(
         !matches!(up, ClientConn::Rc(_)),

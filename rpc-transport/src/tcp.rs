@@ -37,9 +37,28 @@ impl TcpTransport {
         self.rd.buffer().len()
     }
 
-    /// The underlying halves, e.g. to keep the socket as a liveness anchor under RDMA.
+    /// The underlying halves.
     pub fn into_inner(self) -> (BufReader<OwnedReadHalf>, OwnedWriteHalf) {
         (self.rd, self.wr)
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.wr.peer_addr()
+    }
+
+    /// The socket, e.g. to keep it as a liveness anchor under RDMA; fails if received bytes are
+    /// still buffered.
+    pub fn into_stream(self) -> io::Result<TcpStream> {
+        if self.buffered() != 0 {
+            return Err(io::Error::other(
+                "the peer sent TCP bytes after switching to RDMA",
+            ));
+        }
+        self.rd
+            .into_inner()
+            .reunite(self.wr)
+            .map_err(io::Error::other)
     }
 }
 

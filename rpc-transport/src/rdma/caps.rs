@@ -41,6 +41,16 @@ pub enum Flavor {
 }
 
 impl Flavor {
+    /// The flavor this platform's stock peers speak: Apple UC on macOS, Linux RC elsewhere
+    /// (what a stock client offers; decides caps that fit both layouts).
+    pub fn native() -> Flavor {
+        if cfg!(target_os = "macos") {
+            Flavor::AppleUc
+        } else {
+            Flavor::LinuxRc
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Flavor::LinuxRc => "RDMA/RC (Linux flavor)",

@@ -1,5 +1,7 @@
-//! Who speaks what after HELLO, decided from the 24-byte caps in both roles, and the client role
-//! over real verbs ([`negotiate_client`]): the seam our clients (rpc-shim, tests, benches) share.
+//! Who speaks what after HELLO, decided from the 24-byte caps in both roles, and what the client
+//! role over real verbs needs (its settings [`ClientConfig`], its connection [`ClientConn`]); the
+//! client role itself is `rpc_client::negotiate_client`, the seam our clients (rpc-shim, tests,
+//! benches) share.
 //!
 //! | client offers | server is | server answers | both speak |
 //! |---|---|---|---|
@@ -14,13 +16,10 @@
 use std::io;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
 use super::caps::{Caps, Flavor, CAPS_SIZE};
 use super::lean::LeanLink;
 use super::rc::RcLink;
-use super::real::{self, RdmaOptions, RealQp};
+use super::real::{RdmaOptions, RealQp};
 use super::uc::UcLink;
 use super::RdmaTransport;
 use crate::{TcpTransport, Transport};
@@ -97,11 +96,7 @@ impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
             rdma: true,
-            flavor: if cfg!(target_os = "macos") {
-                Flavor::AppleUc
-            } else {
-                Flavor::LinuxRc
-            },
+            flavor: Flavor::native(),
             lean: true,
             opts: RdmaOptions::default(),
             timeout: Duration::from_secs(10),
@@ -167,184 +162,12 @@ impl Transport for ClientConn {
     }
 }
 
-/// The outcome of [`negotiate_client`].
-pub struct Negotiated {
-    pub conn: ClientConn,
-    /// The server's protocol version (major, minor, patch).
-    pub version: (u8, u8, u8),
-    /// Why the connection is on TCP (`None` on RDMA).
-    pub why_tcp: Option<String>,
-}
-
 /// Transport name of a lean link.
 pub fn lean_name(f: Flavor) -> &'static str {
     match f {
         Flavor::LinuxRc => "RDMA/RC+lean",
         Flavor::AppleUc => "RDMA/UC+lean",
     }
-}
-
-fn other(msg: impl Into<String>) -> io::Error {
-    io::Error::other(msg.into())
-}
-
-async fn bounded<T>(
-    t: Duration,
-    what: &str,
-    f: impl std::future::Future<Output = io::Result<T>>,
-) -> io::Result<T> {
-    match tokio::time::timeout(t, f).await {
-        Ok(r) => r,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("{what}: no answer within {} s", t.as_secs_f64()),
-        )),
-    }
-}
-
-/// HELLO as a client on a fresh stream: sends `caps`, returns the server's version and caps.
-pub async fn hello(
-    stream: &mut TcpStream,
-    caps: &[u8; CAPS_SIZE],
-) -> io::Result<((u8, u8, u8), [u8; CAPS_SIZE])> {
-    let mut msg = Vec::with_capacity(rpc_proto::FRAME_HEADER_SIZE + CAPS_SIZE);
-    msg.push(rpc_proto::Command::Hello as u8);
-    msg.extend_from_slice(&(CAPS_SIZE as u64).to_le_bytes());
-    msg.extend_from_slice(caps);
-    stream.write_all(&msg).await?;
-    let mut size = [0u8; 8];
-    stream.read_exact(&mut size).await?;
-    let size = u64::from_le_bytes(size);
-    if size != 4 + CAPS_SIZE as u64 {
-        return Err(other(format!(
-            "HELLO reply of {size} bytes (expected {})",
-            4 + CAPS_SIZE
-        )));
-    }
-    let mut rsp = [0u8; 4 + CAPS_SIZE];
-    stream.read_exact(&mut rsp).await?;
-    let mut theirs = [0u8; CAPS_SIZE];
-    theirs.copy_from_slice(&rsp[4..]);
-    Ok(((rsp[0], rsp[1], rsp[2]), theirs))
-}
-
-async fn readiness(stream: &mut TcpStream, ours: u8) -> io::Result<u8> {
-    stream.write_all(&[ours]).await?;
-    let mut b = [0u8; 1];
-    stream.read_exact(&mut b).await?;
-    Ok(b[0])
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| other(e.to_string()))
-}
-
-/// Connects the client role on a fresh TCP stream: prepares a queue pair for `cfg.flavor` (with
-/// the lean marker when `cfg.lean`), sends HELLO, and activates whatever the reply says (lean,
-/// upstream framing, or TCP; UC with the readiness byte exchange). An `Err` means the connection
-/// is unusable (e.g. an RC server switched and our activation failed): reconnect on TCP.
-pub async fn negotiate_client(mut stream: TcpStream, cfg: &ClientConfig) -> io::Result<Negotiated> {
-    let t = cfg.timeout;
-    let tcp = |stream: TcpStream, version, why: String| -> io::Result<Negotiated> {
-        Ok(Negotiated {
-            conn: ClientConn::Tcp(TcpTransport::new(stream)?),
-            version,
-            why_tcp: Some(why),
-        })
-    };
-    let prepared = if cfg.rdma {
-        let local_ip = stream.local_addr()?.ip();
-        let (flavor, opts, lean) = (cfg.flavor, cfg.opts.clone(), cfg.lean);
-        blocking(move || real::prepare_with(local_ip, flavor, &opts, lean))
-            .await?
-            .map_err(|e| e.to_string())
-    } else {
-        Err("RDMA not offered".to_string())
-    };
-    let prepared = match prepared {
-        Ok(p) => p,
-        Err(why) => {
-            let (version, _) = bounded(t, "HELLO", hello(&mut stream, &[0; CAPS_SIZE])).await?;
-            return tcp(stream, version, why);
-        }
-    };
-    let ours = prepared.caps();
-    let (version, reply) = bounded(t, "HELLO", hello(&mut stream, &ours.encode())).await?;
-    let choice =
-        client_choice(&ours, &reply).map_err(|e| other(format!("RDMA negotiation: {e}")))?;
-    let (peer, lean) = match choice {
-        Choice::Tcp => return tcp(stream, version, "the server answered zero caps".into()),
-        Choice::Upstream(p) => (p, false),
-        Choice::Lean(p) => (p, true),
-    };
-    match (cfg.flavor, lean) {
-        (Flavor::LinuxRc, false) => {
-            // The server has switched: no way back to TCP on this connection.
-            let link = blocking(move || prepared.activate_rc(&peer))
-                .await?
-                .map_err(|e| other(format!("RC activation: {e}")))?;
-            Ok(Negotiated {
-                conn: ClientConn::Rc(RdmaTransport::new(link, Some(stream), "RDMA/RC")),
-                version,
-                why_tcp: None,
-            })
-        }
-        (Flavor::LinuxRc, true) => {
-            let link = blocking(move || prepared.activate_lean(&peer))
-                .await?
-                .map_err(|e| other(format!("RC activation: {e}")))?;
-            Ok(Negotiated {
-                conn: ClientConn::Lean(RdmaTransport::new(
-                    link,
-                    Some(stream),
-                    lean_name(Flavor::LinuxRc),
-                )),
-                version,
-                why_tcp: None,
-            })
-        }
-        (Flavor::AppleUc, lean) => {
-            let activated = if lean {
-                blocking(move || prepared.activate_lean(&peer).map(ClientUc::Lean)).await?
-            } else {
-                blocking(move || prepared.activate_uc(&peer).map(ClientUc::Upstream)).await?
-            };
-            let byte = if activated.is_ok() { READY } else { 0 };
-            let theirs = bounded(t, "RDMA readiness byte", readiness(&mut stream, byte)).await?;
-            match activated {
-                Ok(link) if theirs == READY => {
-                    let conn = match link {
-                        ClientUc::Lean(l) => ClientConn::Lean(RdmaTransport::new(
-                            l,
-                            Some(stream),
-                            lean_name(Flavor::AppleUc),
-                        )),
-                        ClientUc::Upstream(l) => {
-                            ClientConn::Uc(RdmaTransport::new(l, Some(stream), "RDMA/UC"))
-                        }
-                    };
-                    Ok(Negotiated {
-                        conn,
-                        version,
-                        why_tcp: None,
-                    })
-                }
-                Ok(_) => tcp(
-                    stream,
-                    version,
-                    format!("the server could not activate (readiness byte {theirs:#04x})"),
-                ),
-                Err(e) => tcp(stream, version, format!("activation failed: {e}")),
-            }
-        }
-    }
-}
-
-enum ClientUc {
-    Lean(LeanLink<RealQp>),
-    Upstream(UcLink<RealQp>),
 }
 
 #[cfg(test)]
