@@ -186,7 +186,9 @@ fn real_main() -> anyhow::Result<()> {
             eprintln!("WARNING: listening on {local}, reachable from other machines.");
             eprintln!("         The ggml RPC protocol has no authentication or encryption:");
             eprintln!("         anyone who can connect can use this machine's devices and memory.");
-            eprintln!("         Only expose it on a network you trust.");
+            eprintln!("         Only expose it on a network you trust, and name that network");
+            eprintln!("         with --allow CIDR (e.g. --allow 169.254.0.0/16 on a Thunderbolt");
+            eprintln!("         bridge) so that other addresses are refused unread.");
             eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
         }
         println!(
@@ -214,7 +216,17 @@ fn real_main() -> anyhow::Result<()> {
         }
         println!("  threads        : {}", args.threads);
         println!("  transport      : {}", rdma.describe());
-        println!("  connections    : up to {} at once", args.max_connections);
+        let per_peer = args.max_connections_per_peer.map_or_else(
+            || crate::admission::default_peer_share(args.max_connections),
+            |n| usize::try_from(n).unwrap_or(usize::MAX),
+        );
+        let allow = crate::admission::AllowList(args.allow.clone());
+        println!(
+            "  connections    : up to {} at once, {} per peer; from {}",
+            args.max_connections,
+            per_peer,
+            allow.describe()
+        );
         if let Some(m) = &metrics {
             println!("  metrics        : http://{}/metrics", m.local_addr()?);
         }
@@ -255,6 +267,10 @@ fn real_main() -> anyhow::Result<()> {
         });
         let mut opts = ServerOptions {
             max_connections: args.max_connections,
+            max_per_peer: Some(per_peer),
+            allow,
+            hello_timeout: std::time::Duration::from_secs(args.hello_timeout),
+            request_timeout: std::time::Duration::from_secs(args.request_timeout),
             rdma,
             ..Default::default()
         };

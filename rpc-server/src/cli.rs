@@ -91,9 +91,31 @@ pub struct Args {
     #[arg(long)]
     pub list_devices: bool,
 
-    /// Connections served at the same time (more wait in the backlog).
+    /// Connections served at the same time, counted from their HELLO (more wait).
     #[arg(long, default_value_t = 128)]
     pub max_connections: usize,
+
+    /// Connections one peer may have at once (an IPv4 address, an IPv6 /64; connections waiting
+    /// for their HELLO included); more are closed unread. Loopback peers are exempt. Default:
+    /// half of --max-connections.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections_per_peer: Option<u64>,
+
+    /// Serve only these networks, e.g. `--allow 169.254.0.0/16` for a Thunderbolt bridge, or
+    /// `--allow 192.168.2.0/24,fe80::/10` (comma-separated; a bare address is one host). Other
+    /// peers are closed before a byte is read. Default: anyone who can reach the port.
+    #[arg(long, value_name = "CIDR", value_delimiter = ',')]
+    pub allow: Vec<crate::admission::Cidr>,
+
+    /// A new connection must send its whole HELLO within this many seconds (stock clients send
+    /// it at once); until then it holds no connection slot.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::DEFAULT_HELLO_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub hello_timeout: u64,
+
+    /// A request that has started must keep arriving: every MiB of its body (and the rest of a
+    /// frame header) within this many seconds, or the connection is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::DEFAULT_REQUEST_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_timeout: u64,
 
     /// Largest request accepted (bytes, or with a K/M/G/T suffix).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16G")]
@@ -110,8 +132,9 @@ pub struct Args {
     pub max_alloc_total: Option<u64>,
 
     /// Close a connection that holds nothing (no buffer, graph or RDMA queue pair) and sends no
-    /// request for this many seconds; also the longest a started request may stall (0: never).
-    /// A connection that holds a model never ends on silence (see --keepalive).
+    /// request for this many seconds (0: never); also bounds --hello-timeout and
+    /// --request-timeout when shorter. A connection that holds a model never ends on silence
+    /// (see --keepalive).
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     pub idle_timeout: u64,
 

@@ -16,12 +16,16 @@ use rpc_transport::{BlockingTcpTransport, Transport};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::admission::Admission;
 use crate::rdma::{Activated, RdmaConfig};
 use crate::session::{MemoryBudget, Session, SessionConfig, SessionError};
 use crate::stats::Stats;
 
 /// SET_TENSOR payloads are always read straight into tensor memory (one copy from the wire).
 const STREAM_MIN: u64 = rpc_proto::SET_TENSOR_HEADER_SIZE as u64;
+/// Request bodies larger than this are charged to the memory budget while they are read and
+/// handled (smaller ones, every per-token command among them, cost less than the accounting).
+const CHARGE_MIN: u64 = 64 << 10;
 /// Largest request buffer kept between commands.
 const KEEP_PAYLOAD_CAPACITY: usize = 16 << 20;
 
@@ -40,6 +44,10 @@ pub enum ConnectionError {
     ExpectedHello(u8),
     #[error("request of {0} bytes does not fit in memory")]
     OutOfMemory(u64),
+    #[error("request of {0} bytes is over the memory limits (--max-alloc-per-connection, --max-alloc-total)")]
+    OverBudget(u64),
+    #[error("no complete HELLO within {0} s of connecting")]
+    NoHello(u64),
     #[error("silent for {0} s while holding no buffer or graph; closing")]
     Idle(u64),
     #[error("request stalled: no byte for {0} s in the middle of a request; closing")]
@@ -96,6 +104,11 @@ pub struct ConnectionOptions {
     /// (`None`: never). A connection that holds state never ends on silence: TCP keepalive
     /// finds a vanished peer instead.
     pub idle_timeout: Option<Duration>,
+    /// The whole HELLO must arrive within this time of connecting (also bounded by
+    /// `idle_timeout`).
+    pub hello_timeout: Duration,
+    /// The longest a started request may stall (also bounded by `idle_timeout`).
+    pub request_timeout: Duration,
     /// How long a TCP read polls before the thread sleeps (see [`BlockingTcpTransport`]).
     pub poll_window: Duration,
 }
@@ -105,6 +118,8 @@ impl Default for ConnectionOptions {
         ConnectionOptions {
             budget: Arc::new(MemoryBudget::unlimited()),
             idle_timeout: None,
+            hello_timeout: crate::server::DEFAULT_HELLO_TIMEOUT,
+            request_timeout: crate::server::DEFAULT_REQUEST_TIMEOUT,
             poll_window: rpc_transport::tcp::DEFAULT_POLL_WINDOW,
         }
     }
@@ -126,14 +141,23 @@ impl Deadlines {
         Deadlines { idle: t, stall: t }
     }
 
+    /// The deadlines of a connection: idle from `--idle-timeout`, stalls bounded by
+    /// `--request-timeout` and by the idle timeout when that is shorter.
+    pub fn of(conn: &ConnectionOptions) -> Deadlines {
+        let stall = conn
+            .idle_timeout
+            .map_or(conn.request_timeout, |t| t.min(conn.request_timeout));
+        Deadlines {
+            idle: conn.idle_timeout,
+            stall: Some(stall),
+        }
+    }
+
     /// For a connection that holds an RDMA queue pair: never idle, stalls still bounded.
     fn holding_queue_pair(self) -> Deadlines {
         Deadlines { idle: None, ..self }
     }
 }
-
-/// Longest wait for the HELLO of a new connection (when an idle timeout is set).
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Bytes read per stall deadline: a body must keep arriving, however large it is.
 const STALL_CHUNK: usize = 1 << 20;
@@ -156,10 +180,43 @@ async fn read_body<R: Transport>(
     Ok(())
 }
 
+/// Reads the HELLO that opens a connection, all of it `within` the given time; `Ok(None)` on a clean end
+/// of stream before its first byte.
+async fn read_hello<R: Transport>(
+    rd: &mut R,
+    within: Duration,
+    limits: &Limits,
+) -> Result<Option<[u8; rpc_proto::CONN_CAPS_SIZE]>, ConnectionError> {
+    let deadline = Instant::now() + within;
+    let no_hello = || ConnectionError::NoHello(within.as_secs());
+    let mut b = [0u8; rpc_proto::FRAME_HEADER_SIZE];
+    match rd.read_by(&mut b[..1], Some(deadline)).await? {
+        None => return Err(no_hello()),
+        Some(0) => return Ok(None),
+        Some(_) => {}
+    }
+    if !read_exact_by(rd, &mut b[1..], Some(deadline)).await? {
+        return Err(no_hello());
+    }
+    let h = FrameHeader::decode(&b);
+    if h.cmd != Command::Hello as u8 {
+        return Err(ConnectionError::ExpectedHello(h.cmd));
+    }
+    check_frame(&h, limits)?;
+    let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
+    if !read_exact_by(rd, &mut caps, Some(deadline)).await? {
+        return Err(no_hello());
+    }
+    Ok(Some(caps))
+}
+
 /// Serves one TCP connection on the calling thread (which it has to itself: TCP reads and
 /// writes block it): HELLO (transport negotiation), then the command loop over TCP or RDMA.
+/// The connection takes one of the server's slots (`admission`) only once its HELLO is in.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     stream: std::net::TcpStream,
+    admission: Admission,
     config: Arc<SessionConfig>,
     limits: Limits,
     stats: Arc<Stats>,
@@ -170,22 +227,19 @@ pub async fn serve(
     let local_ip = stream.local_addr()?.ip();
     let mut tcp = BlockingTcpTransport::new(stream, Some(shutdown.clone()), conn.poll_window)?;
     let mut out = Vec::with_capacity(64);
-    let idle = conn.idle_timeout;
-    // A client sends HELLO right after connecting; one that does not must not hold a connection
-    // slot for the whole idle timeout.
-    let hello_deadline = idle.map(|t| t.min(HELLO_TIMEOUT));
-    let deadlines = Deadlines::from_idle_timeout(idle);
-
-    // HELLO: exactly 24 bytes of transport caps.
-    let Some(h) = read_header(&mut tcp, hello_deadline, hello_deadline).await? else {
+    let deadlines = Deadlines::of(&conn);
+    // A client sends HELLO right after connecting; one that does not is closed, and holds no
+    // connection slot meanwhile.
+    let hello = conn
+        .idle_timeout
+        .map_or(conn.hello_timeout, |t| t.min(conn.hello_timeout));
+    let Some(caps) = read_hello(&mut tcp, hello, &limits).await? else {
         return Ok(());
     };
-    if h.cmd != Command::Hello as u8 {
-        return Err(ConnectionError::ExpectedHello(h.cmd));
-    }
-    check_frame(&h, &limits)?;
-    let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
-    read_body(&mut tcp, &mut caps, hello_deadline).await?;
+    let mut stop = shutdown.clone();
+    let Some(_admitted) = admission.enter(&mut stop).await else {
+        return Ok(());
+    };
     // Blocking (queue-pair setup): fine, this thread serves only this connection.
     let (reply_caps, activated) = crate::rdma::negotiate(&rdma, local_ip, &caps);
     Response::Hello {
@@ -195,7 +249,12 @@ pub async fn serve(
         caps: reply_caps,
     }
     .encode(&mut out);
-    stats.command(tcp.name(), Command::Hello, h.size, out.len() as u64);
+    stats.command(
+        tcp.name(),
+        Command::Hello,
+        rpc_proto::CONN_CAPS_SIZE as u64,
+        out.len() as u64,
+    );
     tcp.send_message(&[&out[..8], &out[8..]]).await?;
     let session = Session::with_budget(config, conn.budget.clone());
     let Some(activated) = activated else {
@@ -361,13 +420,18 @@ pub async fn run<T: Transport>(
             stats.command(transport, cmd, h.size, 0);
             continue;
         }
-        let size = usize::try_from(h.size).map_err(|_| ConnectionError::OutOfMemory(h.size))?;
-        payload.clear();
-        payload
-            .try_reserve(size)
-            .map_err(|_| ConnectionError::OutOfMemory(h.size))?;
-        payload.resize(size, 0);
-        read_body(rd, &mut payload, deadlines.stall).await?;
+        // A large body is charged to the memory budget on the size its header claims, before a
+        // byte of it is read; memory is then taken only as its bytes arrive.
+        let _charge = match h.size > CHARGE_MIN {
+            true => Some(
+                session
+                    .budget()
+                    .charge(session.allocated().1, h.size)
+                    .ok_or(ConnectionError::OverBudget(h.size))?,
+            ),
+            false => None,
+        };
+        read_payload(rd, &mut payload, h.size, deadlines.stall).await?;
         let req = Request::decode(cmd, &payload, &limits)?;
         // GET_TENSOR from host memory: send straight from the tensor (one copy to the wire).
         if let Request::GetTensor {
@@ -425,6 +489,29 @@ pub async fn run<T: Transport>(
                 stats.token(start.elapsed(), compute);
             }
         }
+    }
+    Ok(())
+}
+
+/// Reads a request body of `size` bytes into `payload` (cleared first), growing it by at most
+/// [`STALL_CHUNK`] ahead of the bytes received: memory follows the bytes that arrive, not the
+/// size a header claims.
+async fn read_payload<R: Transport>(
+    rd: &mut R,
+    payload: &mut Vec<u8>,
+    size: u64,
+    stall: Option<Duration>,
+) -> Result<(), ConnectionError> {
+    let size = usize::try_from(size).map_err(|_| ConnectionError::OutOfMemory(size))?;
+    payload.clear();
+    while payload.len() < size {
+        let at = payload.len();
+        let n = (size - at).min(STALL_CHUNK);
+        payload
+            .try_reserve(n)
+            .map_err(|_| ConnectionError::OutOfMemory(size as u64))?;
+        payload.resize(at + n, 0);
+        read_body(rd, &mut payload[at..], stall).await?;
     }
     Ok(())
 }
@@ -491,6 +578,11 @@ async fn stream_set_tensor<R: Transport>(
     const CHUNK: usize = 8 << 20;
     let mut staged: Vec<u8> = Vec::new();
     let chunk = if want_cache { ulen } else { ulen.min(CHUNK) };
+    // Staging in host memory is charged to the budget like a body.
+    let _charge = session
+        .budget()
+        .charge(session.allocated().1, chunk as u64)
+        .ok_or(ConnectionError::OverBudget(chunk as u64))?;
     staged
         .try_reserve(chunk)
         .map_err(|_| ConnectionError::OutOfMemory(len))?;

@@ -2,12 +2,14 @@
 //!
 //! Layout: [`connection`] frames bytes and drives a [`session::Session`] per client; the session
 //! validates requests and calls the [`ggml`] FFI layer (the only `unsafe` code); [`server`]
-//! accepts connections concurrently; [`cache`] is the SET_TENSOR_HASH weight cache.
+//! accepts connections concurrently, admitted by [`admission`] (`--allow`, per-peer shares);
+//! [`cache`] is the SET_TENSOR_HASH weight cache.
 
 // `unsafe` only in the ggml FFI layer, each block with a `// SAFETY:` line.
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod admission;
 pub mod app;
 pub mod cache;
 pub mod cli;

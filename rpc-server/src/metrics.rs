@@ -162,6 +162,19 @@ pub fn render(src: &Sources) -> String {
         "Connections closed on an error: a malformed or refused request, an I/O error, a deadline.",
         st.closed_with_error.load(Relaxed),
     );
+    o.family(
+        "rpc_connections_refused_total",
+        "counter",
+        "Connections closed before they were served: address not in --allow, the peer's share of \
+         the slots taken, or no HELLO within the HELLO deadline.",
+    );
+    for why in crate::stats::Refusal::ALL {
+        o.sample(
+            "rpc_connections_refused_total",
+            &[("reason", why.name())],
+            st.refused(why),
+        );
+    }
     let cmds = st.snapshot();
     o.family(
         "rpc_commands_total",

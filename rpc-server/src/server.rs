@@ -1,6 +1,11 @@
 //! The TCP listener: accepts connections concurrently (bounded) and shuts down gracefully (stop
 //! accepting, let running commands finish, free everything).
 //!
+//! Admission (`admission.rs`): a connection from outside `--allow`, or from a peer that already
+//! has its share of the slots, is closed before a byte is read. An accepted connection holds only
+//! a handshake place until its HELLO arrives (within `--hello-timeout`), and one of the
+//! `--max-connections` slots after: clients that connect and say nothing cannot fill the slots.
+//!
 //! Each connection gets **its own OS thread** running a single-threaded runtime: its I/O, its
 //! session and every ggml call it makes (graph compute included) stay on that one thread for the
 //! connection's life. ggml's CPU backend starts its worker team (OpenMP) per calling thread; a
@@ -18,17 +23,30 @@ use rpc_proto::Limits;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::connection::{self, ConnectionOptions};
+use crate::admission::{default_peer_share, Admission, AllowList, PeerShares};
+use crate::connection::{self, ConnectionError, ConnectionOptions};
 use crate::rdma::{RdmaConfig, TransportMode};
 use crate::session::{MemoryBudget, MemoryLimits, SessionConfig};
-use crate::stats::Stats;
+use crate::stats::{Refusal, Stats};
 
 /// Listener settings.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     pub limits: Limits,
-    /// Connections served at once; further clients wait in the accept backlog.
+    /// Connections served at once (after their HELLO); further clients wait.
     pub max_connections: usize,
+    /// Connections one peer (an IPv4 address, an IPv6 /64) may have at once, served or
+    /// handshaking; more are closed unread. `None`: half of `max_connections`.
+    pub max_per_peer: Option<usize>,
+    /// Peers not held to a share (default: loopback).
+    pub share_exempt: Vec<crate::admission::Cidr>,
+    /// Addresses that may connect (empty: all).
+    pub allow: AllowList,
+    /// How long a new connection may take to send its whole HELLO.
+    pub hello_timeout: Duration,
+    /// The longest a started request may go without progress (every 1 MiB of a body and the
+    /// rest of a frame header must arrive within it), whatever the idle timeout.
+    pub request_timeout: Duration,
     /// RDMA negotiation settings.
     pub rdma: Arc<RdmaConfig>,
     /// ALLOC_BUFFER limits, per connection and for all connections together.
@@ -50,6 +68,11 @@ impl Default for ServerOptions {
         ServerOptions {
             limits: Limits::default(),
             max_connections: 128,
+            max_per_peer: None,
+            share_exempt: crate::admission::loopback(),
+            allow: AllowList::default(),
+            hello_timeout: DEFAULT_HELLO_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             rdma: Arc::new(RdmaConfig::new(TransportMode::Auto, Default::default(), 8)),
             memory: MemoryLimits::default(),
             idle_timeout: None,
@@ -59,6 +82,12 @@ impl Default for ServerOptions {
         }
     }
 }
+
+/// Default `--hello-timeout`: a client sends HELLO as soon as it connects.
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default `--request-timeout`: a body must arrive at 35 KB/s at least.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default `--shutdown-grace`: below launchd's default `ExitTimeOut` (20 s), after which a
 /// service is killed (a killed RDMA process can leave queue pairs behind).
@@ -132,22 +161,30 @@ pub async fn serve(
     stats: Arc<Stats>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let permits = Arc::new(Semaphore::new(opts.max_connections.max(1)));
+    let max = opts.max_connections.max(1);
+    // Accepted connections waiting for their HELLO (or for a slot after it): as many as the
+    // slots; further clients wait in the accept backlog.
+    let handshakes = Arc::new(Semaphore::new(max));
+    let slots = Arc::new(Semaphore::new(max));
+    let shares = PeerShares::new(opts.max_per_peer.unwrap_or_else(|| default_peer_share(max)));
     let budget = Arc::new(MemoryBudget::new(opts.memory));
     stats.set_budget(budget.clone());
     let conn = ConnectionOptions {
         budget,
         idle_timeout: opts.idle_timeout,
+        hello_timeout: opts.hello_timeout,
+        request_timeout: opts.request_timeout,
         poll_window: opts.poll_window,
     };
+    let mut refusals = RefusalLog::default();
     let keepalive = opts.keepalive;
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection thread holds a sender; `recv` answers `None` once all are gone.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        let handshake = tokio::select! {
+            p = handshakes.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             _ = &mut shutdown => break,
         };
         let (stream, peer) = tokio::select! {
@@ -161,6 +198,27 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
+        // Closed unread (the stream is dropped) when the address or its peer's share says no.
+        if !opts.allow.permits(peer.ip()) {
+            stats.refuse(Refusal::NotAllowed);
+            refusals.log(peer, Refusal::NotAllowed, "address not in --allow");
+            continue;
+        }
+        let exempt = opts.share_exempt.iter().any(|c| c.contains(peer.ip()));
+        let share = if exempt {
+            None
+        } else if let Some(share) = shares.try_take(peer.ip()) {
+            Some(share)
+        } else {
+            stats.refuse(Refusal::PeerShare);
+            refusals.log(
+                peer,
+                Refusal::PeerShare,
+                "this peer already has its share of the connection slots (--max-connections-per-peer)",
+            );
+            continue;
+        };
+        let admission = Admission::new(handshake, slots.clone(), share);
         let stream = match stream.into_std() {
             Ok(s) => s,
             Err(e) => {
@@ -176,13 +234,12 @@ pub async fn serve(
         let conn = conn.clone();
         let alive = alive_tx.clone();
         let spawned = std::thread::Builder::new().name("rpc-conn".into()).stack_size(CONNECTION_STACK).spawn(move || {
-            let _permit = permit;
             let _alive = alive;
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => return tracing::error!(%peer, error = %e, "cannot start the connection's runtime; dropping it"),
             };
-            rt.block_on(handle(stream, peer, keepalive, config, limits, stats, rdma, conn, stop));
+            rt.block_on(handle(stream, peer, admission, keepalive, config, limits, stats, rdma, conn, stop));
         });
         if let Err(e) = spawned {
             tracing::error!(%peer, error = %e, "cannot start a thread for the connection; dropping it");
@@ -205,6 +262,7 @@ pub async fn serve(
 async fn handle(
     stream: std::net::TcpStream,
     peer: SocketAddr,
+    admission: Admission,
     keepalive: Option<Duration>,
     config: Arc<SessionConfig>,
     limits: Limits,
@@ -226,12 +284,48 @@ async fn handle(
     stats.connections.fetch_add(1, Relaxed);
     stats.active.fetch_add(1, Relaxed);
     tracing::info!(%peer, "accepted client connection");
-    match connection::serve(stream, config, limits, stats.clone(), rdma, conn, stop).await {
+    let served = connection::serve(
+        stream,
+        admission,
+        config,
+        limits,
+        stats.clone(),
+        rdma,
+        conn,
+        stop,
+    );
+    match served.await {
         Ok(()) => tracing::info!(%peer, "client connection closed"),
+        Err(e @ ConnectionError::NoHello(_)) => {
+            stats.refuse(Refusal::NoHello);
+            tracing::info!(%peer, "closing connection: {e}");
+        }
         Err(e) => {
             stats.closed_with_error.fetch_add(1, Relaxed);
             tracing::error!(%peer, "closing connection: {e}");
         }
     }
     stats.active.fetch_sub(1, Relaxed);
+}
+
+/// Logs refused connections without letting a flood of them flood the log: at most one line per
+/// second per reason, with the count of those not logged.
+#[derive(Default)]
+struct RefusalLog {
+    last: [Option<std::time::Instant>; Refusal::ALL.len()],
+    unlogged: [u64; Refusal::ALL.len()],
+}
+
+impl RefusalLog {
+    fn log(&mut self, peer: SocketAddr, why: Refusal, what: &str) {
+        let i = why as usize;
+        let now = std::time::Instant::now();
+        if self.last[i].is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+            self.unlogged[i] += 1;
+            return;
+        }
+        self.last[i] = Some(now);
+        let more = std::mem::take(&mut self.unlogged[i]);
+        tracing::warn!(%peer, refused_since_last_line = more, "refused connection: {what}");
+    }
 }

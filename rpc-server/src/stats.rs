@@ -85,6 +85,8 @@ pub struct Stats {
     pub active: AtomicU64,
     /// Connections that ended with an error (malformed or refused request, I/O error, deadline).
     pub closed_with_error: AtomicU64,
+    /// Connections closed unread, by [`Refusal`].
+    refused: [AtomicU64; Refusal::ALL.len()],
     commands: [AtomicU64; NCMD],
     bytes_in: [AtomicU64; NCMD],
     bytes_out: [AtomicU64; NCMD],
@@ -102,6 +104,30 @@ pub struct Stats {
     budget: OnceLock<Arc<MemoryBudget>>,
 }
 
+/// Why a connection was closed before it was served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its address is in no `--allow` block.
+    NotAllowed,
+    /// Its peer already had its share of the connection slots.
+    PeerShare,
+    /// No complete HELLO within the HELLO deadline.
+    NoHello,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 3] = [Refusal::NotAllowed, Refusal::PeerShare, Refusal::NoHello];
+
+    /// The label value in `--metrics`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Refusal::NotAllowed => "not_allowed",
+            Refusal::PeerShare => "peer_share",
+            Refusal::NoHello => "no_hello",
+        }
+    }
+}
+
 /// What [`Stats::snapshot`] returns per command.
 pub type CommandCounts = (Command, u64, u64, u64);
 
@@ -114,6 +140,16 @@ impl Stats {
     /// The server's memory budget, once it serves.
     pub fn budget(&self) -> Option<&Arc<MemoryBudget>> {
         self.budget.get()
+    }
+
+    /// Counts a connection closed before it was served.
+    pub fn refuse(&self, why: Refusal) {
+        self.refused[why as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Connections closed unread for `why` since start.
+    pub fn refused(&self, why: Refusal) -> u64 {
+        self.refused[why as usize].load(Relaxed)
     }
 
     /// Counts one command on `transport` with its request payload size and reply size (prefix

@@ -1,9 +1,12 @@
-//! Memory limits for ALLOC_BUFFER: per connection and for the whole server.
+//! Memory limits for ALLOC_BUFFER and request bodies: per connection and for the whole server.
 //!
 //! An allocation beyond a limit is answered like a failed allocation (a null handle, spec §5.1),
-//! which the stock client handles; nothing is closed.
+//! which the stock client handles; nothing is closed. A request body (a GRAPH_COMPUTE's graph)
+//! is charged before a byte of it is read, on the size its header claims; one beyond a limit
+//! ends the connection.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Configured limits, in bytes. `u64::MAX` = unlimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +57,7 @@ impl MemoryBudget {
         self.used.load(Ordering::Relaxed)
     }
 
-    /// ALLOC_BUFFERs refused because they would have exceeded a limit.
+    /// ALLOC_BUFFERs and request bodies refused because they would have exceeded a limit.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
@@ -91,6 +94,15 @@ impl MemoryBudget {
         }
     }
 
+    /// Charges `n` bytes (a request body) for a session that holds `held`, until the returned
+    /// [`Charge`] is dropped; `None` (and counted as refused) if either limit would be exceeded.
+    pub fn charge(self: &Arc<Self>, held: u64, n: u64) -> Option<Charge> {
+        self.try_reserve(held, n).then(|| Charge {
+            budget: self.clone(),
+            n,
+        })
+    }
+
     pub(crate) fn release(&self, n: u64) {
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
@@ -103,6 +115,19 @@ impl MemoryBudget {
                 Err(actual) => cur = actual,
             }
         }
+    }
+}
+
+/// Bytes charged to a [`MemoryBudget`] for as long as this lives.
+#[derive(Debug)]
+pub struct Charge {
+    budget: Arc<MemoryBudget>,
+    n: u64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.release(self.n);
     }
 }
 
@@ -125,5 +150,20 @@ mod tests {
         assert!(b.try_reserve(0, 100));
         assert!(!b.try_reserve(0, u64::MAX), "no overflow");
         assert_eq!(b.refused(), 3);
+    }
+
+    #[test]
+    fn a_charge_is_given_back_when_dropped() {
+        let b = Arc::new(MemoryBudget::new(MemoryLimits {
+            per_connection: 100,
+            total: 150,
+        }));
+        let c = b.charge(60, 40).expect("within both limits");
+        assert_eq!(b.used(), 40);
+        assert!(b.charge(60, 41).is_none(), "per connection: 60 held + 41");
+        assert!(b.charge(0, 111).is_none(), "total: 40 charged + 111");
+        drop(c);
+        assert_eq!(b.used(), 0);
+        assert_eq!(b.refused(), 2);
     }
 }

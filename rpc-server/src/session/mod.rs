@@ -93,6 +93,11 @@ impl Session {
             .ok_or(SessionError::UnknownBuffer(handle))
     }
 
+    /// The memory budget this session's buffers count against.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
+    }
+
     /// Number of live buffers and their total size.
     pub fn allocated(&self) -> (usize, u64) {
         (
