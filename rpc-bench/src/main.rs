@@ -10,13 +10,13 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use rpc_bench::chart::{self, BarSeries, Panel, PALETTE};
-use rpc_bench::conn::{FlavorArg, RdmaSettings, TransportKind};
+use rpc_bench::conn::RdmaSettings;
 use rpc_bench::e2e::{self, E2eConfig, E2eOrigin, E2eRow};
 use rpc_bench::emucheck::{self, CheckConfig};
 use rpc_bench::latency::{self, CaseKind, CaseResult, LatencyConfig};
 use rpc_bench::links::{self, fmt_dur, LinkKind, LinkProfile, PROFILES_HELP};
 use rpc_bench::report::{Table, Target};
-use rpc_transport::rdma::real::RdmaOptions;
+use rpc_transport::cli::{RdmaClientArgs, TransportMode};
 
 const ABOUT: &str = "Latency comparison for ggml RPC (protocol 7.0.0) links: per-command round trips, \
 end-to-end tokens/s through stock llama.cpp with exact round trips and bytes per token, and user-space \
@@ -85,18 +85,12 @@ struct LatencyArgs {
     /// --server stock=127.0.0.1:50053`).
     #[arg(long, required = true, value_name = "[LABEL=]HOST:PORT")]
     server: Vec<Target>,
-    /// Transport. rdma negotiates upstream's RDMA inside HELLO (fails if it does not engage).
-    #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
-    transport: TransportKind,
-    /// RDMA flavor to offer (native: Apple UC on macOS, Linux RC elsewhere).
-    #[arg(long, value_enum, default_value_t = FlavorArg::Native)]
-    rdma_flavor: FlavorArg,
-    /// RDMA device (default: the one whose GID matches the TCP socket's local address).
-    #[arg(long)]
-    rdma_device: Option<String>,
-    /// RDMA GID index (default: matched from the local address).
-    #[arg(long)]
-    rdma_gid_index: Option<u32>,
+    /// Transport. rdma negotiates upstream's RDMA inside HELLO (fails if it does not engage);
+    /// auto falls back to TCP.
+    #[arg(long, value_enum, default_value = "tcp")]
+    transport: TransportMode,
+    #[command(flatten)]
+    rdma: RdmaClientArgs,
     /// Payload sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "4096,28672,1048576")]
     sizes: Vec<usize>,
@@ -289,12 +283,10 @@ fn emit(common: &Common, md: &str, csv: &Table) -> anyhow::Result<()> {
 
 fn cmd_latency(a: LatencyArgs) -> anyhow::Result<()> {
     let links = flat(&a.common.links);
-    let rdma = (a.transport == TransportKind::Rdma).then(|| RdmaSettings {
-        flavor: a.rdma_flavor.flavor(),
-        opts: RdmaOptions {
-            device: a.rdma_device.clone(),
-            gid_index: a.rdma_gid_index,
-        },
+    let rdma = (a.transport != TransportMode::Tcp).then(|| RdmaSettings {
+        flavor: a.rdma.rdma_flavor.flavor(),
+        opts: a.rdma.rdma.options(),
+        tcp_fallback: a.transport == TransportMode::Auto,
     });
     let mut targets = a.server.clone();
     let mut floor = None;

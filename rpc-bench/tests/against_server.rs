@@ -100,8 +100,9 @@ async fn latency_benchmark_runs_all_lane_kinds() {
 async fn rdma_without_a_device_fails_clearly() {
     let server = TestServer::start();
     let settings = rpc_bench::conn::RdmaSettings {
-        flavor: rpc_bench::conn::FlavorArg::Native.flavor(),
+        flavor: rpc_transport::rdma::Flavor::native(),
         opts: Default::default(),
+        tcp_fallback: false,
     };
     // Either this machine has no RDMA (error before HELLO) or the server declines: never a hang.
     let r = tokio::time::timeout(

@@ -13,7 +13,6 @@ use crate::session::{MemoryLimits, SessionConfig};
 use crate::stats::Stats;
 use anyhow::{bail, Context};
 use clap::Parser;
-use rpc_transport::rdma::real::RdmaOptions;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -107,18 +106,7 @@ fn real_main() -> anyhow::Result<()> {
     if std::env::var_os("GGML_RPC_NO_RDMA").is_some() {
         mode = TransportMode::Tcp;
     }
-    let rdma_opts = RdmaOptions {
-        device: args.rdma_device.clone().or_else(|| {
-            std::env::var("GGML_RDMA_DEV")
-                .ok()
-                .filter(|s| !s.is_empty())
-        }),
-        gid_index: args.rdma_gid_index.or_else(|| {
-            std::env::var("GGML_RDMA_GID")
-                .ok()
-                .and_then(|s| s.parse().ok())
-        }),
-    };
+    let rdma_opts = args.rdma.options();
     let rdma = Arc::new(RdmaConfig::new(
         mode,
         rdma_opts,

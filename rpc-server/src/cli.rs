@@ -174,13 +174,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "auto")]
     pub transport: crate::rdma::TransportMode,
 
-    /// Only use this RDMA device (e.g. `rxe0`, `mlx5_0`, `rdma_en2`; also GGML_RDMA_DEV).
-    #[arg(long, value_name = "NAME")]
-    pub rdma_device: Option<String>,
-
-    /// Use this GID table index instead of matching the connection's address (also GGML_RDMA_GID).
-    #[arg(long, value_name = "INDEX")]
-    pub rdma_gid_index: Option<u32>,
+    #[command(flatten)]
+    pub rdma: rpc_transport::cli::RdmaArgs,
 
     /// RDMA connections at once; more clients get TCP. Apple allows 10 queue pairs per
     /// Thunderbolt device, shared by every process: 8 with Apple's verbs (macOS, or

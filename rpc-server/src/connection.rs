@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rpc_proto::{
     check_frame, Command, DecodeError, FrameHeader, Limits, Request, Response, SetTensorHeader,
 };
-use rpc_transport::rdma::negotiate::lean_name;
+use rpc_transport::rdma::negotiate::{lean_name, READY};
 use rpc_transport::rdma::{Flavor, RdmaTransport};
 use rpc_transport::{BlockingTcpTransport, Transport};
 use tokio::net::TcpStream;
@@ -340,8 +340,6 @@ pub async fn serve(
     }
 }
 
-/// Upstream's readiness byte (Apple flavor).
-const READY: u8 = 0x2A;
 const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Upstream's UC readiness exchange: one byte each way over TCP, [`READY`] = ready. `Ok(false)`

@@ -18,16 +18,7 @@ use rpc_transport::rdma::real::{self, RdmaOptions, RealQp};
 use rpc_transport::rdma::{gid_to_string, Flavor, LeanLink, RcLink, UcLink};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// `--transport`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum TransportMode {
-    /// RDMA when the client offers it and this machine can, else TCP.
-    Auto,
-    /// Always TCP (answer zero caps).
-    Tcp,
-    /// Like auto, but refuse to start without a usable RDMA device.
-    Rdma,
-}
+pub use rpc_transport::cli::TransportMode;
 
 /// Server-wide RDMA settings and counters.
 pub struct RdmaConfig {
@@ -90,15 +81,6 @@ pub fn default_max_connections() -> usize {
         8
     } else {
         64
-    }
-}
-
-/// The flavor this platform's stock peers speak (decides ambiguous caps).
-pub fn native_flavor() -> Flavor {
-    if cfg!(target_os = "macos") {
-        Flavor::AppleUc
-    } else {
-        Flavor::LinuxRc
     }
 }
 
@@ -204,7 +186,7 @@ pub fn negotiate(
     if cfg.mode == TransportMode::Tcp {
         return ([0; 24], None);
     }
-    let (peer, lean) = match server_choice(client, native_flavor(), cfg.lean) {
+    let (peer, lean) = match server_choice(client, Flavor::native(), cfg.lean) {
         Choice::Tcp => {
             if client.iter().any(|&b| b != 0) {
                 tracing::warn!("client caps fit neither upstream RDMA layout; staying on TCP");

@@ -2,7 +2,9 @@
 
 use clap::Parser;
 
-use crate::upstream::{FlavorChoice, TransportMode};
+use rpc_transport::cli::RdmaClientArgs;
+
+use crate::upstream::TransportMode;
 
 /// Default first local port: the stock server's default (50052) plus 100, so a shim and a
 /// local `rpc-server` can run side by side with their defaults.
@@ -64,19 +66,9 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "auto")]
     pub transport: TransportMode,
 
-    /// Only use this RDMA device (e.g. `rxe0`, `mlx5_0`, `rdma_en2`; also GGML_RDMA_DEV).
-    #[arg(long, value_name = "NAME")]
-    pub rdma_device: Option<String>,
-
-    /// Use this GID table index instead of matching the connection's local address (also
-    /// GGML_RDMA_GID).
-    #[arg(long, value_name = "INDEX")]
-    pub rdma_gid_index: Option<u32>,
-
-    /// RDMA flavor offered: `native` is what a stock client of this platform offers (Apple UC on
-    /// macOS, Linux RC elsewhere).
-    #[arg(long, value_enum, default_value = "native")]
-    pub rdma_flavor: FlavorChoice,
+    /// `--rdma-device`, `--rdma-gid-index`, `--rdma-flavor`.
+    #[command(flatten)]
+    pub rdma: RdmaClientArgs,
 
     /// Offer only upstream's RDMA framing, not also the lean framing our own rpc-server speaks
     /// (a stock server never takes the lean one anyway; also RPC_RDMA_LEAN=0).

@@ -9,7 +9,6 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use rpc_shim::cli::Args;
 use rpc_shim::{Options, RdmaSettings, RealConnector, TransportMode, Worker};
-use rpc_transport::rdma::real::RdmaOptions;
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -68,18 +67,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if std::env::var_os("GGML_RPC_NO_RDMA").is_some() && mode == TransportMode::Auto {
         mode = TransportMode::Tcp;
     }
-    let rdma_opts = RdmaOptions {
-        device: args.rdma_device.clone().or_else(|| {
-            std::env::var("GGML_RDMA_DEV")
-                .ok()
-                .filter(|s| !s.is_empty())
-        }),
-        gid_index: args.rdma_gid_index.or_else(|| {
-            std::env::var("GGML_RDMA_GID")
-                .ok()
-                .and_then(|s| s.parse().ok())
-        }),
-    };
+    let rdma_opts = args.rdma.rdma.options();
     if mode == TransportMode::Rdma {
         let usable = rdma_verbs::load().is_ok()
             && rdma_verbs::devices()
@@ -91,7 +79,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             );
         }
     }
-    let flavor = args.rdma_flavor.flavor();
+    let flavor = args.rdma.rdma_flavor.flavor();
     let mut rdma = RdmaSettings::new(mode, flavor, rdma_opts, args.rdma_max_connections);
     let lean_off = matches!(
         std::env::var("RPC_RDMA_LEAN")

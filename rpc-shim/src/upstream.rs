@@ -18,6 +18,8 @@ use rpc_transport::rdma::negotiate::{ClientConfig, ClientConn};
 use rpc_transport::rdma::real::RdmaOptions;
 use rpc_transport::rdma::Flavor;
 use rpc_transport::Transport;
+
+pub use rpc_transport::cli::{FlavorChoice, TransportMode};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -50,41 +52,6 @@ impl Default for Options {
             prefetch: true,
             limits: Limits::default(),
             keepalive: Some(Duration::from_secs(10)),
-        }
-    }
-}
-
-/// `--transport`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum TransportMode {
-    /// RDMA when this machine has a device for the route to the worker and the worker accepts the
-    /// offer in HELLO; TCP otherwise (per worker, per connection).
-    Auto,
-    /// Never offer RDMA.
-    Tcp,
-    /// Like auto, but a connection on which RDMA does not engage is refused (the client's
-    /// connection is closed) instead of falling back to TCP.
-    Rdma,
-}
-
-/// `--rdma-flavor`: the caps layout and framing offered to workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum FlavorChoice {
-    /// The platform's own: Apple UC on macOS, Linux RC elsewhere (what a stock client offers).
-    Native,
-    /// Upstream's Linux flavor (RC queue pair, `transport.cpp`).
-    Rc,
-    /// Upstream's Apple flavor (UC queue pair, `transport-apple.cpp`).
-    Uc,
-}
-
-impl FlavorChoice {
-    /// The flavor this choice stands for on this platform.
-    pub fn flavor(self) -> Flavor {
-        match self {
-            FlavorChoice::Native if cfg!(target_os = "macos") => Flavor::AppleUc,
-            FlavorChoice::Native | FlavorChoice::Rc => Flavor::LinuxRc,
-            FlavorChoice::Uc => Flavor::AppleUc,
         }
     }
 }

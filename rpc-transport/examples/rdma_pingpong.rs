@@ -110,7 +110,8 @@ async fn main() -> anyhow::Result<()> {
         Flavor::AppleUc => {
             let link = prepared.activate_uc(&peer)?;
             // Readiness exchange, as upstream's Apple flavor.
-            tcp.write_all(&[0x2a]).await?;
+            tcp.write_all(&[rpc_transport::rdma::negotiate::READY])
+                .await?;
             let mut b = [0u8; 1];
             tcp.read_exact(&mut b).await?;
             run(

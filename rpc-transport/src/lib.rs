@@ -11,6 +11,7 @@ use std::future::Future;
 use std::io;
 use std::time::Instant;
 
+pub mod cli;
 pub mod tcp;
 
 pub use tcp::{BlockingTcpTransport, TcpTransport};

@@ -75,7 +75,8 @@ pub fn client_choice(offered: &Caps, reply: &[u8; CAPS_SIZE]) -> Result<Choice, 
     }
 }
 
-/// Upstream's readiness byte (UC, both framings): sent and expected over TCP after activation.
+/// Upstream's readiness byte (UC, both framings): sent and expected over TCP after activation
+/// (both roles: the server's `connection.rs`, the client's `rpc_client::negotiate_client`).
 pub const READY: u8 = 0x2A;
 
 /// The client role.
