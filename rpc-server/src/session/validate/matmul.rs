@@ -1,0 +1,175 @@
+//! Rules of matrix products and matrix-shaped ops: MUL_MAT, MUL_MAT_ID, OUT_PROD, and DIAG, TRI,
+//! SOLVE_TRI.
+
+use super::*;
+
+/// MUL_MAT (`ggml_mul_mat`).
+pub(super) fn mul_mat(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    let b = n.s(1)?;
+    n.none_from(2)?;
+    ensure!(
+        a.ne(0) == b.ne(0) && divides(a.ne(2), b.ne(2)) && divides(a.ne(3), b.ne(3)),
+        "MUL_MAT: src[0] {:?} and src[1] {:?} cannot be multiplied",
+        a.ne,
+        b.ne
+    );
+    ensure!(!a.transposed(), "MUL_MAT: src[0] is transposed");
+    ne_eq(d, [a.ne(1), b.ne(1), b.ne(2), b.ne(3)])?;
+    ty_is(d, ty::F32, "result")?;
+    nb0_is_ts(d, "result")?;
+    ensure!(
+        d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
+        "result strides must increase"
+    );
+    ensure!(d.flat_fits() || d.contiguous_rows(), "result layout");
+    nb0_is_ts(a, "src[0]")?;
+    nb0_is_ts(b, "src[1]")?;
+    if cpu {
+        mul_mat_types(a.ty(), b.ty())?;
+    }
+    Ok(())
+}
+
+/// MUL_MAT_ID: one expert matrix per row, chosen by ids (mixture of experts).
+pub(super) fn mul_mat_id(n: &Node<'_>, cpu: bool, checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    let b = n.s(1)?;
+    let ids = n.s(2)?;
+    n.none_from(3)?;
+    ensure!(!a.transposed(), "MUL_MAT_ID: src[0] is transposed");
+    ty_is(ids, ty::I32, "ids")?;
+    ensure!(a.ne(3) == 1 && b.ne(3) == 1, "MUL_MAT_ID needs 3d sources");
+    ensure!(
+        ids.ne(2) == 1 && ids.ne(3) == 1,
+        "MUL_MAT_ID ids must be 2d"
+    );
+    ensure!(
+        ids.ne(1) == b.ne(2),
+        "MUL_MAT_ID: one expert list per src[1] row"
+    );
+    ensure!(
+        a.ne(0) == b.ne(0),
+        "MUL_MAT_ID: src[0] and src[1] cannot be multiplied"
+    );
+    ensure!(
+        divides(b.ne(1), ids.ne(0)),
+        "MUL_MAT_ID: src[1] cannot be broadcast to ids"
+    );
+    ensure!(a.ne(2) > 0, "MUL_MAT_ID: no experts");
+    ne_eq(d, [a.ne(1), ids.ne(0), b.ne(2), 1])?;
+    ty_is(d, ty::F32, "result")?;
+    nb0_is_ts(d, "result")?;
+    ensure!(
+        d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
+        "result strides must increase"
+    );
+    nb0_is_ts(a, "src[0]")?;
+    nb0_is_ts(b, "src[1]")?;
+    if cpu {
+        mul_mat_types(a.ty(), b.ty())?;
+    }
+    checks.push(IndexCheck {
+        tensor: n.idx(2),
+        type_: ty::I32,
+        bound: a.ne(2) as u64,
+        what: "MUL_MAT_ID expert",
+    });
+    Ok(())
+}
+
+/// OUT_PROD: outer products of columns.
+pub(super) fn out_prod(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    let b = n.s(1)?;
+    n.none_from(2)?;
+    ensure!(
+        a.ne(1) == b.ne(1) && divides(a.ne(2), b.ne(2)) && divides(a.ne(3), b.ne(3)),
+        "OUT_PROD shapes"
+    );
+    ensure!(!a.transposed(), "OUT_PROD: src[0] is transposed");
+    ne_eq(d, [a.ne(0), b.ne(0), b.ne(2), b.ne(3)])?;
+    ty_is(d, ty::F32, "result")?;
+    ty_is(b, ty::F32, "src[1]")?;
+    nb0_is_ts(d, "result")?;
+    nb0_is_ts(a, "src[0]")?;
+    if a.ty() != ty::F32 {
+        ensure!(a.ty() == ty::F16 || a.quantized(), "OUT_PROD src[0] type");
+        ensure!(
+            a.ne(2) == b.ne(2) && a.ne(3) == b.ne(3),
+            "OUT_PROD of f16/quantized does not broadcast"
+        );
+        ensure!(
+            a.ty() == ty::F16 || type_info(a.ty()).is_some_and(|i| i.has_to_float),
+            "OUT_PROD: no dequantization"
+        );
+    }
+    Ok(())
+}
+
+/// DIAG: a row made into a diagonal matrix.
+pub(super) fn diag(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ensure!(a.ne(1) == 1, "DIAG: src[0] must be a row");
+    ne_eq(d, [a.ne(0), a.ne(0), a.ne(2), a.ne(3)])?;
+    ensure!(d.ty() == a.ty(), "DIAG keeps the type");
+    ty_is(a, ty::F32, "src[0]")?;
+    nb0_is_ts(a, "src[0]")?;
+    fresh(d)?;
+    Ok(())
+}
+
+/// TRI: the lower or upper triangle of square matrices.
+pub(super) fn tri(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ensure!(
+        a.ty() == ty::F32 && a.contiguous() && a.ne(0) == a.ne(1),
+        "TRI source"
+    );
+    ensure!((0..4).contains(&d.op_i32(0)), "TRI type");
+    ensure!(same_shape(a, d) && d.ty() == ty::F32, "TRI result");
+    fresh(d)?;
+    Ok(())
+}
+
+/// SOLVE_TRI: triangular systems solved for the columns of src[1].
+pub(super) fn solve_tri(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    let b = n.s(1)?;
+    n.none_from(2)?;
+    ensure!(
+        a.ty() == ty::F32 && b.ty() == ty::F32 && a.contiguous() && b.contiguous(),
+        "SOLVE_TRI sources"
+    );
+    ensure!(
+        a.ne(0) == a.ne(1) && a.ne(1) == b.ne(1) && a.ne(2) == b.ne(2) && a.ne(3) == b.ne(3),
+        "SOLVE_TRI shapes"
+    );
+    ensure!(same_shape(b, d) && d.ty() == ty::F32, "SOLVE_TRI result");
+    fresh(d)?;
+    Ok(())
+}
+
+/// `src0` needs a CPU dot product; `src1` is f32, bf16 widened, or the dot product's type.
+fn mul_mat_types(a: u32, b: u32) -> R {
+    let ai = type_info(a).ok_or("type")?;
+    ensure!(ai.cpu_vec_dot, "no CPU dot product for type {a}");
+    let vdt = ai.vec_dot_type;
+    let conv = type_info(vdt).is_some_and(|i| i.cpu_from_float);
+    ensure!(
+        b == ty::F32 && (vdt == ty::F32 || conv)
+            || b == vdt
+            || (b == ty::BF16 && vdt == ty::F32)
+            || (b == ty::F16 && vdt == ty::F32),
+        "src[1] type {b} cannot be multiplied with type {a}"
+    );
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! Rules of normalisations and soft_max: NORM, RMS_NORM, L2_NORM, GROUP_NORM, RMS_NORM_BACK,
+//! SOFT_MAX, SOFT_MAX_BACK, DIAG_MASK_INF, DIAG_MASK_ZERO.
+
+use super::*;
+
+/// NORM, RMS_NORM, L2_NORM, GROUP_NORM.
+pub(super) fn norm(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let op = d.op;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ensure!(same_shape(a, d), "result shape differs from src[0]");
+    fresh_or_inplace(d, a)?;
+    ty_is(a, ty::F32, "src[0]")?;
+    ty_is(d, ty::F32, "result")?;
+    if op == ops::RMS_NORM || op == ops::GROUP_NORM {
+        // NORM and L2_NORM go through the strides; these two read rows as float arrays.
+        nb0_is_ts(a, "src[0]")?;
+    }
+    let eps = if op == ops::GROUP_NORM {
+        d.op_f32(1)
+    } else {
+        d.op_f32(0)
+    };
+    ensure!(eps >= 0.0, "negative eps");
+    if op == ops::GROUP_NORM {
+        ensure!(d.op_i32(0) > 0, "GROUP_NORM n_groups");
+    }
+    Ok(())
+}
+
+/// RMS_NORM_BACK: the gradient of RMS_NORM.
+pub(super) fn rms_norm_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    let b = n.s(1)?;
+    n.none_from(2)?;
+    ensure!(same_shape(a, d) && same_shape(a, b), "RMS_NORM_BACK shapes");
+    fresh(d)?;
+    for (t, w) in [(d, "result"), (a, "src[0]"), (b, "src[1]")] {
+        ty_is(t, ty::F32, w)?;
+        nb0_is_ts(t, w)?;
+    }
+    Ok(())
+}
+
+/// DIAG_MASK_INF and DIAG_MASK_ZERO: the causal mask of the old soft_max path.
+pub(super) fn diag_mask(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ensure!(
+        same_shape(a, d) && d.ty() == a.ty(),
+        "result shape differs from src[0]"
+    );
+    ensure!(d.op_i32(0) >= 0, "negative n_past");
+    ty_is(a, ty::F32, "src[0]")?;
+    ensure!(
+        a.contiguous() && d.contiguous(),
+        "DIAG_MASK needs contiguous tensors"
+    );
+    Ok(())
+}
+
+/// SOFT_MAX (`ggml_soft_max_ext`): with an optional mask and sinks.
+pub(super) fn soft_max(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(3)?;
+    ensure!(a.contiguous(), "SOFT_MAX: src[0] must be contiguous");
+    ensure!(same_shape(a, d), "result shape differs from src[0]");
+    fresh_or_inplace(d, a)?;
+    ty_is(a, ty::F32, "src[0]")?;
+    ty_is(d, ty::F32, "result")?;
+    if let Some(m) = n.src[1] {
+        ty_in(m, &[ty::F16, ty::F32], "mask")?;
+        ensure!(m.contiguous(), "SOFT_MAX: mask must be contiguous");
+        ensure!(
+            m.ne(0) == a.ne(0) && m.ne(1) >= a.ne(1),
+            "SOFT_MAX: mask {:?} for {:?}",
+            m.ne,
+            a.ne
+        );
+        ensure!(
+            divides(m.ne(2), a.ne(2)) && divides(m.ne(3), a.ne(3)),
+            "SOFT_MAX: mask cannot be broadcast"
+        );
+    } else {
+        ensure!(
+            d.op_f32(1) <= 0.0 || d.op_f32(1).is_nan(),
+            "SOFT_MAX: max_bias without a mask"
+        );
+    }
+    if let Some(s) = n.src[2] {
+        ty_is(s, ty::F32, "sinks")?;
+        ensure!(s.ne(0) >= a.ne(2) && s.flat_fits(), "SOFT_MAX: sinks");
+    }
+    Ok(())
+}
+
+/// SOFT_MAX_BACK: the gradient of SOFT_MAX.
+pub(super) fn soft_max_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    let b = n.s(1)?;
+    n.none_from(2)?;
+    ensure!(same_shape(a, d) && same_shape(b, d), "SOFT_MAX_BACK shapes");
+    ensure!(
+        a.contiguous() && b.contiguous() && d.contiguous(),
+        "SOFT_MAX_BACK needs contiguous tensors"
+    );
+    for (t, w) in [(d, "result"), (a, "src[0]"), (b, "src[1]")] {
+        ty_is(t, ty::F32, w)?;
+    }
+    ensure!(d.op_f32(1) == 0.0, "SOFT_MAX_BACK: max_bias must be 0");
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! Rules of pooling, padding and resampling: POOL_1D, POOL_2D, POOL_2D_BACK, UPSCALE, PAD,
+//! PAD_REFLECT_1D, ROLL, and SAM's windows WIN_PART, WIN_UNPART.
+
+use super::*;
+
+/// POOL_1D: max or average pooling over rows.
+pub(super) fn pool_1d(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    let (pop, k0, s0, p0) = (
+        d.op_i32(0),
+        d.op_i32(1) as i64,
+        d.op_i32(2) as i64,
+        d.op_i32(3) as i64,
+    );
+    ensure!(
+        matches!(pop, 0 | 1) && k0 > 0 && s0 > 0,
+        "POOL_1D parameters"
+    );
+    let w = (a.ne(0) + 2 * p0 - k0) / s0 + 1;
+    ensure!(w > 0, "POOL_1D: empty result");
+    ne_eq(d, [w, a.ne(1), a.ne(2), a.ne(3)])?;
+    ty_is(d, ty::F32, "result")?;
+    ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
+    // Rows are addressed as `i*nb[1]` over all rows (dims 1..3 flattened).
+    ensure!(a.flat_rows_fit() && d.flat_rows_fit(), "POOL_1D row layout");
+    Ok(())
+}
+
+/// POOL_2D: max or average pooling over planes.
+pub(super) fn pool_2d(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
+    let (pop, k0, k1, s0, s1, p0, p1) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
+    ensure!(
+        matches!(pop, 0 | 1) && k0 > 0 && k1 > 0 && s0 > 0 && s1 > 0 && p0 >= 0 && p1 >= 0,
+        "POOL_2D parameters"
+    );
+    let w = (a.ne(0) + 2 * p0 - k0) / s0 + 1;
+    let h = (a.ne(1) + 2 * p1 - k1) / s1 + 1;
+    ensure!(w > 0 && h > 0, "POOL_2D: empty result");
+    ne_eq(d, [w, h, a.ne(2), a.ne(3)])?;
+    ty_is(d, ty::F32, "result")?;
+    ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
+    ensure!(
+        a.contiguous() && d.contiguous(),
+        "POOL_2D needs contiguous tensors"
+    );
+    Ok(())
+}
+
+/// POOL_2D_BACK: the gradient of POOL_2D.
+pub(super) fn pool_2d_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    let af = n.s(1)?;
+    n.none_from(2)?;
+    ne_eq(d, [af.ne(0), af.ne(1), af.ne(2), af.ne(3)])?;
+    let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
+    let (pop, k0, k1, s0, s1, p0, p1) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
+    ensure!(
+        matches!(pop, 0 | 1) && k0 > 0 && k1 > 0 && s0 > 0 && s1 > 0 && p0 >= 0 && p1 >= 0,
+        "POOL_2D_BACK parameters"
+    );
+    let w = (af.ne(0) + 2 * p0 - k0) / s0 + 1;
+    let h = (af.ne(1) + 2 * p1 - k1) / s1 + 1;
+    ensure!(
+        a.ne(0) == w && a.ne(1) == h && a.ne(2) == af.ne(2) && a.ne(3) == af.ne(3),
+        "POOL_2D_BACK shapes"
+    );
+    ty_is(d, ty::F32, "result")?;
+    ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
+    ensure!(
+        af.ty() == d.ty() || af.ty() == ty::F16,
+        "POOL_2D_BACK types"
+    );
+    ensure!(
+        a.contiguous() && af.contiguous() && d.contiguous(),
+        "POOL_2D_BACK needs contiguous tensors"
+    );
+    Ok(())
+}
+
+/// UPSCALE: nearest, bilinear or bicubic resampling.
+pub(super) fn upscale(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    let mode = d.op_i32(0);
+    ensure!(
+        (mode & 0xff) < 3 && (mode & !0x3ff) == 0,
+        "UPSCALE mode {mode:#x}"
+    );
+    ensure!(
+        mode & (1 << 9) == 0 || mode & 0xff == 1,
+        "UPSCALE antialias needs bilinear"
+    );
+    ty_is(a, ty::F32, "src[0]")?;
+    ty_is(d, ty::F32, "result")?;
+    ensure!(!a.is_empty() || d.is_empty(), "UPSCALE of an empty tensor");
+    ensure!(
+        (0..4).all(|i| d.ne(i) < (1 << 22) && a.ne(i) < (1 << 22)),
+        "UPSCALE dimensions too large"
+    );
+    Ok(())
+}
+
+/// PAD: zeros (or circular wrap) added around each dimension.
+pub(super) fn pad(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    let p: Vec<i64> = (0..8).map(|i| d.op_i32(i) as i64).collect();
+    ensure!(
+        p.iter().all(|&x| x >= 0),
+        "PAD amounts must not be negative"
+    );
+    ensure!(matches!(d.op_i32(8), 0 | 1), "PAD circular flag");
+    ne_eq(
+        d,
+        [
+            a.ne(0) + p[0] + p[1],
+            a.ne(1) + p[2] + p[3],
+            a.ne(2) + p[4] + p[5],
+            a.ne(3) + p[6] + p[7],
+        ],
+    )?;
+    ty_is(a, ty::F32, "src[0]")?;
+    ty_is(d, ty::F32, "result")?;
+    fresh(d)?;
+    if d.op_i32(8) == 1 {
+        ensure!(!a.is_empty(), "circular PAD of an empty tensor");
+    }
+    Ok(())
+}
+
+/// PAD_REFLECT_1D: rows padded with their reflection.
+pub(super) fn pad_reflect_1d(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    let (p0, p1) = (d.op_i32(0) as i64, d.op_i32(1) as i64);
+    ensure!(
+        p0 >= 0 && p1 >= 0 && p0 < a.ne(0) && p1 < a.ne(0),
+        "PAD_REFLECT_1D amounts"
+    );
+    ensure!(a.contiguous(), "PAD_REFLECT_1D: src[0] must be contiguous");
+    ty_is(a, ty::F32, "src[0]")?;
+    ty_is(d, ty::F32, "result")?;
+    ne_eq(d, [a.ne(0) + p0 + p1, a.ne(1), a.ne(2), a.ne(3)])?;
+    fresh(d)?;
+    Ok(())
+}
+
+/// ROLL: a circular shift in each dimension.
+pub(super) fn roll(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    nb0_is_ts(a, "src[0]")?;
+    for i in 0..4 {
+        ensure!((d.op_i32(i) as i64).abs() < a.ne(i), "ROLL shift {i}");
+    }
+    ensure!(
+        same_shape(a, d) && d.ty() == a.ty(),
+        "result shape differs from src[0]"
+    );
+    ty_is(a, ty::F32, "src[0]")?;
+    fresh(d)?;
+    Ok(())
+}
+
+/// WIN_PART: planes cut into windows (SAM).
+pub(super) fn win_part(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ensure!(a.ne(3) == 1 && a.ty() == ty::F32, "WIN_PART source");
+    let w = d.op_i32(2) as i64;
+    ensure!(w > 0, "WIN_PART window");
+    let px = (w - a.ne(1) % w) % w;
+    let py = (w - a.ne(2) % w) % w;
+    let npx = (px + a.ne(1)) / w;
+    let npy = (py + a.ne(2)) / w;
+    ensure!(
+        d.op_i32(0) as i64 == npx && d.op_i32(1) as i64 == npy,
+        "WIN_PART parameters"
+    );
+    ne_eq(d, [a.ne(0), w, w, npx * npy])?;
+    ty_is(d, ty::F32, "result")?;
+    ensure!(
+        a.contiguous() && d.contiguous(),
+        "WIN_PART needs contiguous tensors"
+    );
+    Ok(())
+}
+
+/// WIN_UNPART: windows put back together (SAM).
+pub(super) fn win_unpart(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    let w = d.op_i32(0) as i64;
+    ensure!(
+        w > 0 && a.ty() == ty::F32 && d.ty() == ty::F32,
+        "WIN_UNPART parameters"
+    );
+    ensure!(
+        d.ne(3) == 1 && d.ne(0) == a.ne(0) && a.ne(1) == w && a.ne(2) == w,
+        "WIN_UNPART shapes"
+    );
+    let px = (w - d.ne(1) % w) % w;
+    let py = (w - d.ne(2) % w) % w;
+    let npx = (px + d.ne(1)) / w;
+    let npy = (py + d.ne(2)) / w;
+    ensure!(a.ne(3) == npx * npy, "WIN_UNPART window count");
+    ensure!(
+        a.contiguous() && d.contiguous(),
+        "WIN_UNPART needs contiguous tensors"
+    );
+    Ok(())
+}

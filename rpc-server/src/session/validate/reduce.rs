@@ -1,0 +1,110 @@
+//! Rules of reductions and sorts along rows: SUM, SUM_ROWS, MEAN, CUMSUM, ARGMAX, COUNT_EQUAL,
+//! ARGSORT, TOP_K.
+
+use super::*;
+
+/// SUM: all elements into one.
+pub(super) fn sum(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ne_eq(d, [1, 1, 1, 1])?;
+    ensure!(d.ty() == a.ty(), "SUM keeps the type");
+    if cpu {
+        ty_in(a, &[ty::F32, ty::F16, ty::BF16], "src[0]")?;
+    }
+    Ok(())
+}
+
+/// SUM_ROWS and MEAN: one value per row.
+pub(super) fn sum_rows_mean(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let op = d.op;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ne_eq(d, [1, a.ne(1), a.ne(2), a.ne(3)])?;
+    if op == ops::MEAN {
+        ty_is(d, ty::F32, "result")?;
+    } else {
+        ensure!(d.ty() == a.ty(), "SUM_ROWS keeps the type");
+    }
+    if cpu {
+        ty_is(a, ty::F32, "src[0]")?;
+        nb0_is_ts(a, "src[0]")?;
+        nb0_is_ts(d, "result")?;
+    }
+    Ok(())
+}
+
+/// CUMSUM: running sums along rows.
+pub(super) fn cumsum(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ty_is(a, ty::F32, "src[0]")?;
+    ensure!(same_shape(a, d) && d.ty() == ty::F32, "CUMSUM result");
+    fresh(d)?;
+    nb0_is_ts(a, "src[0]")?;
+    Ok(())
+}
+
+/// ARGMAX: the index of each row's maximum.
+pub(super) fn argmax(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ensure!(
+        a.is_matrix() && a.ne(0) <= i32::MAX as i64,
+        "ARGMAX needs a matrix"
+    );
+    ne_eq(d, [a.ne(1), 1, 1, 1])?;
+    ty_is(d, ty::I32, "result")?;
+    ty_is(a, ty::F32, "src[0]")?;
+    nb0_is_ts(a, "src[0]")?;
+    fresh(d)?;
+    Ok(())
+}
+
+/// COUNT_EQUAL: the number of equal elements of two i32 tensors.
+pub(super) fn count_equal(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    let b = n.s(1)?;
+    n.none_from(2)?;
+    ensure!(same_shape(a, b), "COUNT_EQUAL shapes");
+    ne_eq(d, [1, 1, 1, 1])?;
+    ty_is(d, ty::I64, "result")?;
+    ty_is(a, ty::I32, "src[0]")?;
+    ty_is(b, ty::I32, "src[1]")?;
+    Ok(())
+}
+
+/// ARGSORT: the indices that sort each row.
+pub(super) fn argsort(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ensure!(matches!(d.op_i32(0), 0 | 1), "ARGSORT order");
+    ensure!(same_shape(a, d) && d.ty() == ty::I32, "ARGSORT result");
+    ty_is(a, ty::F32, "src[0]")?;
+    ensure!(a.ne(0) <= i32::MAX as i64, "ARGSORT row too long");
+    nb0_is_ts(d, "result")?;
+    ensure!(a.flat_rows_fit() && d.flat_rows_fit(), "ARGSORT row layout");
+    Ok(())
+}
+
+/// TOP_K: the indices of each row's k largest values.
+pub(super) fn top_k(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
+    let d = n.d;
+    let a = n.s(0)?;
+    n.none_from(1)?;
+    ensure!(
+        d.ne(0) <= a.ne(0) && (1..4).all(|i| d.ne(i) == a.ne(i)),
+        "TOP_K shapes"
+    );
+    ty_is(d, ty::I32, "result")?;
+    ty_is(a, ty::F32, "src[0]")?;
+    nb0_is_ts(d, "result")?;
+    ensure!(a.flat_rows_fit() && d.flat_rows_fit(), "TOP_K row layout");
+    Ok(())
+}
