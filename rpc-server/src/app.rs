@@ -146,6 +146,42 @@ fn real_main() -> anyhow::Result<()> {
         None
     };
 
+    // Default memory limits: what the devices have (a larger ALLOC_BUFFER would only succeed
+    // through overcommit and end in the OOM killer).
+    let device_memory: u64 = devices.iter().map(|d| d.memory().1).sum::<u64>().max(1);
+    let config = Arc::new(SessionConfig {
+        devices,
+        n_threads: args.threads,
+        cache,
+    });
+    let opts = server_options(&args, device_memory, rdma)?;
+
+    #[cfg(unix)]
+    if let Some(caps) = &args.session_child {
+        let caps = crate::isolate::parse_caps(caps).context("--session-child: bad caps")?;
+        let conn = crate::connection::ConnectionOptions {
+            budget: Arc::new(crate::session::MemoryBudget::new(opts.memory)),
+            idle_timeout: opts.idle_timeout,
+            hello_timeout: opts.hello_timeout,
+            request_timeout: opts.request_timeout,
+            poll_window: opts.poll_window,
+            isolate: None,
+        };
+        let rdma = if args.session_tcp_only {
+            Arc::new(RdmaConfig::new(TransportMode::Tcp, Default::default(), 1))
+        } else {
+            opts.rdma.clone()
+        };
+        std::process::exit(crate::isolate::child_main(crate::isolate::Child {
+            caps,
+            peer: args.session_peer.clone().unwrap_or_default(),
+            config,
+            limits: opts.limits,
+            rdma,
+            conn,
+        }));
+    }
+
     // The listener's runtime: one thread that accepts and hands each connection to a thread of its
     // own (server.rs); nothing else runs here, so nothing competes with ggml for the cores.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -187,7 +223,7 @@ fn real_main() -> anyhow::Result<()> {
             env!("CARGO_PKG_VERSION")
         );
         println!("  endpoint       : {local}");
-        match &cache {
+        match &config.cache {
             Some(c) => match c.max_size() {
                 Some(m) => println!(
                     "  local cache    : {} (max {} MiB)",
@@ -199,32 +235,29 @@ fn real_main() -> anyhow::Result<()> {
             None => println!("  local cache    : n/a"),
         }
         println!("Devices:");
-        for d in &devices {
+        for d in &config.devices {
             println!("{}", device_line(d));
         }
         println!("  threads        : {}", args.threads);
-        println!("  transport      : {}", rdma.describe());
-        let per_peer = args.max_connections_per_peer.map_or_else(
-            || crate::admission::default_peer_share(args.max_connections),
-            |n| usize::try_from(n).unwrap_or(usize::MAX),
-        );
-        let allow = crate::admission::AllowList(args.allow.clone());
+        println!("  transport      : {}", opts.rdma.describe());
         println!(
             "  connections    : up to {} at once, {} per peer; from {}",
             args.max_connections,
-            per_peer,
-            allow.describe()
+            opts.max_per_peer.unwrap_or_default(),
+            opts.allow.describe()
+        );
+        #[cfg(unix)]
+        println!(
+            "  sessions       : {}",
+            crate::isolate::describe_mode(opts.isolate.as_deref())
         );
         if let Some(m) = &metrics {
             println!("  metrics        : http://{}/metrics", m.local_addr()?);
         }
-        // Default memory limits: what the devices have (a larger ALLOC_BUFFER would only succeed
-        // through overcommit and end in the OOM killer).
-        let device_memory: u64 = devices.iter().map(|d| d.memory().1).sum::<u64>().max(1);
         println!(
             "  limits         : {} MiB per connection, {} MiB in total",
-            args.max_alloc_per_connection.unwrap_or(device_memory) / MIB,
-            args.max_alloc_total.unwrap_or(device_memory) / MIB,
+            opts.memory.per_connection / MIB,
+            opts.memory.total / MIB,
         );
         println!(
             "  liveness       : idle timeout {} (connections holding nothing), keepalive {}",
@@ -248,33 +281,6 @@ fn real_main() -> anyhow::Result<()> {
         use std::io::Write;
         let _ = std::io::stdout().flush();
 
-        let config = Arc::new(SessionConfig {
-            devices,
-            n_threads: args.threads,
-            cache,
-        });
-        let mut opts = ServerOptions {
-            max_connections: args.max_connections,
-            max_per_peer: Some(per_peer),
-            allow,
-            hello_timeout: std::time::Duration::from_secs(args.hello_timeout),
-            request_timeout: std::time::Duration::from_secs(args.request_timeout),
-            rdma,
-            ..Default::default()
-        };
-        opts.limits.max_request_size = args.max_request_size;
-        opts.limits.max_graph_nodes = args.max_graph_size;
-        opts.limits.max_graph_tensors = args.max_graph_size;
-        opts.memory = MemoryLimits {
-            per_connection: args.max_alloc_per_connection.unwrap_or(device_memory),
-            total: args.max_alloc_total.unwrap_or(device_memory),
-        };
-        opts.idle_timeout =
-            (args.idle_timeout > 0).then(|| std::time::Duration::from_secs(args.idle_timeout));
-        opts.keepalive =
-            (args.keepalive > 0).then(|| std::time::Duration::from_secs(args.keepalive));
-        opts.poll_window = std::time::Duration::from_micros(args.poll_window);
-        opts.shutdown_grace = std::time::Duration::from_secs(args.shutdown_grace);
         let stats = Arc::new(Stats::default());
         if let Some(m) = metrics {
             let src = Arc::new(crate::metrics::Sources {
@@ -287,4 +293,45 @@ fn real_main() -> anyhow::Result<()> {
         server::serve(listener, config, opts, stats, shutdown_signal()).await;
         Ok(())
     })
+}
+
+/// The listener's settings from the flags (also what a session process configures itself from).
+fn server_options(
+    args: &Args,
+    device_memory: u64,
+    rdma: Arc<RdmaConfig>,
+) -> anyhow::Result<ServerOptions> {
+    let secs = std::time::Duration::from_secs;
+    let mut opts = ServerOptions {
+        max_connections: args.max_connections,
+        max_per_peer: Some(args.max_connections_per_peer.map_or_else(
+            || crate::admission::default_peer_share(args.max_connections),
+            |n| usize::try_from(n).unwrap_or(usize::MAX),
+        )),
+        allow: crate::admission::AllowList(args.allow.clone()),
+        hello_timeout: secs(args.hello_timeout),
+        request_timeout: secs(args.request_timeout),
+        rdma,
+        ..Default::default()
+    };
+    opts.limits.max_request_size = args.max_request_size;
+    opts.limits.max_graph_nodes = args.max_graph_size;
+    opts.limits.max_graph_tensors = args.max_graph_size;
+    opts.memory = MemoryLimits {
+        per_connection: args.max_alloc_per_connection.unwrap_or(device_memory),
+        total: args.max_alloc_total.unwrap_or(device_memory),
+    };
+    opts.idle_timeout = (args.idle_timeout > 0).then(|| secs(args.idle_timeout));
+    opts.keepalive = (args.keepalive > 0).then(|| secs(args.keepalive));
+    opts.poll_window = std::time::Duration::from_micros(args.poll_window);
+    opts.shutdown_grace = secs(args.shutdown_grace);
+    #[cfg(unix)]
+    if args.isolate {
+        let exe = std::env::current_exe().context("--isolate: cannot find this executable")?;
+        opts.isolate = Some(Arc::new(crate::isolate::Isolation {
+            exe,
+            args: std::env::args_os().skip(1).collect(),
+        }));
+    }
+    Ok(opts)
 }

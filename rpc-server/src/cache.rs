@@ -36,6 +36,20 @@ pub struct CacheCounters {
     pub bytes_stored: AtomicU64,
 }
 
+impl CacheCounters {
+    /// Every counter, in a fixed order (reported by a session process, see `isolate.rs`).
+    pub fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
+        [
+            &self.hits,
+            &self.bytes_served,
+            &self.misses,
+            &self.stores,
+            &self.bytes_stored,
+        ]
+        .into_iter()
+    }
+}
+
 /// The stock tool's cache directory (its `fs_get_cache_directory()` joined with `rpc`):
 /// `$LLAMA_CACHE/rpc`; else on macOS `~/Library/Caches/llama.cpp/rpc` (`XDG_CACHE_HOME` is not
 /// looked at there, as by the stock tool); elsewhere `$XDG_CACHE_HOME/llama.cpp/rpc`, else

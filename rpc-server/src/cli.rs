@@ -117,6 +117,25 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = crate::server::DEFAULT_REQUEST_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout: u64,
 
+    /// Serve each client session in a process of its own, started fresh for it: a request that
+    /// gets past validation and trips a ggml kernel can then harm only its own session (its
+    /// process ends; the server and every other session go on).
+    #[arg(long)]
+    pub isolate: bool,
+
+    /// (internal) Run as the session process of one connection: the socket is stdin, the
+    /// front's control line stdout; the value is the client's HELLO caps in hex.
+    #[arg(long, hide = true, value_name = "CAPS")]
+    pub session_child: Option<String>,
+
+    /// (internal) The client's address, for the session process's logs.
+    #[arg(long, hide = true, value_name = "ADDR", requires = "session_child")]
+    pub session_peer: Option<String>,
+
+    /// (internal) The front has no RDMA place for this session: stay on TCP.
+    #[arg(long, hide = true, requires = "session_child")]
+    pub session_tcp_only: bool,
+
     /// Largest request accepted (bytes, or with a K/M/G/T suffix).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16G")]
     pub max_request_size: u64,

@@ -111,6 +111,9 @@ pub struct ConnectionOptions {
     pub request_timeout: Duration,
     /// How long a TCP read polls before the thread sleeps (see [`BlockingTcpTransport`]).
     pub poll_window: Duration,
+    /// Serve each session in a process of its own (`--isolate`), see `isolate.rs`.
+    #[cfg(unix)]
+    pub isolate: Option<Arc<crate::isolate::Isolation>>,
 }
 
 impl Default for ConnectionOptions {
@@ -121,6 +124,8 @@ impl Default for ConnectionOptions {
             hello_timeout: crate::server::DEFAULT_HELLO_TIMEOUT,
             request_timeout: crate::server::DEFAULT_REQUEST_TIMEOUT,
             poll_window: rpc_transport::tcp::DEFAULT_POLL_WINDOW,
+            #[cfg(unix)]
+            isolate: None,
         }
     }
 }
@@ -224,10 +229,9 @@ pub async fn serve(
     conn: ConnectionOptions,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
+    let peer = stream.peer_addr()?;
     let local_ip = stream.local_addr()?.ip();
     let mut tcp = BlockingTcpTransport::new(stream, Some(shutdown.clone()), conn.poll_window)?;
-    let mut out = Vec::with_capacity(64);
-    let deadlines = Deadlines::of(&conn);
     // A client sends HELLO right after connecting; one that does not is closed, and holds no
     // connection slot meanwhile.
     let hello = conn
@@ -240,6 +244,45 @@ pub async fn serve(
     let Some(_admitted) = admission.enter(&mut stop).await else {
         return Ok(());
     };
+    #[cfg(unix)]
+    if let Some(iso) = &conn.isolate {
+        return crate::isolate::hand_off(
+            iso,
+            tcp.into_stream()?,
+            peer,
+            &caps,
+            &conn.budget,
+            &rdma,
+            &stats,
+            &config,
+            shutdown,
+        )
+        .await;
+    }
+    let _ = peer;
+    serve_hello(
+        tcp, local_ip, caps, config, limits, stats, rdma, conn, shutdown,
+    )
+    .await
+}
+
+/// Serves a connection whose HELLO (`caps`) has been read: the reply (transport negotiation),
+/// then the command loop over TCP or RDMA. In this process, or in a session process of its own
+/// (`isolate.rs`).
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_hello(
+    mut tcp: BlockingTcpTransport,
+    local_ip: std::net::IpAddr,
+    caps: [u8; rpc_proto::CONN_CAPS_SIZE],
+    config: Arc<SessionConfig>,
+    limits: Limits,
+    stats: Arc<Stats>,
+    rdma: Arc<RdmaConfig>,
+    conn: ConnectionOptions,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError> {
+    let mut out = Vec::with_capacity(64);
+    let deadlines = Deadlines::of(&conn);
     // Blocking (queue-pair setup): fine, this thread serves only this connection.
     let (reply_caps, activated) = crate::rdma::negotiate(&rdma, local_ip, &caps);
     Response::Hello {

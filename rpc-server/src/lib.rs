@@ -17,6 +17,8 @@ pub mod connection;
 pub mod doctor;
 #[allow(unsafe_code)]
 pub mod ggml;
+#[cfg(unix)]
+pub mod isolate;
 pub mod metrics;
 pub mod rdma;
 pub mod server;

@@ -150,6 +150,24 @@ impl RdmaConfig {
         }
     }
 
+    /// Every counter, in a fixed order (reported by a session process, see `isolate.rs`).
+    pub fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
+        [
+            &self.activated,
+            &self.lean_activated,
+            &self.sends,
+            &self.recvs,
+        ]
+        .into_iter()
+        .chain(&self.activations)
+        .chain(&self.fallbacks)
+    }
+
+    /// One of the `--rdma-max-connections` places, held by a session process's connection.
+    pub fn try_permit(&self) -> Option<OwnedSemaphorePermit> {
+        self.budget.clone().try_acquire_owned().ok()
+    }
+
     pub fn record(&self, (sends, recvs): (u64, u64)) {
         self.sends.fetch_add(sends, Relaxed);
         self.recvs.fetch_add(recvs, Relaxed);

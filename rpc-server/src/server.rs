@@ -61,6 +61,9 @@ pub struct ServerOptions {
     /// On shutdown, how long running commands may take to finish before the server exits
     /// without them.
     pub shutdown_grace: Duration,
+    /// A process per session (`--isolate`, see `isolate.rs`); `None`: sessions run here.
+    #[cfg(unix)]
+    pub isolate: Option<Arc<crate::isolate::Isolation>>,
 }
 
 impl Default for ServerOptions {
@@ -79,6 +82,8 @@ impl Default for ServerOptions {
             keepalive: Some(DEFAULT_KEEPALIVE),
             poll_window: rpc_transport::tcp::DEFAULT_POLL_WINDOW,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            #[cfg(unix)]
+            isolate: None,
         }
     }
 }
@@ -175,6 +180,8 @@ pub async fn serve(
         hello_timeout: opts.hello_timeout,
         request_timeout: opts.request_timeout,
         poll_window: opts.poll_window,
+        #[cfg(unix)]
+        isolate: opts.isolate.clone(),
     };
     let mut refusals = RefusalLog::default();
     let keepalive = opts.keepalive;

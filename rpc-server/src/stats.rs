@@ -44,6 +44,11 @@ pub struct HistogramSnapshot {
 }
 
 impl Histogram {
+    /// Every counter of the histogram, in a fixed order (see [`Stats::counters`]).
+    fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
+        self.buckets.iter().chain([&self.sum_ns, &self.count])
+    }
+
     pub fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
         let i = BUCKETS
@@ -140,6 +145,22 @@ impl Stats {
     /// The server's memory budget, once it serves.
     pub fn budget(&self) -> Option<&Arc<MemoryBudget>> {
         self.budget.get()
+    }
+
+    /// Every additive counter of a session's traffic, in a fixed order: commands and bytes per
+    /// command and transport, and the histograms (not the connection counts, which the process
+    /// that accepts connections keeps). A session process reports these to the front
+    /// (`isolate.rs`), which adds them to its own.
+    pub fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
+        self.commands
+            .iter()
+            .chain(&self.bytes_in)
+            .chain(&self.bytes_out)
+            .chain(&self.transport_in)
+            .chain(&self.transport_out)
+            .chain(self.compute.counters())
+            .chain(self.token.counters())
+            .chain(self.token_non_compute.counters())
     }
 
     /// Counts a connection closed before it was served.

@@ -8,7 +8,7 @@
 //! [`MAX_PARKED`] such threads the process aborts as ggml intended, so a peer cannot pile up
 //! leaked threads.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::sys;
 
@@ -16,6 +16,16 @@ use super::sys;
 pub const MAX_PARKED: usize = 16;
 
 static PARKED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether an assertion parks its thread (a shared server) or lets ggml abort (a session
+/// process of `--isolate`, where aborting ends only the session that caused it).
+static PARK: AtomicBool = AtomicBool::new(true);
+
+/// In a session process: a ggml assertion ends the process (the front logs it and serves on)
+/// instead of parking a thread.
+pub fn abort_on_assertions() {
+    PARK.store(false, Ordering::SeqCst);
+}
 
 /// Number of threads parked so far.
 pub fn parked_threads() -> usize {
@@ -31,6 +41,10 @@ extern "C" fn on_ggml_abort(message: *const std::os::raw::c_char) {
             .to_string_lossy()
             .into_owned()
     };
+    if !PARK.load(Ordering::SeqCst) {
+        eprintln!("ggml assertion: {msg}; ending this session's process");
+        return; // ggml aborts the process after the callback returns
+    }
     let n = PARKED.fetch_add(1, Ordering::SeqCst) + 1;
     if n > MAX_PARKED {
         eprintln!("ggml assertion: {msg}; {MAX_PARKED} threads already parked, aborting");

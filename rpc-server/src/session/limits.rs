@@ -27,12 +27,33 @@ impl Default for MemoryLimits {
     }
 }
 
-/// The server-wide account of allocated buffer memory, shared by all sessions.
-#[derive(Debug)]
+/// Where a session process asks for memory: the front process, which keeps the server-wide
+/// account (`isolate.rs`).
+pub trait Upstream: Send + Sync {
+    /// Whether `n` more bytes may be held.
+    fn reserve(&self, n: u64) -> bool;
+    /// `n` bytes are no longer held.
+    fn release(&self, n: u64);
+}
+
+/// The server-wide account of allocated buffer memory, shared by all sessions. In a session
+/// process it holds that session's account and asks the front for every reservation.
 pub struct MemoryBudget {
     limits: MemoryLimits,
     used: AtomicU64,
     refused: AtomicU64,
+    upstream: Option<Box<dyn Upstream>>,
+}
+
+impl std::fmt::Debug for MemoryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBudget")
+            .field("limits", &self.limits)
+            .field("used", &self.used)
+            .field("refused", &self.refused)
+            .field("upstream", &self.upstream.is_some())
+            .finish()
+    }
 }
 
 impl MemoryBudget {
@@ -41,6 +62,16 @@ impl MemoryBudget {
             limits,
             used: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            upstream: None,
+        }
+    }
+
+    /// A session process's budget: `limits` checked here, then every reservation asked of
+    /// `upstream` (the front's server-wide account).
+    pub fn with_upstream(limits: MemoryLimits, upstream: Box<dyn Upstream>) -> MemoryBudget {
+        MemoryBudget {
+            upstream: Some(upstream),
+            ..MemoryBudget::new(limits)
         }
     }
 
@@ -65,7 +96,15 @@ impl MemoryBudget {
     /// Reserves `n` bytes for a session that already holds `held`; false (and counted) if
     /// either limit would be exceeded.
     pub(crate) fn try_reserve(&self, held: u64, n: u64) -> bool {
-        let ok = self.reserve(held, n);
+        let mut ok = self.reserve(held, n);
+        if ok {
+            if let Some(up) = &self.upstream {
+                if !up.reserve(n) {
+                    self.give_back(n);
+                    ok = false;
+                }
+            }
+        }
         if !ok {
             self.refused.fetch_add(1, Ordering::Relaxed);
         }
@@ -104,6 +143,13 @@ impl MemoryBudget {
     }
 
     pub(crate) fn release(&self, n: u64) {
+        self.give_back(n);
+        if let Some(up) = &self.upstream {
+            up.release(n);
+        }
+    }
+
+    fn give_back(&self, n: u64) {
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
             let next = cur.saturating_sub(n);

@@ -17,7 +17,7 @@ use rand::Rng;
 use rpc_proto::{Request, Response, RpcTensor, SetTensorHeader};
 
 pub use error::SessionError;
-pub use limits::{MemoryBudget, MemoryLimits};
+pub use limits::{MemoryBudget, MemoryLimits, Upstream};
 pub use tensor::nbytes;
 use tensor::UnknownBuffer;
 

@@ -148,11 +148,16 @@ fn stock_bin() -> Option<PathBuf> {
 }
 
 fn run_suite(kind: Kind, bin: &Path) -> Vec<Row> {
+    run_suite_with(kind, bin, &[], label(kind))
+}
+
+/// The suite against a server started with `args`; its log is `target/hostile-{name}.log`.
+fn run_suite_with(kind: Kind, bin: &Path, args: &[&str], name: &str) -> Vec<Row> {
     let log = workspace_root()
         .join("target")
-        .join(format!("hostile-{}.log", label(kind)));
+        .join(format!("hostile-{name}.log"));
     let _ = std::fs::remove_file(&log);
-    let mut server = Server::start(kind, bin, &log);
+    let mut server = Server::start_with(kind, bin, &log, args);
     let mut rows = Vec::new();
     for case in cases::all() {
         let t0 = Instant::now();
@@ -314,10 +319,14 @@ fn report(kind: Kind, rows: &[Row]) -> String {
 }
 
 fn write_report(kind: Kind, rows: &[Row]) {
+    write_report_as(kind, rows, label(kind));
+}
+
+fn write_report_as(kind: Kind, rows: &[Row], name: &str) {
     let text = report(kind, rows);
     let path = workspace_root()
         .join("target")
-        .join(format!("hostile-{}.md", label(kind)));
+        .join(format!("hostile-{name}.md"));
     let _ = std::fs::write(&path, &text);
     println!("{text}");
 }
@@ -332,6 +341,22 @@ fn hostile_inputs_against_rpc_server() {
     assert!(
         failed.is_empty(),
         "{} of {} hostile cases failed: {failed:?}",
+        failed.len(),
+        rows.len()
+    );
+}
+
+/// The same suite against `rpc-server --isolate` (a process per session): every case passes
+/// there too.
+#[cfg(unix)]
+#[test]
+fn hostile_inputs_against_rpc_server_isolated() {
+    let rows = run_suite_with(Kind::Ours, &ours_bin(), &["--isolate"], "ours-isolated");
+    write_report_as(Kind::Ours, &rows, "ours-isolated");
+    let failed: Vec<&str> = rows.iter().filter(|r| !r.pass()).map(|r| r.name).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} hostile cases failed with --isolate: {failed:?}",
         failed.len(),
         rows.len()
     );

@@ -1,0 +1,488 @@
+//! Containment (`--isolate`): each client session computes in a process of its own, so that a
+//! request that gets past validation and trips a ggml kernel can read or write only its own
+//! session's memory and end only its own process.
+//!
+//! The front process (the one listening) keeps the listener, admission, the HELLO deadline, the
+//! server-wide memory account, the RDMA queue-pair budget and the counters. Once a connection's
+//! HELLO is in and it has a slot, the front starts a fresh session process (the same executable
+//! with `--session-child`; never `fork()`, which is unsafe after a GPU backend started) and hands
+//! it the socket as its stdin: the session process answers the HELLO and serves the client
+//! directly, so the per-token path crosses no extra hop. Its stdout is a Unix socket back to the
+//! front, carrying a small line protocol:
+//!
+//! | from | line | meaning |
+//! |---|---|---|
+//! | session | `R <bytes>` | may I hold `bytes` more? answered `Y` or `N` |
+//! | session | `F <bytes>` | I freed `bytes` |
+//! | session | `S <n> <n> ...` | counters since the last `S` (the order of [`counters`]) |
+//! | front | `Q` | the server is shutting down: finish the running command and exit |
+//!
+//! When the session process ends, however it ends, the front gives back whatever it held in the
+//! memory account and its RDMA place; a process killed by a signal is logged and counted as a
+//! connection closed with an error. The front then serves on.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rpc_proto::Limits;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::connection::{ConnectionError, ConnectionOptions};
+use crate::rdma::{Fallback, RdmaConfig, TransportMode};
+use crate::session::{MemoryBudget, SessionConfig, Upstream};
+use crate::stats::Stats;
+
+/// How a front process starts session processes.
+#[derive(Debug, Clone)]
+pub struct Isolation {
+    /// The server executable (normally `std::env::current_exe()`).
+    pub exe: PathBuf,
+    /// The arguments the server was started with (devices, threads, limits, cache, RDMA
+    /// options): a session process configures itself from the same flags.
+    pub args: Vec<OsString>,
+}
+
+/// Every counter a session process reports, in one order for both processes.
+pub fn counters<'a>(
+    stats: &'a Stats,
+    rdma: &'a RdmaConfig,
+    config: &'a SessionConfig,
+) -> Vec<&'a AtomicU64> {
+    let mut v: Vec<&AtomicU64> = stats.counters().chain(rdma.counters()).collect();
+    if let Some(c) = &config.cache {
+        v.extend(c.counters().counters());
+    }
+    v
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The HELLO caps from `--session-child`'s hex argument.
+pub fn parse_caps(s: &str) -> Option<[u8; rpc_proto::CONN_CAPS_SIZE]> {
+    let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
+    if s.len() != 2 * caps.len() || !s.is_ascii() {
+        return None;
+    }
+    for (i, c) in caps.iter_mut().enumerate() {
+        *c = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(caps)
+}
+
+fn child_error(what: String) -> ConnectionError {
+    ConnectionError::Io(std::io::Error::other(what))
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 | 10 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        15 => "SIGTERM",
+        31 | 12 => "SIGSYS",
+        _ => "signal",
+    }
+}
+
+/// Front side: starts a session process for a connection whose HELLO (`caps`) has been read and
+/// which holds a slot, then serves its control line until it ends.
+#[allow(clippy::too_many_arguments)]
+pub async fn hand_off(
+    iso: &Isolation,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    caps: &[u8; rpc_proto::CONN_CAPS_SIZE],
+    budget: &Arc<MemoryBudget>,
+    rdma: &RdmaConfig,
+    stats: &Stats,
+    config: &SessionConfig,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError> {
+    // The queue-pair budget is the front's: a session process may engage RDMA only with one of
+    // its places, held until the process ends.
+    let offers_rdma = caps.iter().any(|&b| b != 0) && rdma.mode != TransportMode::Tcp;
+    let rdma_place = if offers_rdma {
+        let p = rdma.try_permit();
+        if p.is_none() {
+            tracing::info!(
+                max = rdma.max_connections,
+                "RDMA connection budget used up; this client stays on TCP"
+            );
+            rdma.fallback(Fallback::Budget);
+        }
+        p
+    } else {
+        None
+    };
+    let (front_end, child_end) = UnixStream::pair()?;
+    let mut cmd = Command::new(&iso.exe);
+    cmd.args(&iso.args)
+        .arg("--session-child")
+        .arg(hex(caps))
+        .arg("--session-peer")
+        .arg(peer.to_string());
+    if rdma_place.is_none() {
+        cmd.arg("--session-tcp-only");
+    }
+    cmd.stdin(Stdio::from(OwnedFd::from(stream)))
+        .stdout(Stdio::from(OwnedFd::from(child_end)))
+        .stderr(Stdio::inherit())
+        // Its own process group: a Ctrl-C at the terminal reaches the front, which shuts the
+        // sessions down in order (`Q`), not every session process at once.
+        .process_group(0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| child_error(format!("cannot start a session process: {e}")))?;
+    drop(cmd); // the parent's copies of the socket and of the session's end of the control line
+    let pid = child.id();
+    tracing::debug!(%peer, pid, "session process started");
+
+    let held = serve_control(front_end, budget, stats, rdma, config, &mut shutdown).await;
+    budget.release(held);
+    drop(rdma_place);
+    // The control line closed: the process has ended or is about to.
+    let status = child.wait()?;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => Ok(()),
+        (Some(code), _) => Err(child_error(format!(
+            "session process {pid} exited with status {code}"
+        ))),
+        (None, Some(sig)) => {
+            tracing::warn!(
+                %peer,
+                pid,
+                signal = sig,
+                "session process killed by {} ({sig}); its memory is freed, other sessions are untouched",
+                signal_name(sig)
+            );
+            Err(child_error(format!(
+                "session process {pid} killed by {} ({sig})",
+                signal_name(sig)
+            )))
+        }
+        (None, None) => Err(child_error(format!(
+            "session process {pid} ended: {status}"
+        ))),
+    }
+}
+
+/// Serves a session process's control line until it closes; returns the bytes it still held.
+async fn serve_control(
+    front_end: UnixStream,
+    budget: &Arc<MemoryBudget>,
+    stats: &Stats,
+    rdma: &RdmaConfig,
+    config: &SessionConfig,
+    shutdown: &mut watch::Receiver<bool>,
+) -> u64 {
+    let mut held = 0u64;
+    let line = match front_end
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixStream::from_std(front_end))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch a session process");
+            return held;
+        }
+    };
+    let (rd, mut wr) = line.into_split();
+    let mut lines = tokio::io::BufReader::new(rd).lines();
+    let counters = counters(stats, rdma, config);
+    let mut stopping = false;
+    loop {
+        let l = tokio::select! {
+            l = lines.next_line() => l,
+            _ = shutdown.wait_for(|s| *s), if !stopping => {
+                stopping = true;
+                let _ = wr.write_all(b"Q\n").await;
+                continue;
+            }
+        };
+        let Ok(Some(l)) = l else { break };
+        let mut words = l.split_ascii_whitespace();
+        let reply: Option<&[u8]> = match (words.next(), words.next().map(str::parse::<u64>)) {
+            (Some("R"), Some(Ok(n))) => {
+                let ok = budget.try_reserve(held, n);
+                if ok {
+                    held += n;
+                }
+                Some(if ok { b"Y\n" } else { b"N\n" })
+            }
+            (Some("F"), Some(Ok(n))) => {
+                let n = n.min(held);
+                budget.release(n);
+                held -= n;
+                None
+            }
+            (Some("S"), Some(Ok(first))) => {
+                let rest = words.map(|w| w.parse::<u64>().unwrap_or(0));
+                for (c, v) in counters.iter().zip(std::iter::once(first).chain(rest)) {
+                    c.fetch_add(v, Relaxed);
+                }
+                None
+            }
+            _ => {
+                tracing::warn!("unexpected line from a session process: {l:?}");
+                None
+            }
+        };
+        if let Some(r) = reply {
+            if wr.write_all(r).await.is_err() {
+                break;
+            }
+        }
+    }
+    held
+}
+
+/// Session side of the control line: memory reservations asked of the front.
+struct Front {
+    wr: Mutex<UnixStream>,
+    replies: Mutex<mpsc::Receiver<bool>>,
+}
+
+impl Front {
+    fn send(&self, line: &str) -> bool {
+        let mut w = self.wr.lock().unwrap_or_else(PoisonError::into_inner);
+        w.write_all(line.as_bytes()).is_ok()
+    }
+}
+
+impl Upstream for Front {
+    fn reserve(&self, n: u64) -> bool {
+        // One question at a time: the lock is held until its answer.
+        let replies = self.replies.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.send(&format!("R {n}\n")) {
+            return false;
+        }
+        replies
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or(false)
+    }
+
+    fn release(&self, n: u64) {
+        self.send(&format!("F {n}\n"));
+    }
+}
+
+/// Sends the counters that changed since the last report as one `S` line.
+struct Reporter {
+    last: Vec<u64>,
+}
+
+impl Reporter {
+    fn report(&mut self, counters: &[&AtomicU64], front: &Front) {
+        let now: Vec<u64> = counters.iter().map(|c| c.load(Relaxed)).collect();
+        if now == self.last {
+            return;
+        }
+        let mut line = String::from("S");
+        for (n, l) in now.iter().zip(&self.last) {
+            line.push_str(&format!(" {}", n.wrapping_sub(*l)));
+        }
+        line.push('\n');
+        if front.send(&line) {
+            self.last = now;
+        }
+    }
+}
+
+/// Everything a session process needs, from the flags it was started with.
+pub struct Child {
+    pub caps: [u8; rpc_proto::CONN_CAPS_SIZE],
+    pub peer: String,
+    pub config: Arc<SessionConfig>,
+    pub limits: Limits,
+    pub rdma: Arc<RdmaConfig>,
+    pub conn: ConnectionOptions,
+}
+
+/// Session side: serves the client on stdin (a socket) after its HELLO, reporting to the front
+/// on stdout (a Unix socket). Returns the process's exit status.
+pub fn child_main(c: Child) -> i32 {
+    let span = tracing::info_span!("session", peer = %c.peer, pid = std::process::id());
+    let _enter = span.enter();
+    crate::ggml::abort::abort_on_assertions();
+    let taken = (|| -> std::io::Result<(std::net::TcpStream, UnixStream)> {
+        let sock = std::io::stdin().as_fd().try_clone_to_owned()?;
+        let ctl = std::io::stdout().as_fd().try_clone_to_owned()?;
+        Ok((std::net::TcpStream::from(sock), UnixStream::from(ctl)))
+    })();
+    let (stream, ctl) = match taken {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::error!(error = %e, "session process started without its socket and control line");
+            return 2;
+        }
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (reply_tx, reply_rx) = mpsc::channel();
+    let reader = match ctl.try_clone() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the control line");
+            return 2;
+        }
+    };
+    // Replies and the front's stop; the end of the line (the front is gone) also stops.
+    std::thread::spawn(move || {
+        for l in BufReader::new(reader).lines() {
+            match l.as_deref() {
+                Ok("Y") => {
+                    let _ = reply_tx.send(true);
+                }
+                Ok("N") => {
+                    let _ = reply_tx.send(false);
+                }
+                Ok("Q") => {
+                    let _ = stop_tx.send(true);
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        let _ = stop_tx.send(true);
+    });
+    let front = Arc::new(Front {
+        wr: Mutex::new(ctl),
+        replies: Mutex::new(reply_rx),
+    });
+    let limits = c.conn.budget.limits();
+    let budget = Arc::new(MemoryBudget::with_upstream(
+        crate::session::MemoryLimits {
+            per_connection: limits.per_connection,
+            // The server-wide limit is the front's to enforce.
+            total: u64::MAX,
+        },
+        Box::new(ArcFront(front.clone())),
+    ));
+    let conn = ConnectionOptions { budget, ..c.conn };
+    let stats = Arc::new(Stats::default());
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reporter = {
+        let (stats, rdma, config, front, done) = (
+            stats.clone(),
+            c.rdma.clone(),
+            c.config.clone(),
+            front.clone(),
+            done.clone(),
+        );
+        std::thread::spawn(move || {
+            let counters = counters(&stats, &rdma, &config);
+            let mut r = Reporter {
+                last: vec![0; counters.len()],
+            };
+            while !done.load(Relaxed) {
+                std::thread::park_timeout(Duration::from_millis(250));
+                r.report(&counters, &front);
+            }
+            r.report(&counters, &front);
+        })
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the session's runtime");
+            return 2;
+        }
+    };
+    let local_ip = match stream.local_addr() {
+        Ok(a) => a.ip(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the client's socket");
+            return 2;
+        }
+    };
+    let tcp = match rpc_transport::BlockingTcpTransport::new(
+        stream,
+        Some(stop_rx.clone()),
+        conn.poll_window,
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the client's socket");
+            return 2;
+        }
+    };
+    let r = rt.block_on(crate::connection::serve_hello(
+        tcp,
+        local_ip,
+        c.caps,
+        c.config.clone(),
+        c.limits,
+        stats.clone(),
+        c.rdma.clone(),
+        conn,
+        stop_rx,
+    ));
+    done.store(true, Relaxed);
+    reporter.thread().unpark();
+    let _ = reporter.join();
+    match r {
+        Ok(()) => {
+            tracing::info!("client connection closed");
+            0
+        }
+        Err(e) => {
+            tracing::error!("closing connection: {e}");
+            1
+        }
+    }
+}
+
+/// [`Upstream`] over a shared [`Front`] (the reporter thread shares the line).
+struct ArcFront(Arc<Front>);
+
+impl Upstream for ArcFront {
+    fn reserve(&self, n: u64) -> bool {
+        self.0.reserve(n)
+    }
+
+    fn release(&self, n: u64) {
+        self.0.release(n)
+    }
+}
+
+/// One line for the banner.
+pub fn describe_mode(iso: Option<&Isolation>) -> &'static str {
+    match iso {
+        Some(_) => "a process per session (--isolate)",
+        None => "sessions share this process (no --isolate)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_round_trip_through_hex() {
+        let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
+        for (i, b) in caps.iter_mut().enumerate() {
+            *b = (i * 37) as u8;
+        }
+        assert_eq!(parse_caps(&hex(&caps)), Some(caps));
+        assert_eq!(parse_caps("00"), None);
+        assert_eq!(parse_caps(&"zz".repeat(24)), None);
+        assert_eq!(parse_caps(&"é".repeat(24)), None);
+    }
+}

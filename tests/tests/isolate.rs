@@ -1,0 +1,310 @@
+//! Containment (`--isolate`, `isolate.rs`): each session computes in a process of its own. The
+//! real binary is started here (a session process is the same executable), and its session
+//! processes are found as the server's child processes in `/proc`: a session killed by a signal
+//! (what a kernel bug past validation does) ends only its own connection; the server, another
+//! session's data and new clients are untouched; the server-wide memory limit spans all session
+//! processes, and what a killed one held is given back; 100 sessions killed in a row leave the
+//! front's memory flat; the session processes' commands reach the front's counters.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rpc_tests::*;
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// `target/release/rpc-server` (built by `cargo build --release`, which `scripts/test.sh` runs
+/// before the tests; built here if missing).
+fn ours_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let bin = target.join("release").join("rpc-server");
+    if !bin.exists() {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let st = Command::new(cargo)
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "rpc-server",
+                "--bin",
+                "rpc-server",
+            ])
+            .current_dir(workspace_root())
+            .status()
+            .expect("cargo build");
+        assert!(st.success(), "building rpc-server failed");
+    }
+    bin
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// The server process, killed when dropped.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    metrics: SocketAddr,
+    log: PathBuf,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let port = free_port();
+        let mport = free_port();
+        let log = std::env::temp_dir().join(format!("rpc-isolate-{port}.log"));
+        let f = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(ours_bin())
+            .args([
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                "1",
+                "--isolate",
+            ])
+            .args(["--metrics", &format!("127.0.0.1:{mport}")])
+            .args(extra)
+            .env("RPC_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().expect("log"))
+            .stderr(f)
+            .spawn()
+            .expect("start rpc-server --isolate");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let t = Instant::now();
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server {
+            child,
+            addr,
+            metrics: format!("127.0.0.1:{mport}").parse().unwrap(),
+            log,
+        }
+    }
+
+    /// The server's session processes (its children), oldest first.
+    fn sessions(&self) -> Vec<u32> {
+        let pid = self.child.id();
+        let mut v = Vec::new();
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for t in tasks.flatten() {
+                if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+                    v.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+                }
+            }
+        }
+        v.sort_unstable();
+        v
+    }
+
+    /// Waits until the server has `n` session processes; returns them.
+    fn wait_sessions(&self, n: usize) -> Vec<u32> {
+        let t = Instant::now();
+        loop {
+            let s = self.sessions();
+            if s.len() == n {
+                return s;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "expected {n} session processes, have {s:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("server status");
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// One sample from `/metrics`, e.g. `rpc_memory_allocated_bytes` or
+    /// `rpc_commands_total{command="ALLOC_BUFFER"}`.
+    fn metric(&self, name: &str) -> u64 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.metrics).expect("metrics");
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} not in /metrics")) as u64
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+fn kill(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_computes_in_a_process_of_its_own() {
+    let s = Server::start(&[]);
+    let mut c = connect(s.addr).await;
+    let pids = s.wait_sessions(1);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", pids[0])).unwrap_or_default();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("--session-child"),
+        "the child is a session process"
+    );
+    let buf = alloc(&mut c, 3 * 64).await;
+    let (a, b, sum) = add_graph(&buf, 16);
+    let av: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    c.set_tensor(&a, 0, &f32_bytes(&av), false).await.unwrap();
+    c.set_tensor(&b, 0, &f32_bytes(&av), false).await.unwrap();
+    c.graph_compute(0, &[3], &[a, b, sum]).await.unwrap();
+    let got = bytes_f32(&c.get_tensor(&sum, 0, 64).await.unwrap());
+    let want: Vec<f32> = av.iter().map(|x| 2.0 * x).collect();
+    assert_eq!(got, want);
+    drop(c);
+    s.wait_sessions(0);
+    // The session's commands reached the front's counters (reported as the process ended).
+    let t = Instant::now();
+    while s.metric("rpc_commands_total{command=\"GRAPH_COMPUTE\"}") < 1 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "no GRAPH_COMPUTE counted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        s.metric("rpc_commands_total{command=\"SET_TENSOR\"}"),
+        2,
+        "SET_TENSORs counted by the front"
+    );
+    assert_eq!(s.metric("rpc_memory_allocated_bytes"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_session_harms_no_one_else() {
+    let mut s = Server::start(&[]);
+    // A bystander with a secret in its buffer.
+    let mut by = connect(s.addr).await;
+    let bbuf = alloc(&mut by, 4096).await;
+    let secret = pattern(4096, 42);
+    let t = bbuf.f32(1, &[1024], 0).build();
+    by.set_tensor(&t, 0, &secret, false).await.unwrap();
+    let bystander = s.wait_sessions(1)[0];
+    // (A SIGSEGV sent with kill(2) does not end a Rust process: its handler for stack overflows
+    // returns, and only a real fault re-raises. SIGABRT is what a ggml assertion ends in.)
+    for sig in ["-ABRT", "-KILL", "-ILL"] {
+        let mut victim = connect(s.addr).await;
+        let _vb = alloc(&mut victim, 1 << 20).await;
+        let pids = s.wait_sessions(2);
+        let v = *pids.iter().find(|&&p| p != bystander).unwrap();
+        kill(v, sig);
+        expect_closed(&mut victim, "a session whose process was killed").await;
+        s.wait_sessions(1);
+        assert!(s.alive(), "the server died with a session ({sig})");
+        // The bystander's data and session are intact.
+        assert_eq!(by.get_tensor(&t, 0, 4096).await.unwrap(), secret, "{sig}");
+        let mut fresh = connect(s.addr).await;
+        assert_eq!(fresh.device_count().await.unwrap(), 1);
+        drop(fresh);
+        s.wait_sessions(1);
+    }
+    let log = s.log();
+    assert!(log.contains("killed by SIGABRT"), "log: {log}");
+    assert!(log.contains("killed by SIGKILL"), "log: {log}");
+    assert_eq!(
+        s.metric("rpc_memory_allocated_bytes"),
+        4096,
+        "only the bystander's buffer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_limit_spans_every_session_process() {
+    let s = Server::start(&["--max-alloc-total", "64M"]);
+    let mut a = connect(s.addr).await;
+    let _ab = alloc(&mut a, 48 << 20).await;
+    let pa = s.wait_sessions(1)[0];
+    let mut b = connect(s.addr).await;
+    s.wait_sessions(2);
+    assert!(
+        b.alloc_buffer(0, 32 << 20).await.unwrap().is_none(),
+        "48 + 32 MiB over a 64 MiB total, in two processes"
+    );
+    assert_eq!(s.metric("rpc_memory_allocated_bytes"), 48 << 20);
+    // What a killed session held is given back.
+    kill(pa, "-KILL");
+    expect_closed(&mut a, "killed").await;
+    s.wait_sessions(1);
+    assert!(b.alloc_buffer(0, 32 << 20).await.unwrap().is_some());
+    assert_eq!(s.metric("rpc_memory_allocated_bytes"), 32 << 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_killed_sessions_leave_the_front_flat() {
+    let mut s = Server::start(&[]);
+    async fn one(s: &Server) {
+        let mut c = connect(s.addr).await;
+        let _b = alloc(&mut c, 1 << 20).await;
+        let pid = s.wait_sessions(1)[0];
+        kill(pid, "-KILL");
+        expect_closed(&mut c, "killed").await;
+        s.wait_sessions(0);
+    }
+    for _ in 0..10 {
+        one(&s).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = s.rss_kib();
+    for _ in 0..100 {
+        one(&s).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = s.rss_kib();
+    assert!(s.alive());
+    assert!(
+        after <= before + 1024,
+        "front RSS {before} KiB -> {after} KiB over 100 killed sessions"
+    );
+    assert_eq!(s.metric("rpc_memory_allocated_bytes"), 0);
+    let mut c = connect(s.addr).await;
+    assert_eq!(c.device_count().await.unwrap(), 1);
+    eprintln!("front RSS over 100 killed sessions: {before} KiB -> {after} KiB");
+}
