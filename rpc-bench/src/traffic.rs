@@ -4,13 +4,14 @@
 //! `| cmd u8 | size u64 LE | payload |`; the command byte says whether a response follows
 //! (spec §5.1), so every command with a response is one blocking network round trip of the stock
 //! client. Server → client carries responses `| size u64 LE | payload |`. The parsers here are
-//! incremental (any chunking), never panic, and count frames, bytes and round trips; the request
+//! incremental (any chunking, over [`rpc_proto::Scanner`], the frame scanner rpc-shim uses too),
+//! never panic, and count frames, bytes and round trips; the request
 //! parser also zeroes the HELLO transport caps so an RDMA-capable client stays on TCP through the
 //! relay (the relay can only carry bytes).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use rpc_proto::{Command, CONN_CAPS_SIZE};
+use rpc_proto::{Command, FrameHeader, Scanned, Scanner, CONN_CAPS_SIZE};
 use rpc_transport::rdma::wire::Framing;
 
 use crate::links::LinkProfile;
@@ -251,17 +252,13 @@ impl Traffic {
 /// Incremental parser of the client → server stream.
 #[derive(Debug)]
 pub struct RequestParser {
-    state: ReqState,
+    scan: Scanner,
+    /// Caps bytes of a HELLO request still to be zeroed.
+    hello_left: usize,
     zero_hello_caps: bool,
     /// Request bytes since the last request with a response: what a lean peer (our shim)
     /// flushes as one burst at best.
     lean_burst: usize,
-}
-
-#[derive(Debug)]
-enum ReqState {
-    Header { have: usize, buf: [u8; 9] },
-    Payload { remaining: u64, hello_left: usize },
 }
 
 impl RequestParser {
@@ -269,10 +266,8 @@ impl RequestParser {
     /// request are overwritten with zeros in the forwarded data.
     pub fn new(zero_hello_caps: bool) -> RequestParser {
         RequestParser {
-            state: ReqState::Header {
-                have: 0,
-                buf: [0; 9],
-            },
+            scan: Scanner::requests(),
+            hello_left: 0,
             zero_hello_caps,
             lean_burst: 0,
         }
@@ -283,91 +278,68 @@ impl RequestParser {
         c.c2s_bytes.fetch_add(data.len() as u64, Relaxed);
         let mut i = 0;
         while i < data.len() {
-            match &mut self.state {
-                ReqState::Header { have, buf } => {
-                    let take = (9 - *have).min(data.len() - i);
-                    buf[*have..*have + take].copy_from_slice(&data[i..i + take]);
-                    *have += take;
-                    i += take;
-                    if *have == 9 {
-                        let cmd = buf[0];
-                        let mut sz = [0u8; 8];
-                        sz.copy_from_slice(&buf[1..9]);
-                        let size = u64::from_le_bytes(sz);
-                        let slot = if usize::from(cmd) < UNKNOWN {
-                            usize::from(cmd)
-                        } else {
-                            UNKNOWN
-                        };
-                        c.cmd_count[slot].fetch_add(1, Relaxed);
-                        c.cmd_bytes[slot].fetch_add(size.saturating_add(9), Relaxed);
-                        c.c2s_msgs.fetch_add(1, Relaxed);
-                        let msg = size.saturating_add(9);
-                        c.c2s_uc
-                            .fetch_add(LinkProfile::tb5_rdma().wire_bytes(msg), Relaxed);
-                        let command = Command::from_u8(cmd);
-                        let psize = usize::try_from(size).unwrap_or(usize::MAX);
-                        // Upstream flavors flush every request; a lean peer coalesces the
-                        // no-response ones into the next request that waits for a response.
-                        c.wire_message(&[Framing::UpstreamRc, Framing::AppleUc], &[1, 8, psize]);
-                        self.lean_burst = self.lean_burst.saturating_add(psize.saturating_add(9));
-                        if command.is_some_and(Command::has_response) {
-                            c.round_trips.fetch_add(1, Relaxed);
-                            c.wire_message(&[Framing::LeanRc, Framing::LeanUc], &[self.lean_burst]);
-                            self.lean_burst = 0;
-                        }
-                        let hello_left = if self.zero_hello_caps
-                            && command == Some(Command::Hello)
-                            && size == CONN_CAPS_SIZE as u64
-                        {
-                            CONN_CAPS_SIZE
-                        } else {
-                            0
-                        };
-                        self.state = if size == 0 {
-                            ReqState::Header {
-                                have: 0,
-                                buf: [0; 9],
-                            }
-                        } else {
-                            ReqState::Payload {
-                                remaining: size,
-                                hello_left,
-                            }
-                        };
-                    }
+            let (n, ev) = self.scan.step(&data[i..]);
+            match ev {
+                Some(Scanned::Request(h)) => self.request(h, c),
+                Some(Scanned::Payload { len, .. }) if self.hello_left > 0 => {
+                    let z = len.min(self.hello_left);
+                    data[i..i + z].fill(0);
+                    self.hello_left -= z;
                 }
-                ReqState::Payload {
-                    remaining,
-                    hello_left,
-                } => {
-                    let avail = (data.len() - i) as u64;
-                    let take = (*remaining).min(avail) as usize;
-                    if *hello_left > 0 {
-                        let z = take.min(*hello_left);
-                        data[i..i + z].fill(0);
-                        *hello_left -= z;
-                    }
-                    i += take;
-                    *remaining -= take as u64;
-                    if *remaining == 0 {
-                        self.state = ReqState::Header {
-                            have: 0,
-                            buf: [0; 9],
-                        };
-                    }
-                }
+                _ => {}
             }
+            i += n;
         }
+    }
+
+    /// Counts one request frame by its header.
+    fn request(&mut self, h: FrameHeader, c: &Counters) {
+        let (cmd, size) = (h.cmd, h.size);
+        let slot = if usize::from(cmd) < UNKNOWN {
+            usize::from(cmd)
+        } else {
+            UNKNOWN
+        };
+        c.cmd_count[slot].fetch_add(1, Relaxed);
+        c.cmd_bytes[slot].fetch_add(size.saturating_add(9), Relaxed);
+        c.c2s_msgs.fetch_add(1, Relaxed);
+        let msg = size.saturating_add(9);
+        c.c2s_uc
+            .fetch_add(LinkProfile::tb5_rdma().wire_bytes(msg), Relaxed);
+        let command = Command::from_u8(cmd);
+        let psize = usize::try_from(size).unwrap_or(usize::MAX);
+        // Upstream flavors flush every request; a lean peer coalesces the no-response ones into
+        // the next request that waits for a response.
+        c.wire_message(&[Framing::UpstreamRc, Framing::AppleUc], &[1, 8, psize]);
+        self.lean_burst = self.lean_burst.saturating_add(psize.saturating_add(9));
+        if command.is_some_and(Command::has_response) {
+            c.round_trips.fetch_add(1, Relaxed);
+            c.wire_message(&[Framing::LeanRc, Framing::LeanUc], &[self.lean_burst]);
+            self.lean_burst = 0;
+        }
+        self.hello_left = if self.zero_hello_caps
+            && command == Some(Command::Hello)
+            && size == CONN_CAPS_SIZE as u64
+        {
+            CONN_CAPS_SIZE
+        } else {
+            0
+        };
     }
 }
 
 /// Incremental parser of the server → client stream (`| size u64 | payload |` messages).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ResponseParser {
-    have: usize,
-    buf: [u8; 8],
-    remaining: u64,
+    scan: Scanner,
+}
+
+impl Default for ResponseParser {
+    fn default() -> Self {
+        ResponseParser {
+            scan: Scanner::responses(),
+        }
+    }
 }
 
 impl ResponseParser {
@@ -376,20 +348,8 @@ impl ResponseParser {
         c.s2c_bytes.fetch_add(data.len() as u64, Relaxed);
         let mut i = 0;
         while i < data.len() {
-            if self.remaining > 0 {
-                let take = self.remaining.min((data.len() - i) as u64);
-                self.remaining -= take;
-                i += take as usize;
-                continue;
-            }
-            let take = (8 - self.have).min(data.len() - i);
-            self.buf[self.have..self.have + take].copy_from_slice(&data[i..i + take]);
-            self.have += take;
-            i += take;
-            if self.have == 8 {
-                self.have = 0;
-                let size = u64::from_le_bytes(self.buf);
-                self.remaining = size;
+            let (n, ev) = self.scan.step(&data[i..]);
+            if let Some(Scanned::Response(size)) = ev {
                 c.s2c_msgs.fetch_add(1, Relaxed);
                 c.wire_message(
                     &Framing::ALL,
@@ -400,6 +360,7 @@ impl ResponseParser {
                     Relaxed,
                 );
             }
+            i += n;
         }
     }
 }

@@ -61,6 +61,7 @@ mod ggml_ids;
 mod graph;
 mod request;
 mod response;
+mod scan;
 mod tensor;
 mod wire;
 
@@ -73,6 +74,7 @@ pub use ggml_ids::{ggml_op, ggml_type};
 pub use graph::{encode_graph, graph_payload_size, Graph};
 pub use request::{Request, SetTensorHeader};
 pub use response::{version_compatible, Response};
+pub use scan::{complete_request, Scanned, Scanner};
 pub use tensor::{
     RpcTensor, TENSOR_FLAG_COMPUTE, TENSOR_FLAG_INPUT, TENSOR_FLAG_LOSS, TENSOR_FLAG_OUTPUT,
     TENSOR_FLAG_PARAM,

@@ -247,12 +247,7 @@ impl<C: Connector> Session<C> {
 
     /// Whether the whole next request frame is already in the read buffer.
     fn next_frame_buffered(&self) -> bool {
-        let b = self.rd.buffer();
-        let Some(head) = b.first_chunk::<FRAME_HEADER_SIZE>() else {
-            return false;
-        };
-        let size = FrameHeader::decode(head).size;
-        (b.len() - FRAME_HEADER_SIZE) as u64 >= size
+        rpc_proto::complete_request(self.rd.buffer()).is_some()
     }
 
     /// Waits for the client, watching the upstream connection (or the worker) meanwhile.
