@@ -31,10 +31,7 @@ pub(super) fn flash_attn_ext(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexChe
     );
     ty_is(d, ty::F32, "result")?;
     nb0_is_ts(d, "result")?;
-    ensure!(
-        d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
-        "result strides must increase"
-    );
+    strides_increase(d)?;
     for (t, w) in [(q, "q"), (k, "k"), (v, "v")] {
         nb0_is_ts(t, w)?;
     }
@@ -51,13 +48,7 @@ pub(super) fn flash_attn_ext(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexChe
             "FLASH_ATTN_EXT v type"
         );
     }
-    if let Some(m) = n.src[3] {
-        ty_is(m, ty::F16, "mask")?;
-        ensure!(m.contiguous(), "FLASH_ATTN_EXT: mask must be contiguous");
-        ensure!(
-            divides(m.ne(2), q.ne(2)) && divides(m.ne(3), q.ne(3)),
-            "FLASH_ATTN_EXT: mask cannot be broadcast"
-        );
+    let covers = |m: &TensorSpec| {
         ensure!(
             m.ne(0) >= k.ne(1) && m.ne(1) >= q.ne(1),
             "FLASH_ATTN_EXT: mask {:?} too small for {} kv x {} q",
@@ -65,17 +56,10 @@ pub(super) fn flash_attn_ext(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexChe
             k.ne(1),
             q.ne(1)
         );
-    } else {
-        ensure!(
-            d.op_f32(1) <= 0.0 || d.op_f32(1).is_nan(),
-            "FLASH_ATTN_EXT: max_bias without a mask"
-        );
-    }
-    if let Some(s) = n.src[4] {
-        ty_is(s, ty::F32, "sinks")?;
-        ensure!(s.ne(0) >= q.ne(2) && s.flat_fits(), "FLASH_ATTN_EXT: sinks");
-    }
-    Ok(())
+        Ok(())
+    };
+    let mask = n.src[3];
+    mask_and_sinks("FLASH_ATTN_EXT", d, q, mask, &[ty::F16], covers, n.src[4])
 }
 
 /// GET_REL_POS: relative position embeddings (SAM).

@@ -20,10 +20,7 @@ pub(super) fn arithmetic(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>)
         ty_is(b, ty::F32, "src[1]")?;
         nb0_is_ts(a, "src[0]")?;
         nb0_is_ts(b, "src[1]")?;
-        ensure!(
-            d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
-            "result strides must increase"
-        );
+        strides_increase(d)?;
         // Rows are dequantized, added, and converted back with the result type's
         // from_float, or copied as `ne0*nb0` bytes of f32 when it has none.
         ensure!(
@@ -69,10 +66,7 @@ pub(super) fn add_id(n: &Node<'_>, _cpu: bool, checks: &mut Vec<IndexCheck>) -> 
     ty_is(ids, ty::I32, "ids")?;
     ensure!(same_shape(a, d), "result shape differs from src[0]");
     fresh(d)?;
-    for (t, w) in [(d, "result"), (a, "src[0]"), (b, "src[1]")] {
-        ty_is(t, ty::F32, w)?;
-        nb0_is_ts(t, w)?;
-    }
+    f32_rows(&[(d, "result"), (a, "src[0]"), (b, "src[1]")])?;
     checks.push(IndexCheck {
         tensor: n.idx(2),
         type_: ty::I32,
@@ -105,10 +99,7 @@ pub(super) fn add1(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>) -> R 
         ) || (a.quantized() && a.ty() == d.ty() && b.ty() == ty::F32);
         ensure!(ok, "ADD1 types");
         if a.quantized() {
-            ensure!(
-                d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
-                "result strides must increase"
-            );
+            strides_increase(d)?;
         }
     }
     Ok(())

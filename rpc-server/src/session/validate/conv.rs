@@ -9,39 +9,12 @@ pub(super) fn im2col(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) ->
     let a = n.s(0)?;
     let b = n.s(1)?;
     n.none_from(2)?;
-    let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
-    let (s0, s1, p0, p1, d0, d1, is2d) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
-    ensure!(matches!(is2d, 0 | 1), "IM2COL is_2D flag");
-    let is2d = is2d == 1;
-    ensure!(
-        s0 > 0 && d0 > 0 && p0 >= 0 && (!is2d || (s1 > 0 && d1 > 0 && p1 >= 0)),
-        "IM2COL parameters"
-    );
+    let (want, is2d) = im2col_shape(d, a, b, "IM2COL")?;
     if is2d {
         ensure!(a.ne(2) == b.ne(2), "IM2COL channels");
     } else {
         ensure!(b.ne(1) == a.ne(1) && b.ne(3) == 1, "IM2COL 1d shapes");
     }
-    let oh = if is2d {
-        conv_out(b.ne(1), a.ne(1), s1, p1, d1)
-    } else {
-        0
-    };
-    let ow = conv_out(b.ne(0), a.ne(0), s0, p0, d0);
-    ensure!(
-        (!is2d || oh > 0) && ow > 0,
-        "IM2COL: input smaller than the kernel"
-    );
-    let want = [
-        if is2d {
-            a.ne(2) * a.ne(1) * a.ne(0)
-        } else {
-            a.ne(1) * a.ne(0)
-        },
-        ow,
-        if is2d { oh } else { b.ne(2) },
-        if is2d { b.ne(3) } else { 1 },
-    ];
     ne_eq(d, want)?;
     ty_in(d, &[ty::F32, ty::F16], "result")?;
     ty_in(b, &[ty::F32, ty::F16], "src[1]")?;
@@ -87,42 +60,12 @@ pub(super) fn im2col_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck
     let a = n.s(0)?;
     let b = n.s(1)?;
     n.none_from(2)?;
-    let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
-    let (s0, s1, p0, p1, d0, d1, is2d) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
-    ensure!(
-        matches!(is2d, 0 | 1) && s0 > 0 && d0 > 0 && p0 >= 0,
-        "IM2COL_BACK parameters"
-    );
-    let is2d = is2d == 1;
-    ensure!(
-        !is2d || (s1 > 0 && d1 > 0 && p1 >= 0),
-        "IM2COL_BACK parameters"
-    );
     ty_is(a, ty::F32, "src[0]")?;
     ty_in(b, &[ty::F32, ty::F16], "src[1]")?;
     ty_is(d, ty::F32, "result")?;
     // The result has the shape of the original im2col input; the gradient src[0] the shape
     // im2col produced from it with kernel src[1].
-    let oh = if is2d {
-        conv_out(d.ne(1), b.ne(1), s1, p1, d1)
-    } else {
-        1
-    };
-    let ow = conv_out(d.ne(0), b.ne(0), s0, p0, d0);
-    ensure!(
-        oh > 0 && ow > 0,
-        "IM2COL_BACK: input smaller than the kernel"
-    );
-    let want = [
-        if is2d {
-            b.ne(2) * b.ne(1) * b.ne(0)
-        } else {
-            b.ne(1) * b.ne(0)
-        },
-        ow,
-        if is2d { oh } else { d.ne(2) },
-        if is2d { d.ne(3) } else { 1 },
-    ];
+    let (want, is2d) = im2col_shape(d, b, d, "IM2COL_BACK")?;
     ne_eq(a, want).map_err(|e| format!("IM2COL_BACK gradient: {e}"))?;
     if is2d {
         ensure!(d.ne(2) == b.ne(2), "IM2COL_BACK channels");
@@ -191,14 +134,7 @@ pub(super) fn conv_2d(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -
     let b = n.s(1)?;
     n.none_from(2)?;
     ensure!(a.ne(2) == b.ne(2), "CONV_2D channels");
-    let p: Vec<i64> = (0..6).map(|i| d.op_i32(i) as i64).collect();
-    ensure!(
-        p[0] > 0 && p[1] > 0 && p[2] >= 0 && p[3] >= 0 && p[4] > 0 && p[5] > 0,
-        "CONV_2D parameters"
-    );
-    let w = conv_out(b.ne(0), a.ne(0), p[0], p[2], p[4]);
-    let h = conv_out(b.ne(1), a.ne(1), p[1], p[3], p[5]);
-    ensure!(w > 0 && h > 0, "CONV_2D: input smaller than the kernel");
+    let (w, h) = conv_2d_out(d, a, b, "CONV_2D")?;
     ne_eq(d, [w, h, a.ne(3), b.ne(3)])?;
     ensure!(a.contiguous(), "CONV_2D: kernel must be contiguous");
     ty_in(a, &[ty::F32, ty::F16], "kernel")?;
@@ -246,14 +182,7 @@ pub(super) fn conv_2d_dw(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>
     let b = n.s(1)?;
     n.none_from(2)?;
     ensure!(a.ne(2) == 1 && a.ne(3) == b.ne(2), "CONV_2D_DW shapes");
-    let p: Vec<i64> = (0..6).map(|i| d.op_i32(i) as i64).collect();
-    ensure!(
-        p[0] > 0 && p[1] > 0 && p[2] >= 0 && p[3] >= 0 && p[4] > 0 && p[5] > 0,
-        "CONV_2D_DW parameters"
-    );
-    let w = conv_out(b.ne(0), a.ne(0), p[0], p[2], p[4]);
-    let h = conv_out(b.ne(1), a.ne(1), p[1], p[3], p[5]);
-    ensure!(w > 0 && h > 0, "CONV_2D_DW: input smaller than the kernel");
+    let (w, h) = conv_2d_out(d, a, b, "CONV_2D_DW")?;
     ne_eq(d, [w, h, b.ne(2), b.ne(3)])?;
     ensure!(d.ty() == b.ty() && b.ty() == ty::F32, "CONV_2D_DW types");
     ty_in(a, &[ty::F32, ty::F16], "kernel")?;
@@ -311,6 +240,62 @@ fn conv_out(ins: i64, ks: i64, s: i64, p: i64, d: i64) -> i64 {
     }
     let v = (ins as i128 + 2 * p as i128 - d as i128 * (ks as i128 - 1) - 1) / s as i128 + 1;
     v.clamp(i64::MIN as i128, i64::MAX as i128) as i64
+}
+
+/// IM2COL's parameters (`op_params`: s0, s1, p0, p1, d0, d1, is_2D) and the shape im2col makes of
+/// `input` with `kernel` (`ggml_im2col`), and whether it is 2d: IM2COL checks its result against
+/// it, IM2COL_BACK its gradient.
+fn im2col_shape(
+    d: &TensorSpec,
+    kernel: &TensorSpec,
+    input: &TensorSpec,
+    what: &str,
+) -> Result<([i64; 4], bool), String> {
+    let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
+    let (s0, s1, p0, p1, d0, d1, is2d) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
+    ensure!(
+        matches!(is2d, 0 | 1) && s0 > 0 && d0 > 0 && p0 >= 0,
+        "{what} parameters"
+    );
+    let is2d = is2d == 1;
+    ensure!(!is2d || (s1 > 0 && d1 > 0 && p1 >= 0), "{what} parameters");
+    let oh = if is2d {
+        conv_out(input.ne(1), kernel.ne(1), s1, p1, d1)
+    } else {
+        1
+    };
+    let ow = conv_out(input.ne(0), kernel.ne(0), s0, p0, d0);
+    ensure!(oh > 0 && ow > 0, "{what}: input smaller than the kernel");
+    let want = [
+        if is2d {
+            kernel.ne(2) * kernel.ne(1) * kernel.ne(0)
+        } else {
+            kernel.ne(1) * kernel.ne(0)
+        },
+        ow,
+        if is2d { oh } else { input.ne(2) },
+        if is2d { input.ne(3) } else { 1 },
+    ];
+    Ok((want, is2d))
+}
+
+/// CONV_2D's and CONV_2D_DW's parameters (`op_params`: s0, s1, p0, p1, d0, d1) and the width and
+/// height of their result for `input` and `kernel`.
+fn conv_2d_out(
+    d: &TensorSpec,
+    kernel: &TensorSpec,
+    input: &TensorSpec,
+    what: &str,
+) -> Result<(i64, i64), String> {
+    let p: Vec<i64> = (0..6).map(|i| d.op_i32(i) as i64).collect();
+    ensure!(
+        p[0] > 0 && p[1] > 0 && p[2] >= 0 && p[3] >= 0 && p[4] > 0 && p[5] > 0,
+        "{what} parameters"
+    );
+    let w = conv_out(input.ne(0), kernel.ne(0), p[0], p[2], p[4]);
+    let h = conv_out(input.ne(1), kernel.ne(1), p[1], p[3], p[5]);
+    ensure!(w > 0 && h > 0, "{what}: input smaller than the kernel");
+    Ok((w, h))
 }
 
 /// The IM2COL kernel reads input planes as `[IH, IW]` rows of contiguous floats.

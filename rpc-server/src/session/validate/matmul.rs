@@ -19,10 +19,7 @@ pub(super) fn mul_mat(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>) ->
     ne_eq(d, [a.ne(1), b.ne(1), b.ne(2), b.ne(3)])?;
     ty_is(d, ty::F32, "result")?;
     nb0_is_ts(d, "result")?;
-    ensure!(
-        d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
-        "result strides must increase"
-    );
+    strides_increase(d)?;
     ensure!(d.flat_fits() || d.contiguous_rows(), "result layout");
     nb0_is_ts(a, "src[0]")?;
     nb0_is_ts(b, "src[1]")?;
@@ -62,10 +59,7 @@ pub(super) fn mul_mat_id(n: &Node<'_>, cpu: bool, checks: &mut Vec<IndexCheck>) 
     ne_eq(d, [a.ne(1), ids.ne(0), b.ne(2), 1])?;
     ty_is(d, ty::F32, "result")?;
     nb0_is_ts(d, "result")?;
-    ensure!(
-        d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
-        "result strides must increase"
-    );
+    strides_increase(d)?;
     nb0_is_ts(a, "src[0]")?;
     nb0_is_ts(b, "src[1]")?;
     if cpu {

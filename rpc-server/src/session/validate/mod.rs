@@ -266,6 +266,68 @@ fn ty_in(t: &TensorSpec, want: &[u32], what: &str) -> R {
     Ok(())
 }
 
+/// The result's strides grow with the dimension (kernels that address rows from their indices).
+fn strides_increase(d: &TensorSpec) -> R {
+    ensure!(
+        d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
+        "result strides must increase"
+    );
+    Ok(())
+}
+
+/// The result has src[0]'s shape and type.
+fn like_src0(a: &TensorSpec, d: &TensorSpec) -> R {
+    ensure!(
+        same_shape(a, d) && d.ty() == a.ty(),
+        "result shape differs from src[0]"
+    );
+    Ok(())
+}
+
+/// f32 tensors whose rows are packed floats (`nb[0]` = 4), each named for the error message.
+fn f32_rows(ts: &[(&TensorSpec, &str)]) -> R {
+    for &(t, w) in ts {
+        ty_is(t, ty::F32, w)?;
+        nb0_is_ts(t, w)?;
+    }
+    Ok(())
+}
+
+/// The optional mask and sinks SOFT_MAX and FLASH_ATTN_EXT share (`ggml_soft_max_ext`,
+/// `ggml_flash_attn_ext`), for scores with `x`'s heads (dim 2) and batch (dim 3): a contiguous
+/// mask of one of `mask_types`, broadcast over heads and batch, that `covers` the scores (each
+/// op's own rule); no mask, no ALiBi (`max_bias`, op_params[1], scales the mask's values); sinks:
+/// at least one f32 per head.
+fn mask_and_sinks(
+    what: &str,
+    d: &TensorSpec,
+    x: &TensorSpec,
+    mask: Option<&TensorSpec>,
+    mask_types: &[u32],
+    covers: impl FnOnce(&TensorSpec) -> R,
+    sinks: Option<&TensorSpec>,
+) -> R {
+    if let Some(m) = mask {
+        ty_in(m, mask_types, "mask")?;
+        ensure!(m.contiguous(), "{what}: mask must be contiguous");
+        ensure!(
+            divides(m.ne(2), x.ne(2)) && divides(m.ne(3), x.ne(3)),
+            "{what}: mask cannot be broadcast"
+        );
+        covers(m)?;
+    } else {
+        ensure!(
+            d.op_f32(1) <= 0.0 || d.op_f32(1).is_nan(),
+            "{what}: max_bias without a mask"
+        );
+    }
+    if let Some(s) = sinks {
+        ty_is(s, ty::F32, "sinks")?;
+        ensure!(s.ne(0) >= x.ne(2) && s.flat_fits(), "{what}: sinks");
+    }
+    Ok(())
+}
+
 /// Checks that hold for every tensor of a graph that a kernel may read or write.
 pub(crate) fn check_layout(t: &TensorSpec) -> R {
     let info = type_info(t.type_).ok_or("invalid type")?;

@@ -37,10 +37,7 @@ pub(super) fn rms_norm_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexChe
     n.none_from(2)?;
     ensure!(same_shape(a, d) && same_shape(a, b), "RMS_NORM_BACK shapes");
     fresh(d)?;
-    for (t, w) in [(d, "result"), (a, "src[0]"), (b, "src[1]")] {
-        ty_is(t, ty::F32, w)?;
-        nb0_is_ts(t, w)?;
-    }
+    f32_rows(&[(d, "result"), (a, "src[0]"), (b, "src[1]")])?;
     Ok(())
 }
 
@@ -49,10 +46,7 @@ pub(super) fn diag_mask(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>)
     let d = n.d;
     let a = n.s(0)?;
     n.none_from(1)?;
-    ensure!(
-        same_shape(a, d) && d.ty() == a.ty(),
-        "result shape differs from src[0]"
-    );
+    like_src0(a, d)?;
     ensure!(d.op_i32(0) >= 0, "negative n_past");
     ty_is(a, ty::F32, "src[0]")?;
     ensure!(
@@ -72,30 +66,25 @@ pub(super) fn soft_max(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) 
     fresh_or_inplace(d, a)?;
     ty_is(a, ty::F32, "src[0]")?;
     ty_is(d, ty::F32, "result")?;
-    if let Some(m) = n.src[1] {
-        ty_in(m, &[ty::F16, ty::F32], "mask")?;
-        ensure!(m.contiguous(), "SOFT_MAX: mask must be contiguous");
+    let covers = |m: &TensorSpec| {
         ensure!(
             m.ne(0) == a.ne(0) && m.ne(1) >= a.ne(1),
             "SOFT_MAX: mask {:?} for {:?}",
             m.ne,
             a.ne
         );
-        ensure!(
-            divides(m.ne(2), a.ne(2)) && divides(m.ne(3), a.ne(3)),
-            "SOFT_MAX: mask cannot be broadcast"
-        );
-    } else {
-        ensure!(
-            d.op_f32(1) <= 0.0 || d.op_f32(1).is_nan(),
-            "SOFT_MAX: max_bias without a mask"
-        );
-    }
-    if let Some(s) = n.src[2] {
-        ty_is(s, ty::F32, "sinks")?;
-        ensure!(s.ne(0) >= a.ne(2) && s.flat_fits(), "SOFT_MAX: sinks");
-    }
-    Ok(())
+        Ok(())
+    };
+    let mask = n.src[1];
+    mask_and_sinks(
+        "SOFT_MAX",
+        d,
+        a,
+        mask,
+        &[ty::F16, ty::F32],
+        covers,
+        n.src[2],
+    )
 }
 
 /// SOFT_MAX_BACK: the gradient of SOFT_MAX.

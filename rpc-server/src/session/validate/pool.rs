@@ -33,14 +33,7 @@ pub(super) fn pool_2d(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -
     let d = n.d;
     let a = n.s(0)?;
     n.none_from(1)?;
-    let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
-    let (pop, k0, k1, s0, s1, p0, p1) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
-    ensure!(
-        matches!(pop, 0 | 1) && k0 > 0 && k1 > 0 && s0 > 0 && s1 > 0 && p0 >= 0 && p1 >= 0,
-        "POOL_2D parameters"
-    );
-    let w = (a.ne(0) + 2 * p0 - k0) / s0 + 1;
-    let h = (a.ne(1) + 2 * p1 - k1) / s1 + 1;
+    let (w, h) = pool_2d_out(d, a, "POOL_2D")?;
     ensure!(w > 0 && h > 0, "POOL_2D: empty result");
     ne_eq(d, [w, h, a.ne(2), a.ne(3)])?;
     ty_is(d, ty::F32, "result")?;
@@ -59,14 +52,7 @@ pub(super) fn pool_2d_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexChec
     let af = n.s(1)?;
     n.none_from(2)?;
     ne_eq(d, [af.ne(0), af.ne(1), af.ne(2), af.ne(3)])?;
-    let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
-    let (pop, k0, k1, s0, s1, p0, p1) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
-    ensure!(
-        matches!(pop, 0 | 1) && k0 > 0 && k1 > 0 && s0 > 0 && s1 > 0 && p0 >= 0 && p1 >= 0,
-        "POOL_2D_BACK parameters"
-    );
-    let w = (af.ne(0) + 2 * p0 - k0) / s0 + 1;
-    let h = (af.ne(1) + 2 * p1 - k1) / s1 + 1;
+    let (w, h) = pool_2d_out(d, af, "POOL_2D_BACK")?;
     ensure!(
         a.ne(0) == w && a.ne(1) == h && a.ne(2) == af.ne(2) && a.ne(3) == af.ne(3),
         "POOL_2D_BACK shapes"
@@ -164,10 +150,7 @@ pub(super) fn roll(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R
     for i in 0..4 {
         ensure!((d.op_i32(i) as i64).abs() < a.ne(i), "ROLL shift {i}");
     }
-    ensure!(
-        same_shape(a, d) && d.ty() == a.ty(),
-        "result shape differs from src[0]"
-    );
+    like_src0(a, d)?;
     ty_is(a, ty::F32, "src[0]")?;
     fresh(d)?;
     Ok(())
@@ -181,10 +164,7 @@ pub(super) fn win_part(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) 
     ensure!(a.ne(3) == 1 && a.ty() == ty::F32, "WIN_PART source");
     let w = d.op_i32(2) as i64;
     ensure!(w > 0, "WIN_PART window");
-    let px = (w - a.ne(1) % w) % w;
-    let py = (w - a.ne(2) % w) % w;
-    let npx = (px + a.ne(1)) / w;
-    let npy = (py + a.ne(2)) / w;
+    let (npx, npy) = windows(a, w);
     ensure!(
         d.op_i32(0) as i64 == npx && d.op_i32(1) as i64 == npy,
         "WIN_PART parameters"
@@ -212,14 +192,33 @@ pub(super) fn win_unpart(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>
         d.ne(3) == 1 && d.ne(0) == a.ne(0) && a.ne(1) == w && a.ne(2) == w,
         "WIN_UNPART shapes"
     );
-    let px = (w - d.ne(1) % w) % w;
-    let py = (w - d.ne(2) % w) % w;
-    let npx = (px + d.ne(1)) / w;
-    let npy = (py + d.ne(2)) / w;
+    let (npx, npy) = windows(d, w);
     ensure!(a.ne(3) == npx * npy, "WIN_UNPART window count");
     ensure!(
         a.contiguous() && d.contiguous(),
         "WIN_UNPART needs contiguous tensors"
     );
     Ok(())
+}
+
+/// POOL_2D's parameters (`op_params`: op, k0, k1, s0, s1, p0, p1) and the width and height of its
+/// result for `input` (POOL_2D's source, POOL_2D_BACK's original input).
+fn pool_2d_out(d: &TensorSpec, input: &TensorSpec, what: &str) -> Result<(i64, i64), String> {
+    let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
+    let (pop, k0, k1, s0, s1, p0, p1) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
+    ensure!(
+        matches!(pop, 0 | 1) && k0 > 0 && k1 > 0 && s0 > 0 && s1 > 0 && p0 >= 0 && p1 >= 0,
+        "{what} parameters"
+    );
+    let w = (input.ne(0) + 2 * p0 - k0) / s0 + 1;
+    let h = (input.ne(1) + 2 * p1 - k1) / s1 + 1;
+    Ok((w, h))
+}
+
+/// How many `w`-sized windows cover dims 1 and 2 of `t` (padded up to whole windows), as WIN_PART
+/// cuts and WIN_UNPART joins them; `w > 0`.
+fn windows(t: &TensorSpec, w: i64) -> (i64, i64) {
+    let px = (w - t.ne(1) % w) % w;
+    let py = (w - t.ne(2) % w) % w;
+    ((px + t.ne(1)) / w, (py + t.ne(2)) / w)
 }

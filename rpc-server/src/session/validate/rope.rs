@@ -8,10 +8,7 @@ pub(super) fn rope(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R
     let a = n.s(0)?;
     let pos = n.s(1)?;
     n.none_from(3)?;
-    ensure!(
-        same_shape(a, d) && d.ty() == a.ty(),
-        "result shape differs from src[0]"
-    );
+    like_src0(a, d)?;
     fresh_or_inplace(d, a)?;
     ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
     ensure!(

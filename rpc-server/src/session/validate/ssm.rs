@@ -13,10 +13,7 @@ pub(super) fn ssm_conv(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) 
     let n_t = sx.ne(0) - c.ne(0) + 1;
     ensure!(n_t >= 0 && sx.ne(1) == c.ne(1), "SSM_CONV shapes");
     ne_eq(d, [c.ne(1), n_t, sx.ne(2), 1])?;
-    for (t, w) in [(d, "result"), (sx, "src[0]"), (c, "src[1]")] {
-        ty_is(t, ty::F32, w)?;
-        nb0_is_ts(t, w)?;
-    }
+    f32_rows(&[(d, "result"), (sx, "src[0]"), (c, "src[1]")])?;
     ensure!(
         sx.nb(1) == sx.ne(0) as u64 * 4,
         "SSM_CONV: src[0] rows must be packed"

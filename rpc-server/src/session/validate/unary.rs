@@ -51,10 +51,7 @@ pub(super) fn clamp(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> 
     let d = n.d;
     let a = n.s(0)?;
     n.none_from(1)?;
-    ensure!(
-        same_shape(a, d) && d.ty() == a.ty(),
-        "result shape differs from src[0]"
-    );
+    like_src0(a, d)?;
     fresh_or_inplace(d, a)?;
     ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
     nb0_is_ts(a, "src[0]")?;
@@ -62,19 +59,10 @@ pub(super) fn clamp(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> 
     Ok(())
 }
 
-/// LEAKY_RELU.
-pub(super) fn leaky_relu(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
-    let d = n.d;
-    let a = n.s(0)?;
-    n.none_from(1)?;
-    ensure!(
-        same_shape(a, d) && d.ty() == a.ty(),
-        "result shape differs from src[0]"
-    );
-    fresh_or_inplace(d, a)?;
-    ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
-    nb0_is_ts(a, "src[0]")?;
-    nb0_is_ts(d, "result")?;
+/// LEAKY_RELU: CLAMP's rule, and rows addressed over all rows.
+pub(super) fn leaky_relu(n: &Node<'_>, cpu: bool, checks: &mut Vec<IndexCheck>) -> R {
+    clamp(n, cpu, checks)?;
+    let (d, a) = (n.d, n.s(0)?);
     ensure!(
         a.flat_rows_fit() && d.flat_rows_fit(),
         "LEAKY_RELU row layout"
