@@ -179,6 +179,7 @@ fn real_main() -> anyhow::Result<()> {
             limits: opts.limits,
             rdma,
             conn,
+            sandbox: !args.no_sandbox,
         }));
     }
 

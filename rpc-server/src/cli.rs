@@ -123,6 +123,11 @@ pub struct Args {
     #[arg(long)]
     pub isolate: bool,
 
+    /// With --isolate: do not sandbox the session processes (Linux: seccomp, Landlock,
+    /// rlimits), for debugging.
+    #[arg(long, requires = "isolate")]
+    pub no_sandbox: bool,
+
     /// (internal) Run as the session process of one connection: the socket is stdin, the
     /// front's control line stdout; the value is the client's HELLO caps in hex.
     #[arg(long, hide = true, value_name = "CAPS")]

@@ -261,16 +261,26 @@ pub async fn serve(
     }
     let _ = peer;
     serve_hello(
-        tcp, local_ip, caps, config, limits, stats, rdma, conn, shutdown,
+        tcp,
+        local_ip,
+        caps,
+        config,
+        limits,
+        stats,
+        rdma,
+        conn,
+        shutdown,
+        || {},
     )
     .await
 }
 
 /// Serves a connection whose HELLO (`caps`) has been read: the reply (transport negotiation),
 /// then the command loop over TCP or RDMA. In this process, or in a session process of its own
-/// (`isolate.rs`).
+/// (`isolate.rs`). `ready` runs once the transport is set up, before the first command is read
+/// (a session process applies its sandbox there).
 #[allow(clippy::too_many_arguments)]
-pub async fn serve_hello(
+pub async fn serve_hello<F: FnOnce()>(
     mut tcp: BlockingTcpTransport,
     local_ip: std::net::IpAddr,
     caps: [u8; rpc_proto::CONN_CAPS_SIZE],
@@ -280,6 +290,7 @@ pub async fn serve_hello(
     rdma: Arc<RdmaConfig>,
     conn: ConnectionOptions,
     shutdown: watch::Receiver<bool>,
+    ready: F,
 ) -> Result<(), ConnectionError> {
     let mut out = Vec::with_capacity(64);
     let deadlines = Deadlines::of(&conn);
@@ -299,6 +310,7 @@ pub async fn serve_hello(
         out.len() as u64,
     );
     tcp.send_message(&[&out[..8], &out[8..]]).await?;
+    ready();
     let session = Session::with_budget(config, conn.budget.clone());
     let Some(activated) = activated else {
         return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;

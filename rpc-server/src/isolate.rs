@@ -311,6 +311,31 @@ pub struct Child {
     pub limits: Limits,
     pub rdma: Arc<RdmaConfig>,
     pub conn: ConnectionOptions,
+    /// Apply the sandbox (`sandbox.rs`) before the first command (`--isolate`, unless
+    /// `--no-sandbox`).
+    pub sandbox: bool,
+}
+
+/// Applies the sandbox (if `on`) where there is one; a failure is logged and the session goes on
+/// in its own process, unsandboxed.
+fn enter_sandbox(on: bool, budget: u64, cache_dir: Option<&std::path::Path>) {
+    #[cfg(target_os = "linux")]
+    {
+        if on {
+            match crate::sandbox::apply(budget, cache_dir) {
+                Ok(s) => tracing::debug!(seccomp = s.seccomp, landlock = s.landlock, "sandboxed"),
+                Err(e) => tracing::warn!("session not sandboxed: {e}"),
+            }
+        }
+        if std::env::var_os("RPC_SANDBOX_SELFTEST").is_some_and(|v| v == "1") {
+            crate::sandbox::self_test(cache_dir);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (on, budget, cache_dir);
+        tracing::debug!("no sandbox on this OS yet: the session is contained by its process only");
+    }
 }
 
 /// Session side: serves the client on stdin (a socket) after its HELLO, reporting to the front
@@ -423,6 +448,9 @@ pub fn child_main(c: Child) -> i32 {
             return 2;
         }
     };
+    let per_connection = conn.budget.limits().per_connection;
+    let cache_dir = c.config.cache.as_ref().map(|w| w.dir().to_path_buf());
+    let sandbox = c.sandbox;
     let r = rt.block_on(crate::connection::serve_hello(
         tcp,
         local_ip,
@@ -433,6 +461,7 @@ pub fn child_main(c: Child) -> i32 {
         c.rdma.clone(),
         conn,
         stop_rx,
+        move || enter_sandbox(sandbox, per_connection, cache_dir.as_deref()),
     ));
     done.store(true, Relaxed);
     reporter.thread().unpark();

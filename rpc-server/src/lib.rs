@@ -21,6 +21,8 @@ pub mod ggml;
 pub mod isolate;
 pub mod metrics;
 pub mod rdma;
+#[cfg(target_os = "linux")]
+pub mod sandbox;
 pub mod server;
 pub mod session;
 pub mod stats;

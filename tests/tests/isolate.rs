@@ -63,6 +63,10 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Server::start_env(extra, &[])
+    }
+
+    fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let port = free_port();
         let mport = free_port();
         let log = std::env::temp_dir().join(format!("rpc-isolate-{port}.log"));
@@ -79,7 +83,8 @@ impl Server {
             ])
             .args(["--metrics", &format!("127.0.0.1:{mport}")])
             .args(extra)
-            .env("RPC_LOG", "info")
+            .env("RPC_LOG", "debug")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(f.try_clone().expect("log"))
             .stderr(f)
@@ -307,4 +312,67 @@ async fn a_hundred_killed_sessions_leave_the_front_flat() {
     let mut c = connect(s.addr).await;
     assert_eq!(c.device_count().await.unwrap(), 1);
     eprintln!("front RSS over 100 killed sessions: {before} KiB -> {after} KiB");
+}
+
+/// A forbidden action from inside a session fails (Linux: seccomp, Landlock): the session
+/// process tries them right after its sandbox is up (`RPC_SANDBOX_SELFTEST=1`), with a real
+/// client connected; the weight cache stays usable. With `--no-sandbox` the same actions succeed
+/// (the control: the self-test can see a difference).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_process_cannot_leave_its_sandbox() {
+    let cache = TempDir::new("isolate-cache");
+    let dir = cache.path().to_str().unwrap().to_string();
+    let run = |extra: &'static [&'static str]| {
+        let dir = dir.clone();
+        async move {
+            let mut args = vec!["--cache-dir", dir.as_str()];
+            args.extend_from_slice(extra);
+            let s = Server::start_env(&args, &[("RPC_SANDBOX_SELFTEST", "1")]);
+            let mut c = connect(s.addr).await;
+            assert_eq!(c.device_count().await.unwrap(), 1, "the session serves");
+            let t = Instant::now();
+            while !s.log().contains("write and read the cache") {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "no self-test: {}",
+                    s.log()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let mut fresh = connect(s.addr).await;
+            assert_eq!(fresh.device_count().await.unwrap(), 1, "still serving");
+            s.log()
+        }
+    };
+    let log = run(&[]).await;
+    let line = |what: &str| {
+        log.lines()
+            .find(|l| l.contains(&format!("sandbox self-test: {what}")))
+            .unwrap_or_else(|| panic!("no self-test line for {what}: {log}"))
+            .to_string()
+    };
+    for what in [
+        "open a TCP connection",
+        "listen on a port",
+        "start /bin/true",
+    ] {
+        assert!(line(what).contains("denied"), "{}", line(what));
+    }
+    assert!(line("write and read the cache").contains("allowed"));
+    if log.contains("landlock=\"not enforced") {
+        eprintln!("skip: no Landlock in this kernel; file rules not checked");
+    } else {
+        for what in ["open /etc/hostname", "create a file in /tmp"] {
+            assert!(line(what).contains("denied"), "{}", line(what));
+        }
+    }
+    let control = run(&["--no-sandbox"]).await;
+    for what in ["open /etc/hostname", "start /bin/true", "listen on a port"] {
+        let l = control
+            .lines()
+            .find(|l| l.contains(&format!("sandbox self-test: {what}")))
+            .unwrap_or_else(|| panic!("no control line for {what}: {control}"));
+        assert!(l.contains("ALLOWED"), "without the sandbox: {l}");
+    }
 }

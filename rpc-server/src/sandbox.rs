@@ -1,0 +1,268 @@
+//! The session process's sandbox on Linux (`--isolate`): applied once the connection's transport
+//! is set up, before the first command is read, so that what a request might make a ggml kernel
+//! do runs with no more rights than serving its own session needs.
+//!
+//! - **seccomp-bpf**: the system calls that reach beyond the session fail with `EPERM`: starting
+//!   programs or processes (`execve`, `fork`, `clone` without `CLONE_THREAD`), new sockets and
+//!   connections (`socket`, `connect`, `bind`, `listen`, `accept`), signalling or tracing other
+//!   processes (`kill`, `ptrace`, `process_vm_*`), and kernel-wide controls (mounts, namespaces,
+//!   modules, BPF, keyrings, `io_uring`, identity changes). `clone3` answers `ENOSYS`, so the C
+//!   library falls back to `clone`, whose flags the filter can see.
+//! - **Landlock**: no file may be opened except under the weight cache directory (read and write:
+//!   the cache stores entries) and device and kernel files (`/dev`, read and write, for GPU and
+//!   RDMA devices; `/proc`, `/sys`, read only). Best effort: a kernel without Landlock leaves the
+//!   file rules unenforced, which the session logs.
+//! - **rlimits**: no core files; the data segment bounded by the session's memory budget plus
+//!   a fixed allowance for graphs and the runtime.
+//!
+//! `RPC_SANDBOX_SELFTEST=1` makes each session process try forbidden actions right after the
+//! sandbox is up and log what happened (`tests/tests/isolate.rs` asserts on those lines).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use landlock::{
+    Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus, ABI,
+};
+use seccompiler::{
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+};
+
+/// Beyond the buffers a session holds: graphs, staging, the runtime, ggml's thread pool.
+const DATA_ALLOWANCE: u64 = 2 << 30;
+
+/// What was enforced, for the session's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub seccomp: bool,
+    pub landlock: &'static str,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+    #[error("landlock: {0}")]
+    Landlock(#[from] landlock::RulesetError),
+    #[error("rlimit: {0}")]
+    Rlimit(#[from] std::io::Error),
+}
+
+/// System calls that fail with `EPERM` inside a session (the ones every architecture has; the
+/// x86_64-only ones are added in [`denied`]).
+const DENIED: &[libc::c_long] = &[
+    libc::SYS_execve,
+    libc::SYS_execveat,
+    libc::SYS_socket,
+    libc::SYS_socketpair,
+    libc::SYS_connect,
+    libc::SYS_bind,
+    libc::SYS_listen,
+    libc::SYS_accept,
+    libc::SYS_accept4,
+    libc::SYS_kill,
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_kexec_load,
+    libc::SYS_reboot,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_setuid,
+    libc::SYS_setgid,
+    libc::SYS_setreuid,
+    libc::SYS_setregid,
+    libc::SYS_setresuid,
+    libc::SYS_setresgid,
+    libc::SYS_setgroups,
+    libc::SYS_personality,
+    libc::SYS_userfaultfd,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_quotactl,
+    libc::SYS_acct,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_adjtimex,
+    libc::SYS_sethostname,
+    libc::SYS_setdomainname,
+    libc::SYS_syslog,
+    libc::SYS_vhangup,
+    libc::SYS_mknodat,
+];
+
+fn denied() -> Vec<libc::c_long> {
+    let mut v = DENIED.to_vec();
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        libc::SYS_fork,
+        libc::SYS_vfork,
+        libc::SYS_iopl,
+        libc::SYS_ioperm,
+        libc::SYS_mknod,
+    ]);
+    v
+}
+
+/// The two seccomp filters: the deny list (`EPERM`) and `clone3` (`ENOSYS`). The kernel runs
+/// every installed filter and takes the strictest answer.
+fn seccomp_filters() -> Result<[seccompiler::BpfProgram; 2], SandboxError> {
+    let err = |e: seccompiler::BackendError| SandboxError::Seccomp(e.to_string());
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        denied().into_iter().map(|nr| (nr, Vec::new())).collect();
+    // A new process, not a thread: clone's flags (argument 0) without CLONE_THREAD.
+    let no_thread = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+        0,
+    )
+    .map_err(err)?;
+    rules.insert(
+        libc::SYS_clone,
+        vec![SeccompRule::new(vec![no_thread]).map_err(err)?],
+    );
+    let arch = std::env::consts::ARCH.try_into().map_err(err)?;
+    let deny = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(err)?;
+    // clone3 hides its flags in memory the filter cannot read: "not implemented" makes the C
+    // library fall back to clone.
+    let clone3 = SeccompFilter::new(
+        [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(err)?;
+    Ok([
+        deny.try_into().map_err(err)?,
+        clone3.try_into().map_err(err)?,
+    ])
+}
+
+fn landlock(cache_dir: Option<&Path>) -> Result<RulesetStatus, SandboxError> {
+    let abi = ABI::V5;
+    let mut rs = Ruleset::default()
+        .handle_access(AccessFs::from_all(abi))?
+        .handle_access(AccessNet::from_all(abi))?
+        .create()?;
+    let read = AccessFs::from_read(abi);
+    let all = AccessFs::from_all(abi);
+    let rw_files = read | AccessFs::WriteFile;
+    for (p, access) in [("/proc", read), ("/sys", read), ("/dev", rw_files)] {
+        if let Ok(fd) = PathFd::new(p) {
+            rs = rs.add_rule(PathBeneath::new(fd, access))?;
+        }
+    }
+    if let Some(d) = cache_dir {
+        if let Ok(fd) = PathFd::new(d) {
+            rs = rs.add_rule(PathBeneath::new(fd, all))?;
+        }
+    }
+    Ok(rs.restrict_self()?.ruleset)
+}
+
+fn rlimits(budget: u64) -> Result<(), SandboxError> {
+    use rustix::process::{setrlimit, Resource, Rlimit};
+    let zero = Rlimit {
+        current: Some(0),
+        maximum: Some(0),
+    };
+    setrlimit(Resource::Core, zero).map_err(std::io::Error::from)?;
+    let data = budget.saturating_add(DATA_ALLOWANCE);
+    if data < u64::MAX / 2 {
+        let lim = Rlimit {
+            current: Some(data),
+            maximum: Some(data),
+        };
+        setrlimit(Resource::Data, lim).map_err(std::io::Error::from)?;
+    }
+    Ok(())
+}
+
+/// Applies the sandbox to the whole calling process (every thread). `budget`: the most the
+/// session may hold in buffers; `cache_dir`: the weight cache, if any.
+pub fn apply(budget: u64, cache_dir: Option<&Path>) -> Result<Status, SandboxError> {
+    rlimits(budget)?;
+    let ll = landlock(cache_dir)?;
+    for prog in seccomp_filters()? {
+        seccompiler::apply_filter_all_threads(&prog)
+            .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
+    }
+    Ok(Status {
+        seccomp: true,
+        landlock: match ll {
+            RulesetStatus::FullyEnforced => "fully enforced",
+            RulesetStatus::PartiallyEnforced => "partially enforced (older kernel)",
+            RulesetStatus::NotEnforced => "not enforced (no Landlock in this kernel)",
+        },
+    })
+}
+
+/// `RPC_SANDBOX_SELFTEST=1`: tries what the sandbox forbids and logs each outcome as
+/// `sandbox self-test: <action>: denied (<error>)` or `...: ALLOWED`.
+pub fn self_test(cache_dir: Option<&Path>) {
+    fn report<T>(what: &str, r: std::io::Result<T>) {
+        match r {
+            Ok(_) => tracing::warn!("sandbox self-test: {what}: ALLOWED"),
+            Err(e) => tracing::info!("sandbox self-test: {what}: denied ({e})"),
+        }
+    }
+    report(
+        "open /etc/hostname",
+        std::fs::read("/etc/hostname").or_else(|_| std::fs::read("/etc/passwd")),
+    );
+    report(
+        "create a file in /tmp",
+        std::fs::write(
+            std::env::temp_dir().join(format!("rpc-sandbox-{}", std::process::id())),
+            b"x",
+        ),
+    );
+    report(
+        "open a TCP connection",
+        std::net::TcpStream::connect("127.0.0.1:9"),
+    );
+    report(
+        "listen on a port",
+        std::net::TcpListener::bind("127.0.0.1:0"),
+    );
+    report(
+        "start /bin/true",
+        std::process::Command::new("/bin/true").status(),
+    );
+    if let Some(d) = cache_dir {
+        let p = d.join(format!(".sandbox-selftest-{}", std::process::id()));
+        let r = std::fs::write(&p, b"ok").and_then(|()| std::fs::read(&p));
+        let _ = std::fs::remove_file(&p);
+        match r {
+            Ok(_) => tracing::info!("sandbox self-test: write and read the cache: allowed"),
+            Err(e) => {
+                tracing::warn!("sandbox self-test: write and read the cache: DENIED ({e})")
+            }
+        }
+    }
+}
