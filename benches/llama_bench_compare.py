@@ -102,6 +102,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=900, help="per llama-bench run, seconds")
     ap.add_argument("--logdir", help="server logs and raw outputs (default: target/bench-logs)")
     ap.add_argument("--json-out", help="also write all samples as JSON here")
+    ap.add_argument("--ours-args", default="", help="extra args for our server only, e.g. '--isolate'")
     args = ap.parse_args()
 
     stock_bin = resolve_stock_bin(args.stock_bin, needed=("ggml-rpc-server", "llama-bench"))
@@ -121,7 +122,9 @@ def main():
         for st in thread_counts:
             srv = {}
             for who, binary in (("ours", ours_bin), ("stock", os.path.join(stock_bin, "ggml-rpc-server"))):
-                srv[who] = servers.add(Server("bench-%s-t%d" % (who, st), binary, free_port(), logdir, threads=st))
+                extra = args.ours_args.split() if who == "ours" else []
+                srv[who] = servers.add(Server("bench-%s-t%d" % (who, st), binary, free_port(), logdir, threads=st,
+                                              extra=extra))
             per_round = {k: [] for k in keys}
             tps = {w: {k: [] for k in keys} for w in srv}
             with LoadSampler() as load:
@@ -170,6 +173,8 @@ def main():
                              max(r) if r else float("nan"), len(r)))
             rows.append((st, "load", min(load.samples or [loadavg()]), max(load.samples or [loadavg()])))
 
+    if args.ours_args:
+        print("\nours: rpc-server %s" % args.ours_args)
     print("\nModel: %s  client: llama-bench -ngl %s -p %d -n %d -r %d -t %d %s" % (
         os.path.basename(model), args.ngl, args.n_prompt, args.n_gen, args.repetitions, args.threads,
         args.bench_args))
