@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::cache::{default_cache_dir, WeightCache};
 use crate::cli::Args;
 use crate::ggml::{Device, DeviceKind};
+use crate::local_weights::LocalWeights;
 use crate::rdma::{RdmaConfig, TransportMode};
 use crate::server::{self, ServerOptions};
 use crate::session::{MemoryLimits, SessionConfig};
@@ -146,6 +147,18 @@ fn real_main() -> anyhow::Result<()> {
         None
     };
 
+    let local = if args.gguf.is_empty() {
+        None
+    } else {
+        let index = cache
+            .as_ref()
+            .map(|c| c.dir().to_path_buf())
+            .or_else(default_cache_dir)
+            .map(|d| d.join(crate::local_weights::INDEX_FILE));
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Some(LocalWeights::build(&args.gguf, index, threads)?)
+    };
+
     // Default memory limits: what the devices have (a larger ALLOC_BUFFER would only succeed
     // through overcommit and end in the OOM killer).
     let device_memory: u64 = devices.iter().map(|d| d.memory().1).sum::<u64>().max(1);
@@ -153,6 +166,7 @@ fn real_main() -> anyhow::Result<()> {
         devices,
         n_threads: args.threads,
         cache,
+        local,
     });
     let opts = server_options(&args, device_memory, rdma)?;
 
@@ -234,6 +248,17 @@ fn real_main() -> anyhow::Result<()> {
                 None => println!("  local cache    : {}", c.dir().display()),
             },
             None => println!("  local cache    : n/a"),
+        }
+        if let Some(l) = &config.local {
+            let s = l.summary();
+            println!(
+                "  local weights  : {} tensors, {} MiB in {} GGUF files (hashed {} MiB in {:.1} s)",
+                s.tensors,
+                s.bytes / MIB,
+                s.files,
+                s.bytes_hashed / MIB,
+                s.seconds
+            );
         }
         println!("Devices:");
         for d in &config.devices {

@@ -87,6 +87,13 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub cache_max_size: Option<u64>,
 
+    /// Load weights from this machine's own GGUF files (a file, or a directory searched for
+    /// `*.gguf`; repeatable; the other parts of a split model come along): a client's
+    /// SET_TENSOR_HASH for a tensor they hold is read from the file instead of uploaded. Indexed
+    /// at start, the index kept in the cache directory (a restart rehashes only changed files).
+    #[arg(long, value_name = "PATH")]
+    pub gguf: Vec<PathBuf>,
+
     /// List the available devices and exit.
     #[arg(long)]
     pub list_devices: bool,

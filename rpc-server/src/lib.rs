@@ -3,7 +3,8 @@
 //! Layout: [`connection`] frames bytes and drives a [`session::Session`] per client; the session
 //! validates requests and calls the [`ggml`] FFI layer (the only `unsafe` code); [`server`]
 //! accepts connections concurrently, admitted by [`admission`] (`--allow`, per-peer shares);
-//! [`cache`] is the SET_TENSOR_HASH weight cache.
+//! [`cache`] is the SET_TENSOR_HASH weight cache; [`local_weights`] answers SET_TENSOR_HASH from
+//! the worker's own GGUF files (`--gguf`, headers read by [`gguf`]).
 
 // `unsafe` only in the ggml FFI layer, each block with a `// SAFETY:` line.
 #![deny(unsafe_code)]
@@ -17,8 +18,10 @@ pub mod connection;
 pub mod doctor;
 #[allow(unsafe_code)]
 pub mod ggml;
+pub mod gguf;
 #[cfg(unix)]
 pub mod isolate;
+pub mod local_weights;
 pub mod metrics;
 pub mod rdma;
 #[cfg(target_os = "linux")]

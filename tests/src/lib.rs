@@ -16,6 +16,7 @@ use std::time::Duration;
 use rpc_client::{ops, Client, ClientError, RpcTensor, TensorBuilder, TENSOR_FLAG_COMPUTE};
 use rpc_server::cache::WeightCache;
 use rpc_server::ggml::{Device, DeviceKind};
+use rpc_server::local_weights::LocalWeights;
 use rpc_server::server::{self, ServerOptions};
 use rpc_server::session::SessionConfig;
 use rpc_server::stats::Stats;
@@ -72,21 +73,31 @@ impl TestServer {
         Self::start_with(Some(cache))
     }
 
+    /// A server answering SET_TENSOR_HASH from these local GGUF weights (`--gguf`).
+    pub fn start_with_local(local: LocalWeights) -> TestServer {
+        Self::start_full(None, Some(local), ServerOptions::default())
+    }
+
     /// A server with these listener options (idle timeout, limits, ...).
     pub fn start_with_options(opts: ServerOptions) -> TestServer {
-        Self::start_full(None, opts)
+        Self::start_full(None, None, opts)
     }
 
     fn start_with(cache: Option<WeightCache>) -> TestServer {
-        Self::start_full(cache, ServerOptions::default())
+        Self::start_full(cache, None, ServerOptions::default())
     }
 
-    fn start_full(cache: Option<WeightCache>, opts: ServerOptions) -> TestServer {
+    fn start_full(
+        cache: Option<WeightCache>,
+        local: Option<LocalWeights>,
+        opts: ServerOptions,
+    ) -> TestServer {
         init_logging();
         let config = Arc::new(SessionConfig {
             devices: vec![cpu_device()],
             n_threads: 1,
             cache,
+            local,
         });
         let stats = Arc::new(Stats::default());
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();

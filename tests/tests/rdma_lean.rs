@@ -60,6 +60,7 @@ async fn relay(mut tcp: TcpStream, rules: Rules, done: Arc<AtomicUsize>) {
         devices: vec![cpu_device()],
         n_threads: 1,
         cache: None,
+        local: None,
     });
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(async move {

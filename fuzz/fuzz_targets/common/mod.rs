@@ -32,7 +32,7 @@ fn config() -> Arc<SessionConfig> {
             // No rpc_server::ggml::load_backends(): it installs the callback that parks a thread
             // on a ggml assertion; under the fuzzer an assertion must abort and be reported.
             let cpu = Device::all().into_iter().find(|d| d.kind() == DeviceKind::Cpu).expect("CPU device");
-            Arc::new(SessionConfig { devices: vec![cpu], n_threads: 1, cache: None })
+            Arc::new(SessionConfig { devices: vec![cpu], n_threads: 1, cache: None, local: None })
         })
         .clone()
 }

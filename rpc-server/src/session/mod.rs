@@ -23,6 +23,7 @@ use tensor::UnknownBuffer;
 
 use crate::cache::WeightCache;
 use crate::ggml::{Backend, Buffer, Device, ScratchTensors};
+use crate::local_weights::LocalWeights;
 use graph::StoredGraph;
 
 /// Server-wide settings every session reads.
@@ -30,6 +31,8 @@ pub struct SessionConfig {
     pub devices: Vec<Device>,
     pub n_threads: usize,
     pub cache: Option<WeightCache>,
+    /// Tensors of the worker's own GGUF files (`--gguf`), asked before the cache.
+    pub local: Option<LocalWeights>,
 }
 
 struct BufferEntry {
@@ -336,6 +339,9 @@ impl Session {
         offset: u64,
         hash: u64,
     ) -> Result<Response, SessionError> {
+        if self.set_tensor_hash_local(tensor, offset, hash) {
+            return Ok(Response::SetTensorHash { result: 1 });
+        }
         let Some(cache) = &self.config.cache else {
             return Ok(Response::SetTensorHash { result: 0 });
         };
@@ -355,6 +361,24 @@ impl Session {
                 Ok(Response::SetTensorHash { result: 0 })
             }
         }
+    }
+
+    /// SET_TENSOR_HASH from a local GGUF file (`--gguf`): true when the tensor now holds the
+    /// bytes hashing to `hash`. A region the client's tensor cannot hold is "not found" here
+    /// (the client then uploads, and its SET_TENSOR is checked as any).
+    fn set_tensor_hash_local(&self, tensor: &RpcTensor, offset: u64, hash: u64) -> bool {
+        let Some(local) = &self.config.local else {
+            return false;
+        };
+        let Some(len) = local.entry_len(hash) else {
+            return false;
+        };
+        let Ok((buf, off)) = self.resolve_region("SET_TENSOR_HASH", tensor, offset, len) else {
+            return false;
+        };
+        // Device memory is staged through host memory, charged to the budget like a body.
+        let held = self.held;
+        local.load_into(hash, len, &buf, off, |n| self.budget.charge(held, n))
     }
 
     fn copy_tensor(&mut self, src: &RpcTensor, dst: &RpcTensor) -> Result<Response, SessionError> {

@@ -1,0 +1,796 @@
+//! Weights from the worker's own disk (`--gguf PATH`): an index of the tensors of local GGUF
+//! files by the FNV-1a 64 hash a stock client sends in SET_TENSOR_HASH, and the reading of a hit
+//! straight from the file into tensor memory, so the client skips the upload.
+//!
+//! What a client hashes: `ggml_backend_rpc_buffer_set_tensor` sends SET_TENSOR_HASH for every
+//! `ggml_backend_tensor_set` of more than 10 MiB into a weights buffer, hashing exactly the bytes
+//! it passes; llama.cpp's model loader passes whole tensors (offset 0, `ggml_nbytes`), straight
+//! from the file (mmap or read, never repacked for an RPC buffer). So the index holds one hash
+//! per tensor of more than [`HASH_THRESHOLD`] bytes, over its data range in the file.
+//!
+//! The files are opened at start and kept open (positioned reads, shared by the sessions): a
+//! sandboxed session process may not open files, and a file replaced under its name keeps
+//! serving the inode that was indexed. Hashing runs at start on parallel threads; the result is persisted (`gguf-index` in the
+//! cache directory) keyed by path, size and modification time, so a restart rehashes only files
+//! that changed. Serving is safe against files changing underneath: the size and modification
+//! time are checked before each use (a changed file is dropped from the index) and the bytes
+//! read must hash to the requested value, else the answer is "not found" and the client uploads.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use rpc_proto::Fnv1a;
+
+use crate::ggml::Buffer;
+use crate::gguf;
+
+/// The client asks SET_TENSOR_HASH only for writes of more than this (upstream `HASH_THRESHOLD`).
+pub const HASH_THRESHOLD: u64 = 10 << 20;
+/// File name of the persisted index, in the cache directory.
+pub const INDEX_FILE: &str = "gguf-index";
+const INDEX_MAGIC: &str = "rpc-server gguf-index 1";
+/// Largest persisted index read back (it holds a line per tensor over 10 MiB).
+const MAX_INDEX_BYTES: u64 = 64 << 20;
+/// Read granularity (hashing, serving, staging for device buffers).
+const CHUNK: usize = 8 << 20;
+/// How deep directories given to `--gguf` are searched for `*.gguf`.
+const MAX_DEPTH: u32 = 8;
+
+/// Why the local weights could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalWeightsError {
+    #[error("--gguf {path}: {source}")]
+    Path { path: PathBuf, source: io::Error },
+    #[error("--gguf {0}: no *.gguf file there")]
+    Empty(PathBuf),
+}
+
+/// One indexed tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    offset: u64,
+    len: u64,
+    hash: u64,
+    name: String,
+}
+
+/// One local GGUF file as it was when indexed.
+#[derive(Debug)]
+struct LocalFile {
+    path: PathBuf,
+    /// Opened at start and kept: reads need no `open` later (a sandboxed session process may
+    /// not open files), and a file replaced under its name keeps serving the indexed inode,
+    /// checked like any (its size and modification time, then the hash of the bytes).
+    file: File,
+    size: u64,
+    mtime_ns: u128,
+    entries: Vec<Entry>,
+    /// Set when the file changed since it was indexed: its entries are no longer served.
+    dropped: AtomicBool,
+}
+
+/// What [`LocalWeights`] did since start (for `--metrics` and logs).
+#[derive(Debug, Default)]
+pub struct LocalCounters {
+    /// SET_TENSOR_HASH answered from a local file, and the bytes read for them.
+    pub hits: AtomicU64,
+    pub bytes_served: AtomicU64,
+    /// Hash known but not served (file changed, read error, bytes no longer hash right).
+    pub failed: AtomicU64,
+}
+
+/// How the index was built.
+#[derive(Debug, Clone, Default)]
+pub struct IndexSummary {
+    pub files: usize,
+    /// Tensors over the threshold, and their bytes.
+    pub tensors: usize,
+    pub bytes: u64,
+    /// Files hashed at this start (the others came from the persisted index), and the bytes.
+    pub files_hashed: usize,
+    pub bytes_hashed: u64,
+    pub threads: usize,
+    pub seconds: f64,
+    pub index_path: Option<PathBuf>,
+}
+
+/// The index of local GGUF tensors by content hash.
+#[derive(Debug)]
+pub struct LocalWeights {
+    files: Vec<LocalFile>,
+    /// hash → (file, entry) for every indexed tensor with that hash.
+    by_hash: HashMap<u64, Vec<(usize, usize)>>,
+    index_path: Option<PathBuf>,
+    save_lock: Mutex<()>,
+    counters: LocalCounters,
+    summary: IndexSummary,
+}
+
+fn mtime_ns(m: &fs::Metadata) -> u128 {
+    m.modified()
+        .ok()
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos())
+}
+
+impl LocalWeights {
+    /// Indexes the GGUF files at `paths` (files or directories), reusing what the persisted
+    /// index at `index_path` has for unchanged files and saving the result there. `threads`
+    /// hash in parallel. Unreadable or malformed files are skipped with a warning; a path that
+    /// does not exist, or a directory without any GGUF file, is an error.
+    pub fn build(
+        paths: &[PathBuf],
+        index_path: Option<PathBuf>,
+        threads: usize,
+    ) -> Result<LocalWeights, LocalWeightsError> {
+        let t0 = Instant::now();
+        let found = collect_files(paths)?;
+        let saved = index_path.as_deref().map(load_index).unwrap_or_default();
+        let mut files = Vec::new();
+        // (file, entry) still to hash
+        let mut jobs: Vec<(usize, usize)> = Vec::new();
+        for path in found {
+            let opened = File::open(&path).and_then(|f| Ok((f.metadata()?, f)));
+            let (meta, file) = match opened {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "skipping GGUF file");
+                    continue;
+                }
+            };
+            let (size, mtime) = (meta.len(), mtime_ns(&meta));
+            let reused = saved
+                .iter()
+                .find(|f| f.path == path && f.size == size && f.mtime_ns == mtime && mtime != 0);
+            if let Some(f) = reused {
+                files.push(LocalFile {
+                    path,
+                    file,
+                    size,
+                    mtime_ns: mtime,
+                    entries: f.entries.clone(),
+                    dropped: AtomicBool::new(false),
+                });
+                continue;
+            }
+            let header = match gguf::read_header(&path) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "skipping GGUF file");
+                    continue;
+                }
+            };
+            let entries: Vec<Entry> = header
+                .tensors
+                .into_iter()
+                .filter(|t| t.len > HASH_THRESHOLD)
+                .map(|t| Entry {
+                    offset: t.offset,
+                    len: t.len,
+                    hash: 0,
+                    name: t.name,
+                })
+                .collect();
+            jobs.extend((0..entries.len()).map(|e| (files.len(), e)));
+            files.push(LocalFile {
+                path,
+                file,
+                size,
+                mtime_ns: mtime,
+                entries,
+                dropped: AtomicBool::new(false),
+            });
+        }
+        let files_hashed = {
+            let set: BTreeSet<usize> = jobs.iter().map(|j| j.0).collect();
+            set.len()
+        };
+        let bytes_hashed: u64 = jobs.iter().map(|&(f, e)| files[f].entries[e].len).sum();
+        let threads = threads.clamp(1, jobs.len().max(1));
+        let failed = hash_all(&mut files, &mut jobs, threads, bytes_hashed);
+        // A file with a tensor that could not be read is not indexed at all.
+        for f in failed {
+            files[f].entries.clear();
+            files[f].dropped.store(true, Relaxed);
+        }
+        let mut by_hash: HashMap<u64, Vec<(usize, usize)>> = HashMap::new();
+        for (fi, f) in files.iter().enumerate() {
+            for (ei, e) in f.entries.iter().enumerate() {
+                by_hash.entry(e.hash).or_default().push((fi, ei));
+            }
+        }
+        let live = || files.iter().filter(|f| !f.dropped.load(Relaxed));
+        let summary = IndexSummary {
+            files: live().count(),
+            tensors: live().map(|f| f.entries.len()).sum(),
+            bytes: live().flat_map(|f| &f.entries).map(|e| e.len).sum(),
+            files_hashed,
+            bytes_hashed,
+            threads,
+            seconds: t0.elapsed().as_secs_f64(),
+            index_path: index_path.clone(),
+        };
+        let lw = LocalWeights {
+            files,
+            by_hash,
+            index_path,
+            save_lock: Mutex::new(()),
+            counters: LocalCounters::default(),
+            summary,
+        };
+        if files_hashed > 0 {
+            lw.save(&saved);
+        }
+        Ok(lw)
+    }
+
+    /// How the index was built.
+    pub fn summary(&self) -> &IndexSummary {
+        &self.summary
+    }
+
+    /// Counters since start.
+    pub fn counters(&self) -> &LocalCounters {
+        &self.counters
+    }
+
+    /// Size of the tensor with content `hash`, if a live file has one.
+    pub fn entry_len(&self, hash: u64) -> Option<u64> {
+        self.by_hash.get(&hash)?.iter().find_map(|&(f, e)| {
+            let f = &self.files[f];
+            (!f.dropped.load(Relaxed)).then(|| f.entries[e].len)
+        })
+    }
+
+    /// Reads the `len`-byte tensor with content `hash` from its local file into
+    /// `buf[offset..offset+len]`: directly into host memory, through staging chunks of at most
+    /// 8 MiB for device memory (`stage(n)` must grant them: it returns a guard held while the
+    /// staging buffer lives, e.g. a memory-budget charge). True only when the bytes read hash
+    /// to `hash`; otherwise the region may hold partial data and the caller must answer "not
+    /// found" (the client then uploads the tensor over it).
+    pub fn load_into<G>(
+        &self,
+        hash: u64,
+        len: u64,
+        buf: &Buffer,
+        offset: u64,
+        stage: impl FnOnce(u64) -> Option<G>,
+    ) -> bool {
+        let Some(locs) = self.by_hash.get(&hash) else {
+            return false;
+        };
+        let Some(&(fi, ei)) = locs.iter().find(|&&(f, e)| {
+            !self.files[f].dropped.load(Relaxed) && self.files[f].entries[e].len == len
+        }) else {
+            return false;
+        };
+        let f = &self.files[fi];
+        let e = &f.entries[ei];
+        let ok = match self.read_verified(fi, e, buf, offset, stage) {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(path = %f.path.display(), tensor = %e.name,
+                    "local GGUF tensor no longer matches its hash; dropping the file from the index");
+                self.drop_file(fi);
+                false
+            }
+            Err(err) => {
+                tracing::warn!(path = %f.path.display(), tensor = %e.name, error = %err,
+                    "cannot read local GGUF tensor; the client uploads it");
+                false
+            }
+        };
+        if ok {
+            self.counters.hits.fetch_add(1, Relaxed);
+            self.counters.bytes_served.fetch_add(len, Relaxed);
+            tracing::debug!(path = %f.path.display(), tensor = %e.name, bytes = len,
+                "SET_TENSOR_HASH served from a local GGUF file");
+        } else {
+            self.counters.failed.fetch_add(1, Relaxed);
+        }
+        ok
+    }
+
+    fn read_verified<G>(
+        &self,
+        fi: usize,
+        e: &Entry,
+        buf: &Buffer,
+        offset: u64,
+        stage: impl FnOnce(u64) -> Option<G>,
+    ) -> io::Result<bool> {
+        let f = &self.files[fi];
+        let meta = f.file.metadata()?;
+        if meta.len() != f.size || mtime_ns(&meta) != f.mtime_ns {
+            tracing::warn!(path = %f.path.display(),
+                "local GGUF file changed since it was indexed; dropping it from the index (restart to re-index)");
+            self.drop_file(fi);
+            return Err(io::Error::other("file changed since it was indexed"));
+        }
+        let len = usize::try_from(e.len).map_err(|_| io::Error::other("tensor too large"))?;
+        let mut h = Fnv1a::new();
+        let mut pos = e.offset;
+        if let Some(dst) = buf.host_slice_mut(offset, len) {
+            for chunk in dst.chunks_mut(CHUNK) {
+                read_exact_at(&f.file, chunk, pos)?;
+                h.update(chunk);
+                pos += chunk.len() as u64;
+            }
+        } else {
+            let n = len.min(CHUNK);
+            let Some(_guard) = stage(n as u64) else {
+                return Err(io::Error::other("no memory budget for staging"));
+            };
+            let mut staged = Vec::new();
+            staged
+                .try_reserve_exact(n)
+                .map_err(|_| io::Error::other("cannot allocate staging memory"))?;
+            staged.resize(n, 0);
+            let mut done = 0usize;
+            while done < len {
+                let k = (len - done).min(n);
+                read_exact_at(&f.file, &mut staged[..k], pos)?;
+                pos += k as u64;
+                h.update(&staged[..k]);
+                if !buf.write(offset + done as u64, &staged[..k]) {
+                    return Err(io::Error::other("destination out of bounds"));
+                }
+                done += k;
+            }
+        }
+        Ok(h.finish() == e.hash)
+    }
+
+    /// Stops serving file `fi` and removes it from the persisted index.
+    fn drop_file(&self, fi: usize) {
+        let Some(f) = self.files.get(fi) else { return };
+        if !f.dropped.swap(true, Relaxed) {
+            self.save(&[]);
+        }
+    }
+
+    /// Writes the persisted index (atomically): the live files, and the entries of `others`
+    /// (files indexed by an earlier run, not given this time) whose files still exist unchanged.
+    fn save(&self, others: &[SavedFile]) {
+        let Some(path) = &self.index_path else { return };
+        let _g = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        out.push_str(INDEX_MAGIC);
+        out.push('\n');
+        let mut write = |p: &Path, size: u64, mtime: u128, entries: &[Entry]| {
+            let Some(ps) = p.to_str().filter(|s| !s.contains(['\t', '\n', '\r'])) else {
+                return;
+            };
+            out.push_str(&format!("F\t{size}\t{mtime}\t{ps}\n"));
+            for e in entries {
+                let name: String = e
+                    .name
+                    .chars()
+                    .map(|c| if c.is_control() { '?' } else { c })
+                    .collect();
+                out.push_str(&format!(
+                    "T\t{}\t{}\t{:016x}\t{name}\n",
+                    e.offset, e.len, e.hash
+                ));
+            }
+        };
+        for f in self.files.iter().filter(|f| !f.dropped.load(Relaxed)) {
+            write(&f.path, f.size, f.mtime_ns, &f.entries);
+        }
+        for o in others {
+            if self.files.iter().any(|f| f.path == o.path) {
+                continue;
+            }
+            let unchanged = fs::metadata(&o.path)
+                .map(|m| m.len() == o.size && mtime_ns(&m) == o.mtime_ns)
+                .unwrap_or(false);
+            if unchanged {
+                write(&o.path, o.size, o.mtime_ns, &o.entries);
+            }
+        }
+        let res = (|| {
+            if let Some(d) = path.parent() {
+                fs::create_dir_all(d)?;
+            }
+            let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+            let mut f = File::create(&tmp)?;
+            f.write_all(out.as_bytes())?;
+            f.sync_all()?;
+            fs::rename(&tmp, path)
+        })();
+        if let Err(e) = res {
+            tracing::warn!(path = %path.display(), error = %e, "cannot save the GGUF index");
+        }
+    }
+}
+
+/// Reads exactly `buf.len()` bytes at `pos` of `f`: a positioned read, since sessions share the
+/// handle.
+fn read_exact_at(f: &File, buf: &mut [u8], pos: u64) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_exact_at(f, buf, pos)
+    }
+    #[cfg(windows)]
+    {
+        let (mut done, mut buf) = (0u64, buf);
+        while !buf.is_empty() {
+            match std::os::windows::fs::FileExt::seek_read(f, buf, pos + done)? {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n => {
+                    buf = &mut buf[n..];
+                    done += n as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Hashes the entries named by `jobs` (largest first) on `threads` threads, logging progress
+/// every 2 s. Returns the files of which a tensor could not be read.
+fn hash_all(
+    files: &mut [LocalFile],
+    jobs: &mut [(usize, usize)],
+    threads: usize,
+    total: u64,
+) -> BTreeSet<usize> {
+    if jobs.is_empty() {
+        return BTreeSet::new();
+    }
+    jobs.sort_by_key(|&(f, e)| std::cmp::Reverse(files[f].entries[e].len));
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    let results: Mutex<Vec<(usize, usize, io::Result<u64>)>> = Mutex::new(Vec::new());
+    let t0 = Instant::now();
+    tracing::info!(
+        tensors = jobs.len(),
+        mib = total >> 20,
+        threads,
+        "hashing local GGUF tensors"
+    );
+    {
+        let files = &*files;
+        let jobs = &*jobs;
+        std::thread::scope(|s| {
+            let (tx, rx) = mpsc::channel::<()>();
+            for _ in 0..threads {
+                let tx = tx.clone();
+                let (next, done, results) = (&next, &done, &results);
+                s.spawn(move || {
+                    let _alive = tx;
+                    loop {
+                        let i = next.fetch_add(1, Relaxed);
+                        let Some(&(f, e)) = jobs.get(i) else { break };
+                        let ent = &files[f].entries[e];
+                        let r = hash_range(&files[f].path, ent.offset, ent.len, done);
+                        results
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((f, e, r));
+                    }
+                });
+            }
+            drop(tx);
+            while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(2))
+            {
+                let d = done.load(Relaxed);
+                tracing::info!(
+                    "hashing local GGUF tensors: {}% ({} of {} MiB, {:.0} MiB/s)",
+                    d * 100 / total.max(1),
+                    d >> 20,
+                    total >> 20,
+                    (d as f64 / 1048576.0) / t0.elapsed().as_secs_f64()
+                );
+            }
+        });
+    }
+    let mut failed = BTreeSet::new();
+    for (f, e, r) in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        match r {
+            Ok(h) => files[f].entries[e].hash = h,
+            Err(err) => {
+                tracing::warn!(path = %files[f].path.display(), error = %err,
+                    "cannot read a tensor; skipping the file");
+                failed.insert(f);
+            }
+        }
+    }
+    tracing::info!(
+        "hashed {} MiB of local GGUF tensors in {:.1} s",
+        total >> 20,
+        t0.elapsed().as_secs_f64()
+    );
+    failed
+}
+
+/// FNV-1a 64 of `len` bytes at `offset` of the file at `path`.
+fn hash_range(path: &Path, offset: u64, len: u64, done: &AtomicU64) -> io::Result<u64> {
+    let mut f = File::open(path)?;
+    f.seek(SeekFrom::Start(offset))?;
+    let mut h = Fnv1a::new();
+    let mut buf = vec![0u8; CHUNK.min(usize::try_from(len).unwrap_or(CHUNK))];
+    let mut left = len;
+    while left > 0 {
+        let n = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        f.read_exact(&mut buf[..n])?;
+        h.update(&buf[..n]);
+        left -= n as u64;
+        done.fetch_add(n as u64, Relaxed);
+    }
+    Ok(h.finish())
+}
+
+/// The GGUF files named by `paths`: files as given (with the other parts of a split model),
+/// directories searched for `*.gguf`. Canonical paths, each once, sorted.
+fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LocalWeightsError> {
+    let mut out = BTreeSet::new();
+    for p in paths {
+        let err = |source| LocalWeightsError::Path {
+            path: p.clone(),
+            source,
+        };
+        let meta = fs::metadata(p).map_err(err)?;
+        let before = out.len();
+        if meta.is_dir() {
+            walk(p, 0, &mut out);
+        } else {
+            out.insert(fs::canonicalize(p).map_err(err)?);
+            for s in split_siblings(p) {
+                if let Ok(c) = fs::canonicalize(&s) {
+                    out.insert(c);
+                }
+            }
+        }
+        if out.len() == before && meta.is_dir() {
+            return Err(LocalWeightsError::Empty(p.clone()));
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+fn is_gguf(p: &Path) -> bool {
+    p.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+fn walk(dir: &Path, depth: u32, out: &mut BTreeSet<PathBuf>) {
+    let Ok(rd) = fs::read_dir(dir) else {
+        tracing::warn!(path = %dir.display(), "cannot read directory");
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        // Symlinked directories are not followed (no loops); symlinked files are.
+        let Ok(ft) = e.file_type() else { continue };
+        if ft.is_dir() {
+            if depth < MAX_DEPTH {
+                walk(&p, depth + 1, out);
+            }
+        } else if is_gguf(&p) && fs::metadata(&p).is_ok_and(|m| m.is_file()) {
+            if let Ok(c) = fs::canonicalize(&p) {
+                out.insert(c);
+            }
+        }
+    }
+}
+
+/// The other parts of a split model named as llama.cpp names them,
+/// `<prefix>-<i:05>-of-<n:05>.gguf`; empty for any other name.
+fn split_siblings(p: &Path) -> Vec<PathBuf> {
+    let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
+        return Vec::new();
+    };
+    let Some(stem) = name.strip_suffix(".gguf") else {
+        return Vec::new();
+    };
+    // "<prefix>-00001-of-00003"
+    let Some((rest, n)) = stem.rsplit_once("-of-") else {
+        return Vec::new();
+    };
+    let Some((prefix, i)) = rest.rsplit_once('-') else {
+        return Vec::new();
+    };
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(i) || !digits(n) {
+        return Vec::new();
+    }
+    let Ok(count) = n.parse::<u32>() else {
+        return Vec::new();
+    };
+    (1..=count)
+        .map(|k| p.with_file_name(format!("{prefix}-{k:05}-of-{count:05}.gguf")))
+        .filter(|s| s != p && s.is_file())
+        .collect()
+}
+
+/// A file as the persisted index has it.
+#[derive(Debug, Clone)]
+struct SavedFile {
+    path: PathBuf,
+    size: u64,
+    mtime_ns: u128,
+    entries: Vec<Entry>,
+}
+
+/// Reads the persisted index; anything unreadable or malformed counts as empty (files are
+/// then rehashed).
+fn load_index(path: &Path) -> Vec<SavedFile> {
+    let Ok(f) = File::open(path) else {
+        return Vec::new();
+    };
+    let mut text = String::new();
+    if f.take(MAX_INDEX_BYTES).read_to_string(&mut text).is_err() {
+        return Vec::new();
+    }
+    match parse_index(&text) {
+        Some(v) => v,
+        None => {
+            tracing::warn!(path = %path.display(), "ignoring a malformed GGUF index (rehashing)");
+            Vec::new()
+        }
+    }
+}
+
+fn parse_index(text: &str) -> Option<Vec<SavedFile>> {
+    let mut lines = text.lines();
+    if lines.next()? != INDEX_MAGIC {
+        return None;
+    }
+    let mut files: Vec<SavedFile> = Vec::new();
+    for line in lines {
+        let mut it = line.splitn(5, '\t');
+        match it.next()? {
+            "F" => {
+                let size = it.next()?.parse().ok()?;
+                let mtime_ns = it.next()?.parse().ok()?;
+                let path = PathBuf::from(it.next()?);
+                files.push(SavedFile {
+                    path,
+                    size,
+                    mtime_ns,
+                    entries: Vec::new(),
+                });
+            }
+            "T" => {
+                let f = files.last_mut()?;
+                let offset: u64 = it.next()?.parse().ok()?;
+                let len: u64 = it.next()?.parse().ok()?;
+                let hash = u64::from_str_radix(it.next()?, 16).ok()?;
+                let name = it.next().unwrap_or("").to_string();
+                // Entries must lie inside the file they describe.
+                if offset.checked_add(len)? > f.size {
+                    return None;
+                }
+                f.entries.push(Entry {
+                    offset,
+                    len,
+                    hash,
+                    name,
+                });
+            }
+            _ => return None,
+        }
+    }
+    Some(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::write_test_file;
+    use rpc_proto::{fnv1a64, ggml_type};
+
+    fn tmpdir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rpc-gguf-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A tensor of `n` f32 values just over the hash threshold, filled from `seed`.
+    fn big(seed: u8) -> Vec<u8> {
+        let n = (HASH_THRESHOLD as usize + 4096) / 4 * 4;
+        (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    }
+
+    fn model(path: &Path, tensors: &[(&str, &[u8])]) {
+        let t: Vec<(&str, u32, [u64; 4], &[u8])> = tensors
+            .iter()
+            .map(|(n, d)| (*n, ggml_type::F32, [(d.len() / 4) as u64, 1, 1, 1], *d))
+            .collect();
+        write_test_file(path, &[("general.architecture", "llama")], &t);
+    }
+
+    #[test]
+    fn indexes_tensors_over_the_threshold_by_fnv_and_persists() {
+        let d = tmpdir("index");
+        let (a, b) = (big(1), big(2));
+        let small = vec![5u8; 4096];
+        model(
+            &d.join("m.gguf"),
+            &[("a", &a), ("small", &small), ("b", &b)],
+        );
+        fs::write(d.join("notes.txt"), b"not a model").unwrap();
+        let idx = d.join("cache").join(INDEX_FILE);
+        let lw = LocalWeights::build(std::slice::from_ref(&d), Some(idx.clone()), 2).unwrap();
+        let s = lw.summary();
+        assert_eq!((s.files, s.tensors, s.files_hashed), (1, 2, 1));
+        assert_eq!(lw.entry_len(fnv1a64(&a)), Some(a.len() as u64));
+        assert_eq!(lw.entry_len(fnv1a64(&b)), Some(b.len() as u64));
+        assert_eq!(lw.entry_len(fnv1a64(&small)), None, "under the threshold");
+        assert!(idx.is_file());
+        // A restart reuses the persisted index (nothing hashed).
+        let lw2 = LocalWeights::build(&[d.join("m.gguf")], Some(idx.clone()), 2).unwrap();
+        assert_eq!(lw2.summary().files_hashed, 0);
+        assert_eq!(lw2.entry_len(fnv1a64(&a)), Some(a.len() as u64));
+        // A changed file (size or mtime) is rehashed.
+        let c = big(3);
+        model(&d.join("m.gguf"), &[("a", &c), ("b", &b)]);
+        // Same size: only the modification time tells (set apart, whatever the fs granularity).
+        let f = File::options().write(true).open(d.join("m.gguf")).unwrap();
+        f.set_modified(SystemTime::now() + Duration::from_secs(5))
+            .unwrap();
+        drop(f);
+        let lw3 = LocalWeights::build(&[d.join("m.gguf")], Some(idx), 2).unwrap();
+        assert_eq!(lw3.summary().files_hashed, 1);
+        assert_eq!(lw3.entry_len(fnv1a64(&a)), None);
+        assert_eq!(lw3.entry_len(fnv1a64(&c)), Some(c.len() as u64));
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn split_models_and_bad_files() {
+        let d = tmpdir("split");
+        let (a, b) = (big(4), big(5));
+        model(&d.join("x-00001-of-00002.gguf"), &[("a", &a)]);
+        model(&d.join("x-00002-of-00002.gguf"), &[("b", &b)]);
+        fs::write(d.join("broken.gguf"), b"GGUF\x03\0\0\0garbage").unwrap();
+        // Naming the first part brings in the second.
+        let lw = LocalWeights::build(&[d.join("x-00001-of-00002.gguf")], None, 1).unwrap();
+        assert_eq!(lw.summary().files, 2);
+        assert!(lw.entry_len(fnv1a64(&b)).is_some());
+        // A directory with a malformed file: that file is skipped, the others indexed.
+        let lw = LocalWeights::build(std::slice::from_ref(&d), None, 2).unwrap();
+        assert_eq!(lw.summary().files, 2);
+        assert!(matches!(
+            LocalWeights::build(&[d.join("nope.gguf")], None, 1),
+            Err(LocalWeightsError::Path { .. })
+        ));
+        let empty = tmpdir("empty");
+        assert!(matches!(
+            LocalWeights::build(std::slice::from_ref(&empty), None, 1),
+            Err(LocalWeightsError::Empty(_))
+        ));
+        let _ = fs::remove_dir_all(&d);
+        let _ = fs::remove_dir_all(&empty);
+    }
+
+    #[test]
+    fn malformed_persisted_index_is_ignored() {
+        assert!(parse_index("junk").is_none());
+        assert!(parse_index(&format!("{INDEX_MAGIC}\nT\t0\t1\tff\tx\n")).is_none());
+        assert!(parse_index(&format!("{INDEX_MAGIC}\nF\t10\t5\t/x\nT\t8\t4\tff\tx\n")).is_none());
+        let ok = parse_index(&format!("{INDEX_MAGIC}\nF\t10\t5\t/x y\nT\t2\t4\tff\tx\n")).unwrap();
+        assert_eq!(ok[0].path, PathBuf::from("/x y"));
+        assert_eq!(ok[0].entries[0].hash, 0xff);
+    }
+
+    #[test]
+    fn split_names() {
+        let d = tmpdir("names");
+        for k in 1..=3 {
+            fs::write(d.join(format!("m-{k:05}-of-00003.gguf")), b"").unwrap();
+        }
+        assert_eq!(split_siblings(&d.join("m-00002-of-00003.gguf")).len(), 2);
+        assert!(split_siblings(&d.join("m.gguf")).is_empty());
+        assert!(split_siblings(&d.join("m-2-of-3.gguf")).is_empty());
+        let _ = fs::remove_dir_all(&d);
+    }
+}
