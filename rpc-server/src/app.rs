@@ -156,7 +156,12 @@ fn real_main() -> anyhow::Result<()> {
             .or_else(default_cache_dir)
             .map(|d| d.join(crate::local_weights::INDEX_FILE));
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Some(LocalWeights::build(&args.gguf, index, threads)?)
+        if args.session_child.is_some() {
+            // A session process: the front hashed and saved the index at start.
+            Some(LocalWeights::from_index(&args.gguf, index)?)
+        } else {
+            Some(LocalWeights::build(&args.gguf, index, threads)?)
+        }
     };
 
     // Default memory limits: what the devices have (a larger ALLOC_BUFFER would only succeed

@@ -128,6 +128,24 @@ impl LocalWeights {
         index_path: Option<PathBuf>,
         threads: usize,
     ) -> Result<LocalWeights, LocalWeightsError> {
+        Self::build_with(paths, index_path, Some(threads))
+    }
+
+    /// [`LocalWeights::build`] without hashing: only files the persisted index has, unchanged,
+    /// are served. For a session process (`--isolate`): the front process hashed and saved the
+    /// index at start; a session must not rehash a model per connection.
+    pub fn from_index(
+        paths: &[PathBuf],
+        index_path: Option<PathBuf>,
+    ) -> Result<LocalWeights, LocalWeightsError> {
+        Self::build_with(paths, index_path, None)
+    }
+
+    fn build_with(
+        paths: &[PathBuf],
+        index_path: Option<PathBuf>,
+        threads: Option<usize>,
+    ) -> Result<LocalWeights, LocalWeightsError> {
         let t0 = Instant::now();
         let found = collect_files(paths)?;
         let saved = index_path.as_deref().map(load_index).unwrap_or_default();
@@ -156,6 +174,10 @@ impl LocalWeights {
                     entries: f.entries.clone(),
                     dropped: AtomicBool::new(false),
                 });
+                continue;
+            }
+            if threads.is_none() {
+                tracing::info!(path = %path.display(), "GGUF file not in the index (changed?); not served");
                 continue;
             }
             let header = match gguf::read_header(&path) {
@@ -191,7 +213,7 @@ impl LocalWeights {
             set.len()
         };
         let bytes_hashed: u64 = jobs.iter().map(|&(f, e)| files[f].entries[e].len).sum();
-        let threads = threads.clamp(1, jobs.len().max(1));
+        let threads = threads.unwrap_or(1).clamp(1, jobs.len().max(1));
         let failed = hash_all(&mut files, &mut jobs, threads, bytes_hashed);
         // A file with a tensor that could not be read is not indexed at all.
         for f in failed {
@@ -730,6 +752,9 @@ mod tests {
         let lw2 = LocalWeights::build(&[d.join("m.gguf")], Some(idx.clone()), 2).unwrap();
         assert_eq!(lw2.summary().files_hashed, 0);
         assert_eq!(lw2.entry_len(fnv1a64(&a)), Some(a.len() as u64));
+        // A session process only reads the index.
+        let lw2 = LocalWeights::from_index(&[d.join("m.gguf")], Some(idx.clone())).unwrap();
+        assert_eq!(lw2.entry_len(fnv1a64(&b)), Some(b.len() as u64));
         // A changed file (size or mtime) is rehashed.
         let c = big(3);
         model(&d.join("m.gguf"), &[("a", &c), ("b", &b)]);
@@ -742,6 +767,9 @@ mod tests {
         assert_eq!(lw3.summary().files_hashed, 1);
         assert_eq!(lw3.entry_len(fnv1a64(&a)), None);
         assert_eq!(lw3.entry_len(fnv1a64(&c)), Some(c.len() as u64));
+        // Without an index entry a session process serves nothing from it (never rehashes).
+        let lw4 = LocalWeights::from_index(&[d.join("m.gguf")], None).unwrap();
+        assert_eq!((lw4.summary().files, lw4.summary().files_hashed), (0, 0));
         let _ = fs::remove_dir_all(&d);
     }
 
