@@ -41,12 +41,31 @@ pub struct Harness {
     session: Session,
     handles: Vec<u64>,
     bases: Vec<u64>,
+    /// Data of the last GET_TENSOR response.
+    last_get: Option<Vec<u8>>,
 }
 
 impl Harness {
     pub fn new() -> Harness {
         let budget = Arc::new(MemoryBudget::new(MemoryLimits { per_connection: 64 << 20, total: 64 << 20 }));
-        Harness { session: Session::with_budget(config(), budget), handles: Vec::new(), bases: Vec::new() }
+        Harness { session: Session::with_budget(config(), budget), handles: Vec::new(), bases: Vec::new(), last_get: None }
+    }
+
+    /// Number of buffers allocated so far (the last one's 1-based index).
+    #[allow(dead_code)]
+    pub fn buffers(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Runs one GET_TENSOR command (symbolic payload) and returns the bytes read.
+    #[allow(dead_code)]
+    pub fn get_tensor(&mut self, payload: &[u8]) -> Option<Vec<u8>> {
+        self.last_get = None;
+        if self.exec(Command::GetTensor as u8, payload) {
+            self.last_get.take()
+        } else {
+            None
+        }
     }
 
     fn handle_of(&self, idx: u64) -> u64 {
@@ -126,6 +145,10 @@ impl Harness {
                 };
                 self.handles.push(remote_ptr);
                 self.bases.push(base);
+                true
+            }
+            Ok(Some(Response::GetTensor(data))) => {
+                self.last_get = Some(data);
                 true
             }
             Ok(_) => true,

@@ -44,6 +44,7 @@ mod op {
     pub const SET_ROWS: u32 = 42;
     pub const ROPE: u32 = 48;
     pub const FLASH_ATTN_EXT: u32 = 74;
+    pub const OPT_STEP_ADAMW: u32 = 98;
     pub const MAP_CUSTOM1: u32 = 92;
     pub const CUSTOM: u32 = 95;
 }
@@ -933,6 +934,76 @@ pub fn all() -> Vec<Case> {
                     &[1, 2, 3, 4],
                 );
                 graph_of(&mut c, &[q, k, v, m, out])?;
+                expect_close(c)
+            },
+        },
+        // ---- found by the `ops` fuzz target (fuzz/seeds/ops/regressions) ----
+        Case {
+            name:
+                "MUL_MAT with the Hadamard hint: ne10 floats into a shorter result row (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_fwht",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let w = t4(1, F32, [64, 4, 1, 1], h, base);
+                let x = t4(2, F32, [64, 1, 1, 1], h, base + 4096);
+                // A 4-float result row at the very end of the buffer; the transform writes 64.
+                let out = node(
+                    t4(3, F32, [4, 1, 1, 1], h, base + MIB - 16),
+                    op::MUL_MAT,
+                    &[0, 1],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[w, x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "OPT_STEP_ADAMW with zero-strided moments at the buffer's end (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_opt_step_adamw_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let w = t4(1, F32, [16, 64, 1, 1], h, base).with_flags(4); // GGML_TENSOR_FLAG_PARAM
+                let g = t4(2, F32, [16, 64, 1, 1], h, base + 8192);
+                // One 64-byte row each, claimed 64 times: the kernel uses the weight's row stride.
+                let m = RpcTensor::new(3, F32)
+                    .with_shape([16, 64, 1, 1], [4, 0, 0, 0])
+                    .with_buffer(h, base + MIB - 128);
+                let v = RpcTensor::new(4, F32)
+                    .with_shape([16, 64, 1, 1], [4, 0, 0, 0])
+                    .with_buffer(h, base + MIB - 64);
+                let p = t4(5, F32, [7, 1, 1, 1], h, base + 16384);
+                let out = node(
+                    t4(6, F32, [16, 64, 1, 1], h, base),
+                    op::OPT_STEP_ADAMW,
+                    &[],
+                    &[1, 2, 3, 4, 5],
+                )
+                .with_view(1, 0);
+                graph_of(&mut c, &[w, g, m, v, p, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "ROPE with n_dims/2 freq factors for a longer row (heap read)",
+            refs: "fuzz ops: ggml_rope_cache_init",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [512, 1, 1, 1], h, base);
+                let pos = t4(2, I32, [1, 1, 1, 1], h, base + 4096);
+                // 4 factors (n_dims = 8) at the very end; the cache reads ne0/2 = 256.
+                let ff = t4(3, F32, [4, 1, 1, 1], h, base + MIB - 16);
+                let mut p = [0i32; 16];
+                p[1] = 8; // n_dims
+                p[5] = 10000f32.to_bits() as i32;
+                p[6] = 1f32.to_bits() as i32;
+                p[8] = 1f32.to_bits() as i32;
+                let out = node(
+                    t4(4, F32, [512, 1, 1, 1], h, base + 8192),
+                    op::ROPE,
+                    &p,
+                    &[1, 2, 3],
+                );
+                graph_of(&mut c, &[x, pos, ff, out])?;
                 expect_close(c)
             },
         },

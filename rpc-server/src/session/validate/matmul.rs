@@ -26,6 +26,21 @@ pub(super) fn mul_mat(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>) ->
     if cpu {
         mul_mat_types(a.ty(), b.ty())?;
     }
+    // op_params[1] == GGML_HINT_SRC0_IS_HADAMARD (`ggml_mul_mat_set_hint`): the CPU kernel does not
+    // multiply but runs a fast Walsh-Hadamard transform of each src[1] row
+    // (`ggml_compute_forward_fwht`, ops.cpp): it writes ne10 floats into a result row of ne01,
+    // reads src[1] as f32 or f16 and asserts a power-of-two length. src[0] is the square
+    // Hadamard matrix.
+    if d.op_i32(1) == 1 {
+        ensure!(
+            a.ty() == ty::F32 && matches!(b.ty(), ty::F32 | ty::F16),
+            "MUL_MAT Hadamard hint: types"
+        );
+        ensure!(
+            a.ne(0) == a.ne(1) && a.ne(0) > 0 && a.ne(0) & (a.ne(0) - 1) == 0,
+            "MUL_MAT Hadamard hint: src[0] must be a square power-of-two matrix"
+        );
+    }
     Ok(())
 }
 

@@ -67,11 +67,17 @@ pub(super) fn opt_step(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) 
         a.spec().flags & FLAG_PARAM != 0,
         "optimizer step on a tensor that is not a parameter"
     );
-    ensure!(same_shape(a, grad), "gradient shape");
+    // The kernels address the gradient (and AdamW's moments) with src[0]'s strides
+    // (`ggml_compute_forward_opt_step_adamw_f32` / `_sgd_f32`, ops.cpp).
+    ensure!(
+        same_shape(a, grad) && same_stride(a, grad),
+        "gradient shape and strides"
+    );
     if op == ops::OPT_STEP_ADAMW {
+        let (m, v) = (n.s(2)?, n.s(3)?);
         ensure!(
-            same_shape(a, n.s(2)?) && same_shape(a, n.s(3)?),
-            "moment shapes"
+            same_shape(a, m) && same_shape(a, v) && same_stride(a, m) && same_stride(a, v),
+            "moment shapes and strides"
         );
         n.none_from(5)?;
     } else {
