@@ -106,6 +106,8 @@ pub struct LocalWeights {
     /// hash → (file, entry) for every indexed tensor with that hash.
     by_hash: HashMap<u64, Vec<(usize, usize)>>,
     index_path: Option<PathBuf>,
+    /// What the persisted index had for files not given this time (kept when it is rewritten).
+    others: Vec<SavedFile>,
     save_lock: Mutex<()>,
     counters: LocalCounters,
     summary: IndexSummary,
@@ -237,16 +239,21 @@ impl LocalWeights {
             seconds: t0.elapsed().as_secs_f64(),
             index_path: index_path.clone(),
         };
+        let others: Vec<SavedFile> = saved
+            .into_iter()
+            .filter(|o| !files.iter().any(|f| f.path == o.path))
+            .collect();
         let lw = LocalWeights {
             files,
             by_hash,
             index_path,
+            others,
             save_lock: Mutex::new(()),
             counters: LocalCounters::default(),
             summary,
         };
         if files_hashed > 0 {
-            lw.save(&saved);
+            lw.save();
         }
         Ok(lw)
     }
@@ -372,13 +379,13 @@ impl LocalWeights {
     fn drop_file(&self, fi: usize) {
         let Some(f) = self.files.get(fi) else { return };
         if !f.dropped.swap(true, Relaxed) {
-            self.save(&[]);
+            self.save();
         }
     }
 
-    /// Writes the persisted index (atomically): the live files, and the entries of `others`
-    /// (files indexed by an earlier run, not given this time) whose files still exist unchanged.
-    fn save(&self, others: &[SavedFile]) {
+    /// Writes the persisted index (atomically): the live files, and what an earlier run indexed
+    /// for files not given this time, where they still exist unchanged.
+    fn save(&self) {
         let Some(path) = &self.index_path else { return };
         let _g = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
@@ -404,10 +411,7 @@ impl LocalWeights {
         for f in self.files.iter().filter(|f| !f.dropped.load(Relaxed)) {
             write(&f.path, f.size, f.mtime_ns, &f.entries);
         }
-        for o in others {
-            if self.files.iter().any(|f| f.path == o.path) {
-                continue;
-            }
+        for o in &self.others {
             let unchanged = fs::metadata(&o.path)
                 .map(|m| m.len() == o.size && mtime_ns(&m) == o.mtime_ns)
                 .unwrap_or(false);
@@ -770,6 +774,29 @@ mod tests {
         // Without an index entry a session process serves nothing from it (never rehashes).
         let lw4 = LocalWeights::from_index(&[d.join("m.gguf")], None).unwrap();
         assert_eq!((lw4.summary().files, lw4.summary().files_hashed), (0, 0));
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn rewriting_the_index_keeps_other_files() {
+        let d = tmpdir("others");
+        let (a, b) = (big(6), big(7));
+        model(&d.join("one.gguf"), &[("a", &a)]);
+        model(&d.join("two.gguf"), &[("b", &b)]);
+        let idx = d.join(INDEX_FILE);
+        LocalWeights::build(std::slice::from_ref(&d), Some(idx.clone()), 2).unwrap();
+        // A run with only the first file, changed: rehashed and saved; the second stays indexed.
+        let f = File::options()
+            .write(true)
+            .open(d.join("one.gguf"))
+            .unwrap();
+        f.set_modified(SystemTime::now() + Duration::from_secs(5))
+            .unwrap();
+        drop(f);
+        let lw = LocalWeights::build(&[d.join("one.gguf")], Some(idx.clone()), 1).unwrap();
+        assert_eq!(lw.summary().files_hashed, 1);
+        let two = LocalWeights::from_index(&[d.join("two.gguf")], Some(idx)).unwrap();
+        assert_eq!(two.entry_len(fnv1a64(&b)), Some(b.len() as u64));
         let _ = fs::remove_dir_all(&d);
     }
 
