@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""What containment (`rpc-server --isolate`) costs: connection set-up, model load, memory.
+"""What containment (a process per session, `rpc-server`'s default) costs: connection set-up,
+model load, memory.
 
-Three servers side by side, each with `-t 1`: ours, ours with `--isolate`, and the stock
-ggml-rpc-server. Alternating rounds (the order rotates every round):
+Three servers side by side, each with `-t 1`: ours with `--no-isolate`, ours (contained), and
+the stock ggml-rpc-server. Alternating rounds (the order rotates every round):
 
   connect   a client connects, sends HELLO and one DEVICE_COUNT and waits for the reply, 30 times
-            per round; median milliseconds (with --isolate this includes starting the session
+            per round; median milliseconds (contained, this includes starting the session
             process, which answers the HELLO)
   load      stock `llama-completion -n 1` with the model on the server (`-ngl 99`): the client's own
             "load time" (model load incl. every tensor upload) from its perf summary, median ms
-  memory    during one generation: resident KiB of the server process, and with --isolate of the
-            session processes (its children) too
+  memory    during one generation: resident KiB of the server process, and when contained of
+            the session processes (its children) too
 
   python3 benches/isolate_cost.py --stock-bin DIR [--ours target/release/rpc-server] \\
       [--model gemma|PATH] [--rounds 4]
@@ -126,7 +127,7 @@ def main():
     logdir = os.path.join(REPO, "target", "bench-logs")
     os.makedirs(logdir, exist_ok=True)
     load_before = loadavg()
-    kinds = [("ours", ours, []), ("ours --isolate", ours, ["--isolate"]),
+    kinds = [("ours --no-isolate", ours, ["--no-isolate"]), ("ours", ours, []),
              ("stock", os.path.join(stock_bin, "ggml-rpc-server"), [])]
     conn = {k[0]: [] for k in kinds}
     load = {k[0]: [] for k in kinds}
@@ -165,7 +166,7 @@ def main():
         c = sorted(conn[name])
         print("| %s | %.2f, %.2f | %.0f | %d | %s |" % (
             name, med(c), c[int(0.9 * (len(c) - 1))], med(load[name]), mem[name][0],
-            mem[name][1] if name.endswith("isolate") else "-"))
+            mem[name][1] if name == "ours" else "-"))
     return 0
 
 

@@ -102,7 +102,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=900, help="per llama-bench run, seconds")
     ap.add_argument("--logdir", help="server logs and raw outputs (default: target/bench-logs)")
     ap.add_argument("--json-out", help="also write all samples as JSON here")
-    ap.add_argument("--ours-args", default="", help="extra args for our server only, e.g. '--isolate'")
+    ap.add_argument("--ours-args", default="", help="extra args for our server only, e.g. '--no-isolate'")
     args = ap.parse_args()
 
     stock_bin = resolve_stock_bin(args.stock_bin, needed=("ggml-rpc-server", "llama-bench"))

@@ -62,6 +62,8 @@ suite "idle and dead clients: stock llama-server across idle periods (direct, th
   python3 tests/e2e/idle_e2e.py "${idle_args[@]}"
 suite "metrics: rpc-server --metrics scraped during a stock llama-completion run, against a frame-counting proxy" -- \
   python3 tests/e2e/metrics_e2e.py --stock-bin "$STOCK_BIN" --ours target/release/rpc-server
+suite "weights from the worker's disk: stock llama-completion against rpc-server --gguf (identical output, weights over 10 MiB not uploaded)" -- \
+  python3 tests/e2e/gguf_e2e.py --stock-bin "$STOCK_BIN" --ours target/release/rpc-server
 suite "RDMA end to end in a soft-RoCE VM (stock llama.cpp RDMA clients, both flavors, Apple's verbs)" "linux:$VM" -- \
   tests/vm/test-rdma.sh
 suite "lean RDMA framing in the soft-RoCE VM (per-token SENDs/packets: stock flavors vs rpc-shim lean; fallbacks)" "linux:$VM" -- \

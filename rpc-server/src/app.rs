@@ -357,8 +357,9 @@ fn server_options(
     opts.poll_window = std::time::Duration::from_micros(args.poll_window);
     opts.shutdown_grace = secs(args.shutdown_grace);
     #[cfg(unix)]
-    if args.isolate {
-        let exe = std::env::current_exe().context("--isolate: cannot find this executable")?;
+    if !args.no_isolate {
+        let exe = std::env::current_exe()
+            .context("cannot find this executable to start session processes (--no-isolate)")?;
         opts.isolate = Some(Arc::new(crate::isolate::Isolation {
             exe,
             args: std::env::args_os().skip(1).collect(),

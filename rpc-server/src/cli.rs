@@ -124,15 +124,20 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = crate::server::DEFAULT_REQUEST_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout: u64,
 
-    /// Serve each client session in a process of its own, started fresh for it: a request that
-    /// gets past validation and trips a ggml kernel can then harm only its own session (its
-    /// process ends; the server and every other session go on).
-    #[arg(long)]
+    /// Serve each client session in a process of its own, started fresh for it (the default): a
+    /// request that gets past validation and trips a ggml kernel can then harm only its own
+    /// session (its process ends; the server and every other session go on).
+    #[arg(long, overrides_with = "no_isolate")]
     pub isolate: bool,
 
-    /// With --isolate: do not sandbox the session processes (Linux: seccomp, Landlock,
-    /// rlimits), for debugging.
-    #[arg(long, requires = "isolate")]
+    /// Serve every session in this one process (no containment; for debugging, or to save the
+    /// few milliseconds a session process takes to start).
+    #[arg(long)]
+    pub no_isolate: bool,
+
+    /// Do not sandbox the session processes (Linux: seccomp, Landlock, rlimits); they stay
+    /// processes of their own. For debugging.
+    #[arg(long, conflicts_with = "no_isolate")]
     pub no_sandbox: bool,
 
     /// (internal) Run as the session process of one connection: the socket is stdin, the

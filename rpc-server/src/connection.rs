@@ -111,7 +111,7 @@ pub struct ConnectionOptions {
     pub request_timeout: Duration,
     /// How long a TCP read polls before the thread sleeps (see [`BlockingTcpTransport`]).
     pub poll_window: Duration,
-    /// Serve each session in a process of its own (`--isolate`), see `isolate.rs`.
+    /// Serve each session in a process of its own, see `isolate.rs`.
     #[cfg(unix)]
     pub isolate: Option<Arc<crate::isolate::Isolation>>,
 }

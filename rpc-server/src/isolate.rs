@@ -1,4 +1,4 @@
-//! Containment (`--isolate`): each client session computes in a process of its own, so that a
+//! Containment (the default; `--no-isolate` turns it off): each client session computes in a process of its own, so that a
 //! request that gets past validation and trips a ggml kernel can read or write only its own
 //! session's memory and end only its own process.
 //!
@@ -311,20 +311,35 @@ pub struct Child {
     pub limits: Limits,
     pub rdma: Arc<RdmaConfig>,
     pub conn: ConnectionOptions,
-    /// Apply the sandbox (`sandbox.rs`) before the first command (`--isolate`, unless
+    /// Apply the sandbox (`sandbox.rs`) before the first command (unless
     /// `--no-sandbox`).
     pub sandbox: bool,
 }
 
-/// Applies the sandbox (if `on`) where there is one; a failure is logged and the session goes on
-/// in its own process, unsandboxed.
-fn enter_sandbox(on: bool, budget: u64, cache_dir: Option<&std::path::Path>) {
+/// Sandbox step 1 (`sandbox.rs`) where there is one: file rules and rlimits. A failure is logged
+/// and the session goes on in its own process.
+fn restrict_files(budget: u64, cache_dir: Option<&std::path::Path>) {
+    #[cfg(target_os = "linux")]
+    match crate::sandbox::restrict_files(budget, cache_dir) {
+        Ok(landlock) => tracing::debug!(landlock, "file rules and rlimits applied"),
+        Err(e) => tracing::warn!("session files not sandboxed: {e}"),
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (budget, cache_dir);
+        tracing::debug!("no sandbox on this OS yet: the session is contained by its process only");
+    }
+}
+
+/// Sandbox step 2 (if `on`): the system-call filter, once the transport is up; then the
+/// self-test when `RPC_SANDBOX_SELFTEST=1`.
+fn restrict_syscalls(on: bool, cache_dir: Option<&std::path::Path>) {
     #[cfg(target_os = "linux")]
     {
         if on {
-            match crate::sandbox::apply(budget, cache_dir) {
-                Ok(s) => tracing::debug!(seccomp = s.seccomp, landlock = s.landlock, "sandboxed"),
-                Err(e) => tracing::warn!("session not sandboxed: {e}"),
+            match crate::sandbox::restrict_syscalls() {
+                Ok(()) => tracing::debug!("system-call filter applied"),
+                Err(e) => tracing::warn!("session system calls not filtered: {e}"),
             }
         }
         if std::env::var_os("RPC_SANDBOX_SELFTEST").is_some_and(|v| v == "1") {
@@ -332,10 +347,7 @@ fn enter_sandbox(on: bool, budget: u64, cache_dir: Option<&std::path::Path>) {
         }
     }
     #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (on, budget, cache_dir);
-        tracing::debug!("no sandbox on this OS yet: the session is contained by its process only");
-    }
+    let _ = (on, cache_dir);
 }
 
 /// Session side: serves the client on stdin (a socket) after its HELLO, reporting to the front
@@ -344,6 +356,16 @@ pub fn child_main(c: Child) -> i32 {
     let span = tracing::info_span!("session", peer = %c.peer, pid = std::process::id());
     let _enter = span.enter();
     crate::ggml::abort::abort_on_assertions();
+    let cache_dir = c.config.cache.as_ref().map(|w| w.dir().to_path_buf());
+    let per_connection = c.conn.budget.limits().per_connection;
+    if c.sandbox {
+        // The verbs library and its device providers are loaded now, under the credentials the
+        // queue pair will be used with (see `sandbox.rs`).
+        if c.rdma.mode != TransportMode::Tcp && rdma_verbs::load().is_ok() {
+            let _ = rdma_verbs::devices();
+        }
+        restrict_files(per_connection, cache_dir.as_deref());
+    }
     let taken = (|| -> std::io::Result<(std::net::TcpStream, UnixStream)> {
         let sock = std::io::stdin().as_fd().try_clone_to_owned()?;
         let ctl = std::io::stdout().as_fd().try_clone_to_owned()?;
@@ -448,8 +470,6 @@ pub fn child_main(c: Child) -> i32 {
             return 2;
         }
     };
-    let per_connection = conn.budget.limits().per_connection;
-    let cache_dir = c.config.cache.as_ref().map(|w| w.dir().to_path_buf());
     let sandbox = c.sandbox;
     let r = rt.block_on(crate::connection::serve_hello(
         tcp,
@@ -461,7 +481,7 @@ pub fn child_main(c: Child) -> i32 {
         c.rdma.clone(),
         conn,
         stop_rx,
-        move || enter_sandbox(sandbox, per_connection, cache_dir.as_deref()),
+        move || restrict_syscalls(sandbox, cache_dir.as_deref()),
     ));
     done.store(true, Relaxed);
     reporter.thread().unpark();
@@ -494,8 +514,8 @@ impl Upstream for ArcFront {
 /// One line for the banner.
 pub fn describe_mode(iso: Option<&Isolation>) -> &'static str {
     match iso {
-        Some(_) => "a process per session (--isolate)",
-        None => "sessions share this process (no --isolate)",
+        Some(_) => "a process of its own per session (--no-isolate: all in this one)",
+        None => "all in this process (--no-isolate): no containment",
     }
 }
 

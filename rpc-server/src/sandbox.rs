@@ -1,6 +1,9 @@
-//! The session process's sandbox on Linux (`--isolate`): applied once the connection's transport
-//! is set up, before the first command is read, so that what a request might make a ggml kernel
-//! do runs with no more rights than serving its own session needs.
+//! The session process's sandbox on Linux (part of containment, the default), in two steps so
+//! that what a request might make a ggml kernel do runs with no more rights than serving its own
+//! session needs: the file rules and rlimits as the process starts (before the transport is set
+//! up: an RDMA device opened under other credentials than the ones that later write to it is
+//! refused by the kernel, `ib_safe_file_access`), the system-call filter once the transport is
+//! up, before the first command is read (device discovery may need a netlink socket).
 //!
 //! - **seccomp-bpf**: the system calls that reach beyond the session fail with `EPERM`: starting
 //!   programs or processes (`execve`, `fork`, `clone` without `CLONE_THREAD`), new sockets and
@@ -9,8 +12,9 @@
 //!   modules, BPF, keyrings, `io_uring`, identity changes). `clone3` answers `ENOSYS`, so the C
 //!   library falls back to `clone`, whose flags the filter can see.
 //! - **Landlock**: no file may be opened except under the weight cache directory (read and write:
-//!   the cache stores entries) and device and kernel files (`/dev`, read and write, for GPU and
-//!   RDMA devices; `/proc`, `/sys`, read only). Best effort: a kernel without Landlock leaves the
+//!   the cache stores entries), device and kernel files (`/dev`, read and write, for GPU and RDMA
+//!   devices; `/proc`, `/sys`, read only) and the system's libraries (`/usr`, `/lib`, read only:
+//!   drivers are loaded when first used). Best effort: a kernel without Landlock leaves the
 //!   file rules unenforced, which the session logs.
 //! - **rlimits**: no core files; the data segment bounded by the session's memory budget plus
 //!   a fixed allowance for graphs and the runtime.
@@ -31,13 +35,6 @@ use seccompiler::{
 
 /// Beyond the buffers a session holds: graphs, staging, the runtime, ggml's thread pool.
 const DATA_ALLOWANCE: u64 = 2 << 30;
-
-/// What was enforced, for the session's log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
-    pub seccomp: bool,
-    pub landlock: &'static str,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -171,8 +168,21 @@ fn landlock(cache_dir: Option<&Path>) -> Result<RulesetStatus, SandboxError> {
         .create()?;
     let read = AccessFs::from_read(abi);
     let all = AccessFs::from_all(abi);
-    let rw_files = read | AccessFs::WriteFile;
-    for (p, access) in [("/proc", read), ("/sys", read), ("/dev", rw_files)] {
+    // Device files: opened, read, written and driven by ioctl (RDMA verbs, GPU drivers).
+    let rw_files = read | AccessFs::WriteFile | AccessFs::IoctlDev;
+    // System libraries: drivers (RDMA providers, GPU runtimes) are loaded when first used.
+    let libs = [
+        "/usr",
+        "/lib",
+        "/lib64",
+        "/etc/ld.so.cache",
+        "/etc/libibverbs.d",
+    ];
+    let system = libs.iter().map(|p| (*p, read));
+    for (p, access) in [("/proc", read), ("/sys", read), ("/dev", rw_files)]
+        .into_iter()
+        .chain(system)
+    {
         if let Ok(fd) = PathFd::new(p) {
             rs = rs.add_rule(PathBeneath::new(fd, access))?;
         }
@@ -203,23 +213,25 @@ fn rlimits(budget: u64) -> Result<(), SandboxError> {
     Ok(())
 }
 
-/// Applies the sandbox to the whole calling process (every thread). `budget`: the most the
-/// session may hold in buffers; `cache_dir`: the weight cache, if any.
-pub fn apply(budget: u64, cache_dir: Option<&Path>) -> Result<Status, SandboxError> {
+/// Step 1, as the session process starts: rlimits and the file rules (Landlock), for the whole
+/// process. `budget`: the most the session may hold in buffers; `cache_dir`: the weight cache,
+/// if any. Returns how far Landlock is enforced.
+pub fn restrict_files(budget: u64, cache_dir: Option<&Path>) -> Result<&'static str, SandboxError> {
     rlimits(budget)?;
-    let ll = landlock(cache_dir)?;
+    Ok(match landlock(cache_dir)? {
+        RulesetStatus::FullyEnforced => "fully enforced",
+        RulesetStatus::PartiallyEnforced => "partially enforced (older kernel)",
+        RulesetStatus::NotEnforced => "not enforced (no Landlock in this kernel)",
+    })
+}
+
+/// Step 2, once the transport is up: the system-call filter, on every thread.
+pub fn restrict_syscalls() -> Result<(), SandboxError> {
     for prog in seccomp_filters()? {
         seccompiler::apply_filter_all_threads(&prog)
             .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
     }
-    Ok(Status {
-        seccomp: true,
-        landlock: match ll {
-            RulesetStatus::FullyEnforced => "fully enforced",
-            RulesetStatus::PartiallyEnforced => "partially enforced (older kernel)",
-            RulesetStatus::NotEnforced => "not enforced (no Landlock in this kernel)",
-        },
-    })
+    Ok(())
 }
 
 /// `RPC_SANDBOX_SELFTEST=1`: tries what the sandbox forbids and logs each outcome as

@@ -61,7 +61,7 @@ pub struct ServerOptions {
     /// On shutdown, how long running commands may take to finish before the server exits
     /// without them.
     pub shutdown_grace: Duration,
-    /// A process per session (`--isolate`, see `isolate.rs`); `None`: sessions run here.
+    /// A process per session (the binary's default, see `isolate.rs`); `None`: sessions run here.
     #[cfg(unix)]
     pub isolate: Option<Arc<crate::isolate::Isolation>>,
 }

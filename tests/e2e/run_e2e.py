@@ -8,7 +8,7 @@ For every model, greedy generation with stock `llama-completion` must print byte
   local#2      the same again (is the reference itself deterministic?)   [full]
   stock        --rpc <stock ggml-rpc-server>
   ours         --rpc <our server>
-  ours --isolate  --rpc <ours with a sandboxed process per session>
+  ours --no-isolate  --rpc <ours with every session in one process (containment off)>
   ours x2      --rpc <ours A>,<ours B>        (layers split over two of our servers)
   stock x2     --rpc <stock A>,<stock B>      (control for "ours x2")      [full]
   stock+ours   --rpc <stock A>,<ours A>       (mixed)                      [full]
@@ -206,7 +206,7 @@ def main():
 
         srv = {"stockA": new("stockA", stock_srv), "oursA": new("oursA", ours_bin),
                "oursB": new("oursB", ours_bin),
-               "oursI": new("oursI", ours_bin, extra=["--isolate"])}
+               "oursI": new("oursI", ours_bin, extra=["--no-isolate"])}
         if full:
             srv["stockB"] = new("stockB", stock_srv)
         cache_dirs, proxies = {}, {}
@@ -224,7 +224,7 @@ def main():
         modes = [("local", [])]
         if full:
             modes.append(("local#2", []))
-        modes += [("stock", ["stockA"]), ("ours", ["oursA"]), ("ours --isolate", ["oursI"]),
+        modes += [("stock", ["stockA"]), ("ours", ["oursA"]), ("ours --no-isolate", ["oursI"]),
                   ("ours x2", ["oursA", "oursB"])]
         if full:
             modes += [("stock x2", ["stockA", "stockB"]), ("stock+ours", ["stockA", "oursA"])]

@@ -1,4 +1,4 @@
-//! Containment (`--isolate`, `isolate.rs`): each session computes in a process of its own. The
+//! Containment (the default, `isolate.rs`): each session computes in a process of its own. The
 //! real binary is started here (a session process is the same executable), and its session
 //! processes are found as the server's child processes in `/proc`: a session killed by a signal
 //! (what a kernel bug past validation does) ends only its own connection; the server, another

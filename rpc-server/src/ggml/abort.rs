@@ -18,7 +18,7 @@ pub const MAX_PARKED: usize = 16;
 static PARKED: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether an assertion parks its thread (a shared server) or lets ggml abort (a session
-/// process of `--isolate`, where aborting ends only the session that caused it).
+/// process, where aborting ends only the session that caused it).
 static PARK: AtomicBool = AtomicBool::new(true);
 
 /// In a session process: a ggml assertion ends the process (the front logs it and serves on)

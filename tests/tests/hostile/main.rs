@@ -346,17 +346,21 @@ fn hostile_inputs_against_rpc_server() {
     );
 }
 
-/// The same suite against `rpc-server --isolate` (a process per session): every case passes
-/// there too.
-#[cfg(unix)]
+/// The same suite against `rpc-server --no-isolate` (every session in the one process, as before
+/// containment): validation alone must pass every case too.
 #[test]
-fn hostile_inputs_against_rpc_server_isolated() {
-    let rows = run_suite_with(Kind::Ours, &ours_bin(), &["--isolate"], "ours-isolated");
-    write_report_as(Kind::Ours, &rows, "ours-isolated");
+fn hostile_inputs_against_rpc_server_not_isolated() {
+    let rows = run_suite_with(
+        Kind::Ours,
+        &ours_bin(),
+        &["--no-isolate"],
+        "ours-no-isolate",
+    );
+    write_report_as(Kind::Ours, &rows, "ours-no-isolate");
     let failed: Vec<&str> = rows.iter().filter(|r| !r.pass()).map(|r| r.name).collect();
     assert!(
         failed.is_empty(),
-        "{} of {} hostile cases failed with --isolate: {failed:?}",
+        "{} of {} hostile cases failed with --no-isolate: {failed:?}",
         failed.len(),
         rows.len()
     );
