@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 SECONDS_EACH="${FUZZ_SECONDS:-15}"
 targets=("$@")
-[ "${#targets[@]}" -gt 0 ] || targets=(codec graph session)
+[ "${#targets[@]}" -gt 0 ] || targets=(codec graph session ops)
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal >&2
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz >&2
 # ggml's C/C++ code is instrumented too, so an out-of-bounds access inside a kernel is reported.

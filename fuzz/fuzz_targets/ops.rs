@@ -497,6 +497,35 @@ fn mutate_params(g: &mut Gen, p: &mut [i32; 16]) {
     }
 }
 
+/// Findings of this target that are reported but not fixed yet (README, "Open findings"): such
+/// cases are not submitted, so that the bounded smoke run stays green and the fuzzer looks for
+/// new bugs; `OPS_OPEN=1` submits them anyway (to reproduce, or to check a fix).
+fn open_finding(c: &Case) -> Option<&'static str> {
+    let packed = |x: &T| x.nb.is_none_or(|nb| nb == contiguous(x.ty, x.ne));
+    match c.op {
+        // GGML_ASSERT(dst->nb[0] == sizeof(float)) (ops.cpp, diag_mask_f32) with ne0 == 1.
+        op::DIAG_MASK_INF | op::DIAG_MASK_ZERO if !packed(&c.dst) => Some("diag_mask nb0"),
+        // GGML_ASSERT(nb0 == sizeof(float)) (ops.cpp, repeat_f32) with ne0 == 1 and nb[0] != 4.
+        op::REPEAT if !packed(&c.dst) => Some("repeat nb0"),
+        // Freq factors with an empty dimension (no extent): `freq_factors[i0/2]` reads past them.
+        op::ROPE | op::ROPE_BACK if c.src.get(2).is_some_and(|f| f.as_ref().is_some_and(|f| f.ne.iter().any(|&n| n == 0)))  => {
+            Some("rope empty freq factors")
+        }
+        // `memcpy(..., VKQ32, nb1)` copies nb[1] bytes, more than a row when nb[1] is padded.
+        op::FLASH_ATTN_EXT if c.dst.nb.is_some_and(|nb| nb[1] != 4 * c.dst.ne[0].max(0) as u64) => Some("flash_attn_ext nb1"),
+        // f32 CLAMP addresses rows flattened too (`j*nb01`).
+        op::CLAMP if c.dst.ty == ty::F32 && c.src.iter().flatten().chain([&c.dst]).any(|x| !packed(x)) => Some("clamp f32 rows"),
+        // GGML_ASSERT(ggml_is_contiguous_1(src0) && ggml_is_contiguous_1(dst) ...) (unary-ops.cpp:194)
+        // in XIELU (unary op 17) on padded rows.
+        op::UNARY if c.params[0] == 17 && (!c.src.iter().flatten().all(packed) || !packed(&c.dst)) => Some("xielu layout"),
+        // A loop over op_params[0] groups: INT_MAX groups run for minutes.
+        op::GROUP_NORM if !(1..=64).contains(&c.params[0]) => Some("group_norm groups"),
+        // Heap write in ggml_compute_forward_pool_2d with zero or overlapping strides.
+        op::POOL_2D if !c.src.iter().flatten().all(packed) || !packed(&c.dst) => Some("pool_2d strides"),
+        _ => None,
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 fn alloc(size: u64) -> Vec<u8> {
@@ -572,6 +601,10 @@ fuzz_target!(|data: &[u8]| {
         mutate_strides(&mut g, &mut c.dst);
     }
     mutate_params(&mut g, &mut c.params);
+
+    if std::env::var_os("OPS_OPEN").is_none() && open_finding(&c).is_some() {
+        return;
+    }
 
     // Placement: one buffer per tensor (the result shares src[0]'s when it is its view).
     let mut h = common::Harness::new();

@@ -39,9 +39,12 @@ mod op {
     pub const RMS_NORM: u32 = 25;
     pub const MUL_MAT: u32 = 29;
     pub const MUL_MAT_ID: u32 = 30;
+    pub const OUT_PROD: u32 = 31;
     pub const CPY: u32 = 34;
+    pub const CLAMP: u32 = 50;
     pub const GET_ROWS: u32 = 40;
     pub const SET_ROWS: u32 = 42;
+    pub const SOFT_MAX: u32 = 46;
     pub const ROPE: u32 = 48;
     pub const FLASH_ATTN_EXT: u32 = 74;
     pub const OPT_STEP_ADAMW: u32 = 98;
@@ -1004,6 +1007,123 @@ pub fn all() -> Vec<Case> {
                     &[1, 2, 3],
                 );
                 graph_of(&mut c, &[x, pos, ff, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "ROPE on an odd row at the buffer's end (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_rope_flt",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [3, 1, 1, 1], h, base);
+                let pos = t4(2, I32, [1, 1, 1, 1], h, base + 4096);
+                let mut p = [0i32; 16];
+                p[1] = 2; // n_dims
+                p[5] = 10000f32.to_bits() as i32;
+                p[6] = 1f32.to_bits() as i32;
+                p[8] = 1f32.to_bits() as i32;
+                // 3 floats at the very end; the copy of the unrotated pair writes a 4th.
+                let out = node(
+                    t4(3, F32, [3, 1, 1, 1], h, base + MIB - 12),
+                    op::ROPE,
+                    &p,
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[x, pos, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "CLAMP f16 with a zero outer stride at the buffer's end (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_clamp_f16",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = RpcTensor::new(1, 1)
+                    .with_shape([4, 1, 1, 64], [2, 8, 8, 0])
+                    .with_buffer(h, base);
+                let mut p = [0i32; 16];
+                p[0] = (-1f32).to_bits() as i32;
+                p[1] = 1f32.to_bits() as i32;
+                // One 8-byte row claimed 64 times; the kernel writes row j at j*nb[1].
+                let out = node(
+                    RpcTensor::new(2, 1)
+                        .with_shape([4, 1, 1, 64], [2, 8, 8, 0])
+                        .with_buffer(h, base + MIB - 8),
+                    op::CLAMP,
+                    &p,
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "OUT_PROD into a zero-strided result at the buffer's end (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_out_prod_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [2, 3, 1, 1], h, base);
+                let y = t4(2, F32, [64, 3, 1, 1], h, base + 4096);
+                // 2x64 floats claimed in 8 bytes; the kernel zeroes all 128 first.
+                let out = node(
+                    RpcTensor::new(3, F32)
+                        .with_shape([2, 64, 1, 1], [4, 0, 0, 0])
+                        .with_buffer(h, base + MIB - 8),
+                    op::OUT_PROD,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[x, y, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "FLASH_ATTN_EXT into a padded result at the buffer's end (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_flash_attn_ext_f16_one_chunk",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let q = t4(1, F32, [32, 4, 1, 1], h, base);
+                let kv = |id, at| {
+                    RpcTensor::new(id, 1) // F16
+                        .with_shape([32, 16, 1, 1], strides(2, 1, [32, 16, 1, 1]))
+                        .with_buffer(h, at)
+                };
+                let (k, v) = (kv(2, base + 4096), kv(3, base + 8192));
+                let mut p = [0i32; 16];
+                p[0] = 0.125f32.to_bits() as i32;
+                // Rows of 32 floats 256 bytes apart: extent 896 bytes; the kernel copies 256
+                // bytes to row 3 at 3*256.
+                let out = node(
+                    RpcTensor::new(4, F32)
+                        .with_shape([32, 1, 4, 1], [4, 256, 256, 1024])
+                        .with_buffer(h, base + MIB - 896),
+                    op::FLASH_ATTN_EXT,
+                    &p,
+                    &[1, 2, 3],
+                );
+                graph_of(&mut c, &[q, k, v, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "SOFT_MAX with an empty sinks tensor at the buffer's end (heap read)",
+            refs: "fuzz ops: ggml_compute_forward_soft_max_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 1], h, base);
+                // ne0 = 1 sink claimed, but no elements: extent 0 at the very end.
+                let sinks = RpcTensor::new(2, F32)
+                    .with_shape([1, 1, 1, 0], [4, 4, 4, 4])
+                    .with_buffer(h, base + MIB);
+                let mut p = [0i32; 16];
+                p[0] = 1f32.to_bits() as i32;
+                let out = node(
+                    t4(3, F32, [4, 1, 1, 1], h, base + 4096),
+                    op::SOFT_MAX,
+                    &p,
+                    &[1, 0, 2],
+                );
+                graph_of(&mut c, &[x, sinks, out])?;
                 expect_close(c)
             },
         },

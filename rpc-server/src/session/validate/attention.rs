@@ -32,6 +32,9 @@ pub(super) fn flash_attn_ext(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexChe
     ty_is(d, ty::F32, "result")?;
     nb0_is_ts(d, "result")?;
     strides_increase(d)?;
+    // The kernel copies nb[1] bytes per result row to row `(i3*ne2 + i2)*ne1 + i1` counted in
+    // nb[1] (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`, ops.cpp): a packed result.
+    ensure!(d.contiguous(), "FLASH_ATTN_EXT result must be contiguous");
     for (t, w) in [(q, "q"), (k, "k"), (v, "v")] {
         nb0_is_ts(t, w)?;
     }

@@ -104,6 +104,9 @@ pub(super) fn out_prod(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) 
     ty_is(d, ty::F32, "result")?;
     ty_is(b, ty::F32, "src[1]")?;
     nb0_is_ts(d, "result")?;
+    // The kernels first zero the result as a flat array of nelements floats
+    // (`ggml_vec_set_f32(ne0*ne1*ne2*ne3, dst->data, 0)`, ops.cpp).
+    ensure!(d.flat_fits(), "OUT_PROD result layout");
     nb0_is_ts(a, "src[0]")?;
     if a.ty() != ty::F32 {
         ensure!(a.ty() == ty::F16 || a.quantized(), "OUT_PROD src[0] type");

@@ -323,7 +323,11 @@ fn mask_and_sinks(
     }
     if let Some(s) = sinks {
         ty_is(s, ty::F32, "sinks")?;
-        ensure!(s.ne(0) >= x.ne(2) && s.flat_fits(), "{what}: sinks");
+        // Read as a flat array, one per head (`sinks[h]`): an empty tensor has no extent.
+        ensure!(
+            s.ne(0) >= x.ne(2) && !s.is_empty() && s.flat_fits(),
+            "{what}: sinks"
+        );
     }
     Ok(())
 }

@@ -36,6 +36,9 @@ pub(super) fn rope(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R
         "ROPE offset {n_offs}"
     );
     ensure!(d.nb(0) == a.nb(0) && d.nb(0) == d.ts(), "ROPE strides");
+    // Every kernel loop takes the row in pairs, `x[i0]` and `x[i0 + 1]` for `i0 < ne0` (rotated
+    // and copied parts alike, ops.cpp): an odd row reads and writes one element past it.
+    ensure!(a.ne(0) % 2 == 0, "ROPE: odd row length {}", a.ne(0));
     if mrope {
         let s: Vec<i32> = (11..15).map(|i| d.op_i32(i)).collect();
         ensure!(

@@ -56,6 +56,10 @@ pub(super) fn clamp(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> 
     ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
     nb0_is_ts(a, "src[0]")?;
     nb0_is_ts(d, "result")?;
+    if a.ty() == ty::F16 {
+        // `ggml_compute_forward_clamp_f16` addresses row j < nrows as `j*nb[1]` (ops.cpp).
+        ensure!(a.flat_rows_fit() && d.flat_rows_fit(), "CLAMP row layout");
+    }
     Ok(())
 }
 
