@@ -503,8 +503,11 @@ fn mutate_params(g: &mut Gen, p: &mut [i32; 16]) {
 fn open_finding(c: &Case) -> Option<&'static str> {
     let packed = |x: &T| x.nb.is_none_or(|nb| nb == contiguous(x.ty, x.ne));
     match c.op {
-        // GGML_ASSERT(dst->nb[0] == sizeof(float)) (ops.cpp, diag_mask_f32) with ne0 == 1.
-        op::DIAG_MASK_INF | op::DIAG_MASK_ZERO if !packed(&c.dst) => Some("diag_mask nb0"),
+        // GGML_ASSERT(dst->nb[0] == sizeof(float)) / (src0->nb[0] == ...) (ops.cpp:5761/5762,
+        // diag_mask_f32) with ne0 == 1: the validator lets nb[0] be anything for one-element rows.
+        op::DIAG_MASK_INF | op::DIAG_MASK_ZERO if !c.src.iter().flatten().all(packed) || !packed(&c.dst) => Some("diag_mask nb0"),
+        // The same class: GGML_ASSERT(dst->nb[0] == sizeof(float)) (ops.cpp:1417, cumsum).
+        op::CUMSUM if !packed(&c.dst) => Some("cumsum nb0"),
         // GGML_ASSERT(nb0 == sizeof(float)) (ops.cpp, repeat_f32) with ne0 == 1 and nb[0] != 4.
         op::REPEAT if !packed(&c.dst) => Some("repeat nb0"),
         // Freq factors with an empty dimension (no extent): `freq_factors[i0/2]` reads past them.
@@ -518,6 +521,10 @@ fn open_finding(c: &Case) -> Option<&'static str> {
         // GGML_ASSERT(ggml_is_contiguous_1(src0) && ggml_is_contiguous_1(dst) ...) (unary-ops.cpp:194)
         // in XIELU (unary op 17) on padded rows.
         op::UNARY if c.params[0] == 17 && (!c.src.iter().flatten().all(packed) || !packed(&c.dst)) => Some("xielu layout"),
+        // ggml_compute_forward_silu_back_f32 writes row j < nrows at j*nb1 of the result.
+        op::SILU_BACK if !packed(&c.dst) => Some("silu_back rows"),
+        // ggml_compute_forward_scale_f32 addresses result row j < nrows at j*nb1 as well.
+        op::SCALE if !packed(&c.dst) => Some("scale rows"),
         // A loop over op_params[0] groups: INT_MAX groups run for minutes.
         op::GROUP_NORM if !(1..=64).contains(&c.params[0]) => Some("group_norm groups"),
         // Heap write in ggml_compute_forward_pool_2d with zero or overlapping strides.
