@@ -987,30 +987,6 @@ pub fn all() -> Vec<Case> {
             },
         },
         Case {
-            name: "ROPE with n_dims/2 freq factors for a longer row (heap read)",
-            refs: "fuzz ops: ggml_rope_cache_init",
-            run: |a| {
-                let (mut c, h, base) = attacker(a)?;
-                let x = t4(1, F32, [512, 1, 1, 1], h, base);
-                let pos = t4(2, I32, [1, 1, 1, 1], h, base + 4096);
-                // 4 factors (n_dims = 8) at the very end; the cache reads ne0/2 = 256.
-                let ff = t4(3, F32, [4, 1, 1, 1], h, base + MIB - 16);
-                let mut p = [0i32; 16];
-                p[1] = 8; // n_dims
-                p[5] = 10000f32.to_bits() as i32;
-                p[6] = 1f32.to_bits() as i32;
-                p[8] = 1f32.to_bits() as i32;
-                let out = node(
-                    t4(4, F32, [512, 1, 1, 1], h, base + 8192),
-                    op::ROPE,
-                    &p,
-                    &[1, 2, 3],
-                );
-                graph_of(&mut c, &[x, pos, ff, out])?;
-                expect_close(c)
-            },
-        },
-        Case {
             name: "ROPE on an odd row at the buffer's end (heap write)",
             refs: "fuzz ops: ggml_compute_forward_rope_flt",
             run: |a| {
