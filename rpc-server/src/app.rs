@@ -88,6 +88,7 @@ pub fn main() {
 
 fn real_main() -> anyhow::Result<()> {
     let args = Args::parse();
+    crate::ggml::use_huge_pages(!args.no_huge_pages);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RPC_LOG")

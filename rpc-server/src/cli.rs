@@ -187,6 +187,12 @@ pub struct Args {
     #[arg(long, value_name = "MICROSECONDS", default_value_t = rpc_transport::tcp::DEFAULT_POLL_WINDOW.as_micros() as u64)]
     pub poll_window: u64,
 
+    /// Do not ask Linux for transparent huge pages for CPU buffers. By default buffers of 2 MiB
+    /// and more are advised MADV_HUGEPAGE: weights read every token then take far fewer TLB
+    /// entries (token generation measurably faster where THP is in `madvise` mode).
+    #[arg(long)]
+    pub no_huge_pages: bool,
+
     /// On SIGTERM or Ctrl-C: stop accepting, close idle connections, and give running commands
     /// this many seconds to finish before exiting without them. Keep it below the service
     /// manager's stop timeout (launchd: 20 s by default; the files in packaging/ allow 30 s).

@@ -1,5 +1,7 @@
 //! Backend buffers: device memory that tensors live in.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::sys;
 
 /// An owned ggml backend buffer, freed on drop.
@@ -33,6 +35,9 @@ impl Buffer {
                 sys::ggml_backend_buffer_is_host(raw),
             )
         };
+        if is_host && HUGE_PAGES.load(Ordering::Relaxed) {
+            advise_huge_pages(base, size as usize);
+        }
         Some(Buffer {
             raw,
             base,
@@ -159,3 +164,30 @@ impl Drop for Buffer {
         unsafe { sys::ggml_backend_buffer_free(self.raw) };
     }
 }
+
+/// Whether host buffers ask the kernel for huge pages (see [`use_huge_pages`]).
+static HUGE_PAGES: AtomicBool = AtomicBool::new(true);
+
+/// Host (CPU) buffers of 2 MiB and more ask Linux for transparent huge pages
+/// (`madvise(MADV_HUGEPAGE)` on their 2 MiB-aligned interior) unless turned off here
+/// (`--no-huge-pages`). Every token reads all weights: with 4 KiB pages that is one TLB entry per
+/// 4 KiB of model, and on a machine whose THP mode is `madvise` (Debian's default) nothing else
+/// asks for larger ones. The README's "Generation speed" section measures the gain. No effect where THP is `always` or `never`, nor on other systems.
+pub fn use_huge_pages(on: bool) {
+    HUGE_PAGES.store(on, Ordering::Relaxed);
+}
+
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(base: usize, size: usize) {
+    const HUGE: usize = 2 << 20;
+    let start = base.next_multiple_of(HUGE);
+    let end = (base + size) & !(HUGE - 1);
+    if end > start {
+        // SAFETY: the range lies inside the live allocation; MADV_HUGEPAGE changes only how the
+        // kernel backs it, never its contents or mapping.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_base: usize, _size: usize) {}

@@ -15,7 +15,7 @@ mod device;
 mod graph;
 mod tensor;
 
-pub use buffer::Buffer;
+pub use buffer::{use_huge_pages, Buffer};
 pub use device::{load_backends, Backend, Device, DeviceKind};
 pub use graph::{Graph, GraphError, GraphLinks};
 pub use tensor::{type_info, ScratchTensors, TensorSpec, TypeInfo};
