@@ -178,7 +178,11 @@ fn real_main() -> anyhow::Result<()> {
 
     #[cfg(unix)]
     if let Some(caps) = &args.session_child {
-        let caps = crate::isolate::parse_caps(caps).context("--session-child: bad caps")?;
+        let caps = crate::isolate::parse_hex(caps).context("--session-child: bad caps")?;
+        let pending = match &args.session_pending {
+            Some(h) => Some(crate::isolate::parse_hex(h).context("--session-pending: bad header")?),
+            None => None,
+        };
         let conn = crate::connection::ConnectionOptions {
             budget: Arc::new(crate::session::MemoryBudget::new(opts.memory)),
             idle_timeout: opts.idle_timeout,
@@ -194,6 +198,7 @@ fn real_main() -> anyhow::Result<()> {
         };
         std::process::exit(crate::isolate::child_main(crate::isolate::Child {
             caps,
+            pending,
             peer: args.session_peer.clone().unwrap_or_default(),
             config,
             limits: opts.limits,

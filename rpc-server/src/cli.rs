@@ -149,6 +149,11 @@ pub struct Args {
     #[arg(long, hide = true, value_name = "ADDR", requires = "session_child")]
     pub session_peer: Option<String>,
 
+    /// (internal) The front answered the HELLO and read the header (hex) of the client's first
+    /// command it does not answer itself; the session process starts with that command.
+    #[arg(long, hide = true, value_name = "HEADER", requires = "session_child")]
+    pub session_pending: Option<String>,
+
     /// (internal) The front has no RDMA place for this session: stay on TCP.
     #[arg(long, hide = true, requires = "session_child")]
     pub session_tcp_only: bool,

@@ -232,6 +232,10 @@ pub async fn serve(
     let peer = stream.peer_addr()?;
     let local_ip = stream.local_addr()?.ip();
     let mut tcp = BlockingTcpTransport::new(stream, Some(shutdown.clone()), conn.poll_window)?;
+    // A contained connection's socket may change hands after any request: read no further
+    // ahead than each request.
+    #[cfg(unix)]
+    tcp.set_read_ahead(conn.isolate.is_none());
     // A client sends HELLO right after connecting; one that does not is closed, and holds no
     // connection slot meanwhile.
     let hello = conn
@@ -246,11 +250,35 @@ pub async fn serve(
     };
     #[cfg(unix)]
     if let Some(iso) = &conn.isolate {
+        // A TCP client: the front answers its HELLO and the immutable queries after it, and the
+        // first other command starts its session process; a connection that only asks questions
+        // costs no process. A client offering RDMA gets its process at once (the queue pair is
+        // that process's to set up, in the HELLO reply).
+        let mut pending = None;
+        if !crate::isolate::offers_rdma(&rdma, &caps) {
+            send_hello(&mut tcp, [0; rpc_proto::CONN_CAPS_SIZE], &stats).await?;
+            let front = Session::with_budget(config.clone(), conn.budget.clone());
+            let deadlines = Deadlines::of(&conn);
+            match serve_queries(
+                &mut tcp,
+                front,
+                &limits,
+                &stats,
+                deadlines,
+                shutdown.clone(),
+            )
+            .await?
+            {
+                Some(h) => pending = Some(h.encode()),
+                None => return Ok(()),
+            }
+        }
         return crate::isolate::hand_off(
             iso,
             tcp.into_stream()?,
             peer,
             &caps,
+            pending.as_ref(),
             &conn.budget,
             &rdma,
             &stats,
@@ -292,24 +320,10 @@ pub async fn serve_hello<F: FnOnce()>(
     shutdown: watch::Receiver<bool>,
     ready: F,
 ) -> Result<(), ConnectionError> {
-    let mut out = Vec::with_capacity(64);
     let deadlines = Deadlines::of(&conn);
     // Blocking (queue-pair setup): fine, this thread serves only this connection.
     let (reply_caps, activated) = crate::rdma::negotiate(&rdma, local_ip, &caps);
-    Response::Hello {
-        major: rpc_proto::PROTO_MAJOR,
-        minor: rpc_proto::PROTO_MINOR,
-        patch: rpc_proto::PROTO_PATCH,
-        caps: reply_caps,
-    }
-    .encode(&mut out);
-    stats.command(
-        tcp.name(),
-        Command::Hello,
-        rpc_proto::CONN_CAPS_SIZE as u64,
-        out.len() as u64,
-    );
-    tcp.send_message(&[&out[..8], &out[8..]]).await?;
+    send_hello(&mut tcp, reply_caps, &stats).await?;
     ready();
     let session = Session::with_budget(config, conn.budget.clone());
     let Some(activated) = activated else {
@@ -393,6 +407,109 @@ pub async fn serve_hello<F: FnOnce()>(
             r
         }
     }
+}
+
+/// Sends the HELLO reply with `caps` (all zero: TCP), counted.
+async fn send_hello(
+    tcp: &mut BlockingTcpTransport,
+    caps: [u8; rpc_proto::CONN_CAPS_SIZE],
+    stats: &Stats,
+) -> Result<(), ConnectionError> {
+    let mut out = Vec::with_capacity(64);
+    Response::Hello {
+        major: rpc_proto::PROTO_MAJOR,
+        minor: rpc_proto::PROTO_MINOR,
+        patch: rpc_proto::PROTO_PATCH,
+        caps,
+    }
+    .encode(&mut out);
+    stats.command(
+        tcp.name(),
+        Command::Hello,
+        rpc_proto::CONN_CAPS_SIZE as u64,
+        out.len() as u64,
+    );
+    tcp.send_message(&[&out[..8], &out[8..]]).await?;
+    Ok(())
+}
+
+/// The queries a contained server's front answers itself: they read only what every session
+/// sees the same (the devices), carry a few bytes and change nothing.
+fn front_answers(cmd: Command, size: u64) -> bool {
+    matches!(
+        cmd,
+        Command::DeviceCount
+            | Command::GetAlignment
+            | Command::GetMaxSize
+            | Command::GetDeviceMemory
+    ) && size <= 64
+}
+
+/// The front of a contained TCP connection after its HELLO: answers the queries of
+/// [`front_answers`] (through `session`, as a session process would) until another command
+/// arrives, and returns that command's header with nothing of its body read; `None` when the
+/// client closed (or the server stops) first.
+async fn serve_queries(
+    tcp: &mut BlockingTcpTransport,
+    mut session: Session,
+    limits: &Limits,
+    stats: &Stats,
+    deadlines: Deadlines,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<Option<FrameHeader>, ConnectionError> {
+    let (mut payload, mut out) = (Vec::new(), Vec::with_capacity(64));
+    loop {
+        let h = tokio::select! {
+            biased;
+            r = read_header(tcp, deadlines.idle, deadlines.stall) => match r {
+                Err(_) if *shutdown.borrow() => None,
+                r => r?,
+            },
+            _ = shutdown.changed() => None,
+        };
+        let Some(h) = h else { return Ok(None) };
+        let cmd = check_frame(&h, limits)?;
+        if !front_answers(cmd, h.size) {
+            return Ok(Some(h));
+        }
+        read_payload(tcp, &mut payload, h.size, deadlines.stall).await?;
+        let req = Request::decode(cmd, &payload, limits)?;
+        let reply = session
+            .handle(req)
+            .map_err(|err| ConnectionError::Session {
+                cmd: cmd.name(),
+                err,
+            })?;
+        let sent = reply.as_ref().map_or(0, |r| encode_response(r, &mut out));
+        stats.command(tcp.name(), cmd, h.size, sent);
+        if let Some(r) = &reply {
+            send_response(tcp, r, &out).await?;
+        }
+    }
+}
+
+/// A session process whose HELLO the front answered: serves the commands (over TCP), the first
+/// of them preloaded into `tcp`. `ready` as for [`serve_hello`].
+pub async fn serve_commands<F: FnOnce()>(
+    mut tcp: BlockingTcpTransport,
+    config: Arc<SessionConfig>,
+    limits: Limits,
+    stats: Arc<Stats>,
+    conn: ConnectionOptions,
+    shutdown: watch::Receiver<bool>,
+    ready: F,
+) -> Result<(), ConnectionError> {
+    ready();
+    let session = Session::with_budget(config, conn.budget.clone());
+    run(
+        &mut tcp,
+        session,
+        limits,
+        stats,
+        Deadlines::of(&conn),
+        shutdown,
+    )
+    .await
 }
 
 const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -3,11 +3,15 @@
 //! session's memory and end only its own process.
 //!
 //! The front process (the one listening) keeps the listener, admission, the HELLO deadline, the
-//! server-wide memory account, the RDMA queue-pair budget and the counters. Once a connection's
-//! HELLO is in and it has a slot, the front starts a fresh session process (the same executable
-//! with `--session-child`; never `fork()`, which is unsafe after a GPU backend started) and hands
-//! it the socket as its stdin: the session process answers the HELLO and serves the client
-//! directly, so the per-token path crosses no extra hop. Its stdout is a Unix socket back to the
+//! server-wide memory account, the RDMA queue-pair budget and the counters. It answers a TCP
+//! client's HELLO and the device queries after it itself (`connection::serve_queries`, reading no
+//! further than each request); at the first other command it starts a fresh session process (the
+//! same executable with `--session-child`; never `fork()`, which is unsafe after a GPU backend
+//! started) and hands it the socket as its stdin and the command's header as
+//! `--session-pending`. A client that offers RDMA is handed over as soon as its HELLO is in (and
+//! it has a slot): the session process answers the HELLO, since the queue pair is its own. Either
+//! way the session process serves the client directly, so the per-token path crosses no extra
+//! hop. Its stdout is a Unix socket back to the
 //! front, carrying a small line protocol:
 //!
 //! | from | line | meaning |
@@ -69,16 +73,22 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// The HELLO caps from `--session-child`'s hex argument.
-pub fn parse_caps(s: &str) -> Option<[u8; rpc_proto::CONN_CAPS_SIZE]> {
-    let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
-    if s.len() != 2 * caps.len() || !s.is_ascii() {
+/// `N` bytes from a hex argument (`--session-child`'s HELLO caps, `--session-pending`'s header).
+pub fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    let mut out = [0u8; N];
+    if s.len() != 2 * N || !s.is_ascii() {
         return None;
     }
-    for (i, c) in caps.iter_mut().enumerate() {
+    for (i, c) in out.iter_mut().enumerate() {
         *c = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
     }
-    Some(caps)
+    Some(out)
+}
+
+/// Whether a client's HELLO offers RDMA this server may engage: its session process must then
+/// answer the HELLO (the queue pair is that process's); a TCP client's HELLO the front answers.
+pub fn offers_rdma(rdma: &RdmaConfig, caps: &[u8; rpc_proto::CONN_CAPS_SIZE]) -> bool {
+    caps.iter().any(|&b| b != 0) && rdma.mode != TransportMode::Tcp
 }
 
 fn child_error(what: String) -> ConnectionError {
@@ -99,14 +109,17 @@ fn signal_name(sig: i32) -> &'static str {
     }
 }
 
-/// Front side: starts a session process for a connection whose HELLO (`caps`) has been read and
-/// which holds a slot, then serves its control line until it ends.
+/// Front side: starts a session process for a connection which holds a slot, then serves its
+/// control line until it ends. Either the client's HELLO (`caps`) has been read and the session
+/// process answers it, or (`pending`) the front answered it and the queries after it, and read
+/// the header of the first other command, which the session process then serves first.
 #[allow(clippy::too_many_arguments)]
 pub async fn hand_off(
     iso: &Isolation,
     stream: std::net::TcpStream,
     peer: SocketAddr,
     caps: &[u8; rpc_proto::CONN_CAPS_SIZE],
+    pending: Option<&[u8; rpc_proto::FRAME_HEADER_SIZE]>,
     budget: &Arc<MemoryBudget>,
     rdma: &RdmaConfig,
     stats: &Stats,
@@ -115,7 +128,7 @@ pub async fn hand_off(
 ) -> Result<(), ConnectionError> {
     // The queue-pair budget is the front's: a session process may engage RDMA only with one of
     // its places, held until the process ends.
-    let offers_rdma = caps.iter().any(|&b| b != 0) && rdma.mode != TransportMode::Tcp;
+    let offers_rdma = pending.is_none() && offers_rdma(rdma, caps);
     let rdma_place = if offers_rdma {
         let p = rdma.try_permit();
         if p.is_none() {
@@ -138,6 +151,9 @@ pub async fn hand_off(
         .arg(peer.to_string());
     if rdma_place.is_none() {
         cmd.arg("--session-tcp-only");
+    }
+    if let Some(h) = pending {
+        cmd.arg("--session-pending").arg(hex(h));
     }
     cmd.stdin(Stdio::from(OwnedFd::from(stream)))
         .stdout(Stdio::from(OwnedFd::from(child_end)))
@@ -306,6 +322,8 @@ impl Reporter {
 /// Everything a session process needs, from the flags it was started with.
 pub struct Child {
     pub caps: [u8; rpc_proto::CONN_CAPS_SIZE],
+    /// The header of the first command, when the front answered the HELLO (`--session-pending`).
+    pub pending: Option<[u8; rpc_proto::FRAME_HEADER_SIZE]>,
     pub peer: String,
     pub config: Arc<SessionConfig>,
     pub limits: Limits,
@@ -459,11 +477,13 @@ pub fn child_main(c: Child) -> i32 {
             return 2;
         }
     };
-    let tcp = match rpc_transport::BlockingTcpTransport::new(
-        stream,
-        Some(stop_rx.clone()),
-        conn.poll_window,
-    ) {
+    let tcp =
+        rpc_transport::BlockingTcpTransport::new(stream, Some(stop_rx.clone()), conn.poll_window)
+            .and_then(|mut t| match &c.pending {
+                Some(h) => t.preload(h).map(|()| t),
+                None => Ok(t),
+            });
+    let tcp = match tcp {
         Ok(t) => t,
         Err(e) => {
             tracing::error!(error = %e, "cannot use the client's socket");
@@ -471,18 +491,31 @@ pub fn child_main(c: Child) -> i32 {
         }
     };
     let sandbox = c.sandbox;
-    let r = rt.block_on(crate::connection::serve_hello(
-        tcp,
-        local_ip,
-        c.caps,
-        c.config.clone(),
-        c.limits,
-        stats.clone(),
-        c.rdma.clone(),
-        conn,
-        stop_rx,
-        move || restrict_syscalls(sandbox, cache_dir.as_deref()),
-    ));
+    let ready = move || restrict_syscalls(sandbox, cache_dir.as_deref());
+    let r = match c.pending {
+        // The front answered the HELLO: the session starts at the command it read.
+        Some(_) => rt.block_on(crate::connection::serve_commands(
+            tcp,
+            c.config.clone(),
+            c.limits,
+            stats.clone(),
+            conn,
+            stop_rx,
+            ready,
+        )),
+        None => rt.block_on(crate::connection::serve_hello(
+            tcp,
+            local_ip,
+            c.caps,
+            c.config.clone(),
+            c.limits,
+            stats.clone(),
+            c.rdma.clone(),
+            conn,
+            stop_rx,
+            ready,
+        )),
+    };
     done.store(true, Relaxed);
     reporter.thread().unpark();
     let _ = reporter.join();
@@ -529,9 +562,9 @@ mod tests {
         for (i, b) in caps.iter_mut().enumerate() {
             *b = (i * 37) as u8;
         }
-        assert_eq!(parse_caps(&hex(&caps)), Some(caps));
-        assert_eq!(parse_caps("00"), None);
-        assert_eq!(parse_caps(&"zz".repeat(24)), None);
-        assert_eq!(parse_caps(&"é".repeat(24)), None);
+        assert_eq!(parse_hex(&hex(&caps)), Some(caps));
+        assert_eq!(parse_hex::<24>("00"), None);
+        assert_eq!(parse_hex::<24>(&"zz".repeat(24)), None);
+        assert_eq!(parse_hex::<24>(&"é".repeat(24)), None);
     }
 }

@@ -125,6 +125,9 @@ pub struct BlockingTcpTransport {
     end: usize,
     poll_window: Duration,
     stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Whether a read may take more bytes from the socket than it asked for (see
+    /// [`BlockingTcpTransport::set_read_ahead`]).
+    read_ahead: bool,
 }
 
 impl BlockingTcpTransport {
@@ -147,7 +150,28 @@ impl BlockingTcpTransport {
             end: 0,
             poll_window,
             stop,
+            read_ahead: true,
         })
+    }
+
+    /// With read-ahead off, a read takes from the socket at most the bytes it asked for, so
+    /// that the socket can change hands between any two reads with nothing left behind here
+    /// (the front of a contained server reads HELLO and the queries it answers this way, then
+    /// hands the socket over). On by default.
+    pub fn set_read_ahead(&mut self, on: bool) {
+        self.read_ahead = on;
+    }
+
+    /// Puts `bytes` in front of what the socket will deliver: the next reads return them first
+    /// (the header a front process read before handing the socket over). Fails if bytes are
+    /// still buffered or `bytes` is larger than the read buffer.
+    pub fn preload(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if self.buffered() != 0 || bytes.len() > self.buf.len() {
+            return Err(io::Error::other("cannot preload: buffer busy or too small"));
+        }
+        self.buf[..bytes.len()].copy_from_slice(bytes);
+        (self.pos, self.end) = (0, bytes.len());
+        Ok(())
     }
 
     /// Bytes received but not consumed yet (must be empty before switching transports).
@@ -175,10 +199,10 @@ impl BlockingTcpTransport {
     }
 
     /// Buffered bytes if there are any, else one `recv`: straight into `out` when it is at least
-    /// as large as the buffer, else through the buffer.
+    /// as large as the buffer or read-ahead is off, else through the buffer.
     fn recv(&mut self, out: &mut [u8], flags: RecvFlags) -> io::Result<usize> {
         if self.pos == self.end {
-            if out.len() >= self.buf.len() {
+            if out.len() >= self.buf.len() || !self.read_ahead {
                 return Ok(rustix::net::recv(&self.stream, out, flags)?.0);
             }
             let got = rustix::net::recv(&self.stream, &mut self.buf[..], flags)?.0;
@@ -343,6 +367,39 @@ mod tests {
             let mut got = vec![0u8; big.len()];
             block_on(t.read_exact(&mut got)).unwrap();
             assert!(got == big, "large read differs (poll window {poll:?})");
+        }
+    }
+
+    /// With read-ahead off nothing beyond what was asked for leaves the socket, so a second
+    /// owner of the socket (with the header preloaded) reads the rest in order; with read-ahead
+    /// on, the same first read takes everything that had arrived (the control).
+    #[test]
+    fn without_read_ahead_the_socket_changes_hands_losing_nothing() {
+        for ahead in [false, true] {
+            let (mut t, mut c) = pair(Duration::ZERO);
+            t.set_read_ahead(ahead);
+            let msg: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+            c.write_all(&msg).unwrap();
+            std::thread::sleep(Duration::from_millis(50)); // all of it has arrived
+            let mut head = [0u8; 9];
+            block_on(t.read_exact(&mut head)).unwrap();
+            assert_eq!(head[..], msg[..9]);
+            if ahead {
+                assert_eq!(t.buffered(), 1000 - 9, "read-ahead took the rest");
+                assert!(t.into_stream().is_err(), "bytes would be lost");
+                continue;
+            }
+            assert_eq!(t.buffered(), 0);
+            let stream = t.into_stream().unwrap();
+            let mut next = BlockingTcpTransport::new(stream, None, Duration::ZERO).unwrap();
+            next.preload(&head).unwrap();
+            assert!(
+                next.preload(&head).is_err(),
+                "preload only into an empty buffer"
+            );
+            let mut got = vec![0u8; 1000];
+            block_on(next.read_exact(&mut got)).unwrap();
+            assert_eq!(got, msg);
         }
     }
 

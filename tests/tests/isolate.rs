@@ -189,13 +189,32 @@ fn kill(pid: u32, sig: &str) {
 async fn a_session_computes_in_a_process_of_its_own() {
     let s = Server::start(&[]);
     let mut c = connect(s.addr).await;
+    // The front answers HELLO and the device queries itself: no process yet.
+    assert_eq!(c.device_count().await.unwrap(), 1);
+    let (align, max) = (
+        c.get_alignment(0).await.unwrap(),
+        c.get_max_size(0).await.unwrap(),
+    );
+    assert!(align > 0 && max > 0);
+    c.get_device_memory(0).await.unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        s.sessions(),
+        Vec::<u32>::new(),
+        "queries alone start no process"
+    );
+    // The first other command starts the session process, which serves it.
+    let buf = alloc(&mut c, 3 * 64).await;
     let pids = s.wait_sessions(1);
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", pids[0])).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline);
     assert!(
-        String::from_utf8_lossy(&cmdline).contains("--session-child"),
-        "the child is a session process"
+        cmdline.contains("--session-child") && cmdline.contains("--session-pending"),
+        "the child is a session process that starts at the pending command: {cmdline:?}"
     );
-    let buf = alloc(&mut c, 3 * 64).await;
+    // Answers of the front and of the session process agree.
+    assert_eq!(c.get_alignment(0).await.unwrap(), align);
+    assert_eq!(c.get_max_size(0).await.unwrap(), max);
     let (a, b, sum) = add_graph(&buf, 16);
     let av: Vec<f32> = (0..16).map(|i| i as f32).collect();
     c.set_tensor(&a, 0, &f32_bytes(&av), false).await.unwrap();
@@ -268,11 +287,11 @@ async fn the_memory_limit_spans_every_session_process() {
     let _ab = alloc(&mut a, 48 << 20).await;
     let pa = s.wait_sessions(1)[0];
     let mut b = connect(s.addr).await;
-    s.wait_sessions(2);
     assert!(
         b.alloc_buffer(0, 32 << 20).await.unwrap().is_none(),
         "48 + 32 MiB over a 64 MiB total, in two processes"
     );
+    s.wait_sessions(2);
     assert_eq!(s.metric("rpc_memory_allocated_bytes"), 48 << 20);
     // What a killed session held is given back.
     kill(pa, "-KILL");
@@ -330,6 +349,7 @@ async fn a_session_process_cannot_leave_its_sandbox() {
             args.extend_from_slice(extra);
             let s = Server::start_env(&args, &[("RPC_SANDBOX_SELFTEST", "1")]);
             let mut c = connect(s.addr).await;
+            alloc(&mut c, 4096).await; // starts the session process
             assert_eq!(c.device_count().await.unwrap(), 1, "the session serves");
             let t = Instant::now();
             while !s.log().contains("write and read the cache") {
