@@ -66,6 +66,9 @@ pub fn counters<'a>(
     if let Some(c) = &config.cache {
         v.extend(c.counters().counters());
     }
+    if let Some(l) = &config.local {
+        v.extend(l.counters().counters());
+    }
     v
 }
 

@@ -84,6 +84,13 @@ pub struct LocalCounters {
     pub failed: AtomicU64,
 }
 
+impl LocalCounters {
+    /// Every counter, in one fixed order (a session process reports them to the front).
+    pub fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
+        [&self.hits, &self.bytes_served, &self.failed].into_iter()
+    }
+}
+
 /// How the index was built.
 #[derive(Debug, Clone, Default)]
 pub struct IndexSummary {

@@ -302,6 +302,28 @@ pub fn render(src: &Sources) -> String {
             o.one(name, "counter", help, v.load(Relaxed));
         }
     }
+    if let Some(l) = &src.config.local {
+        let c = l.counters();
+        for (name, help, v) in [
+            (
+                "rpc_gguf_hits_total",
+                "SET_TENSOR_HASH answered from a local GGUF file (--gguf).",
+                &c.hits,
+            ),
+            (
+                "rpc_gguf_served_bytes_total",
+                "Bytes read from local GGUF files into tensors.",
+                &c.bytes_served,
+            ),
+            (
+                "rpc_gguf_failed_total",
+                "SET_TENSOR_HASH whose hash the --gguf index knew but could not serve (file changed or unreadable): the client uploads.",
+                &c.failed,
+            ),
+        ] {
+            o.one(name, "counter", help, v.load(Relaxed));
+        }
+    }
     o.family(
         "rpc_rdma_activations_total",
         "counter",

@@ -116,6 +116,26 @@ async fn set_tensor_hash_is_served_from_a_local_gguf_and_never_stale() {
     // The connection is fine: the client's upload goes through.
     c.set_tensor(&ta, 0, &a, false).await.unwrap();
     assert_eq!(c.get_tensor(&ta, 0, len as u64).await.unwrap(), a);
+
+    // What --metrics says: three tensors served from the file, one known hash not served.
+    let text = rpc_server::metrics::render(&rpc_server::metrics::Sources {
+        stats: server.stats.clone(),
+        rdma: std::sync::Arc::new(rpc_server::rdma::RdmaConfig::new(
+            rpc_server::rdma::TransportMode::Tcp,
+            Default::default(),
+            1,
+        )),
+        config: server.config.clone(),
+    });
+    let sample = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .to_string()
+    };
+    assert_eq!(sample("rpc_gguf_hits_total"), "3");
+    assert_eq!(sample("rpc_gguf_served_bytes_total"), (3 * len).to_string());
+    assert_eq!(sample("rpc_gguf_failed_total"), "1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
