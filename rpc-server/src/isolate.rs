@@ -348,27 +348,82 @@ fn restrict_files(budget: u64, cache_dir: Option<&std::path::Path>) {
     #[cfg(not(target_os = "linux"))]
     {
         let _ = (budget, cache_dir);
-        tracing::debug!("no sandbox on this OS yet: the session is contained by its process only");
+        tracing::debug!("no file rules before the transport is up on this OS (macOS: the profile comes with step 2)");
     }
 }
 
-/// Sandbox step 2 (if `on`): the system-call filter, once the transport is up; then the
-/// self-test when `RPC_SANDBOX_SELFTEST=1`.
+/// Sandbox step 2 (if `on`), once the transport is up: the system-call filter on Linux, the
+/// Seatbelt profile on macOS (`sandbox_mac.rs`); then the self-test when
+/// `RPC_SANDBOX_SELFTEST=1`.
 fn restrict_syscalls(on: bool, cache_dir: Option<&std::path::Path>) {
-    #[cfg(target_os = "linux")]
-    {
-        if on {
-            match crate::sandbox::restrict_syscalls() {
-                Ok(()) => tracing::debug!("system-call filter applied"),
-                Err(e) => tracing::warn!("session system calls not filtered: {e}"),
+    if on {
+        #[cfg(target_os = "linux")]
+        match crate::sandbox::restrict_syscalls() {
+            Ok(()) => tracing::debug!("system-call filter applied"),
+            Err(e) => tracing::warn!("session system calls not filtered: {e}"),
+        }
+        #[cfg(target_os = "macos")]
+        {
+            let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+            match crate::sandbox_mac::apply(home.as_deref(), cache_dir) {
+                Ok(()) => tracing::debug!("sandbox profile applied"),
+                Err(e) => tracing::warn!("session not sandboxed: {e}"),
             }
         }
-        if std::env::var_os("RPC_SANDBOX_SELFTEST").is_some_and(|v| v == "1") {
-            crate::sandbox::self_test(cache_dir);
+    }
+    if std::env::var_os("RPC_SANDBOX_SELFTEST").is_some_and(|v| v == "1") {
+        self_test(cache_dir);
+    }
+}
+
+/// `RPC_SANDBOX_SELFTEST=1`: tries what the sandbox forbids and logs each outcome as
+/// `sandbox self-test: <action>: denied (<error>)` or `...: ALLOWED` (`tests/tests/isolate.rs`
+/// asserts on those lines).
+fn self_test(cache_dir: Option<&std::path::Path>) {
+    fn report<T>(what: &str, r: std::io::Result<T>) {
+        match r {
+            Ok(_) => tracing::warn!("sandbox self-test: {what}: ALLOWED"),
+            Err(e) => tracing::info!("sandbox self-test: {what}: denied ({e})"),
         }
     }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (on, cache_dir);
+    #[cfg(target_os = "linux")]
+    report(
+        "open /etc/hostname",
+        std::fs::read("/etc/hostname").or_else(|_| std::fs::read("/etc/passwd")),
+    );
+    if let Some(home) = std::env::var_os("HOME") {
+        report(
+            "read a file in the home directory",
+            std::fs::read(std::path::Path::new(&home).join(".rpc-sandbox-probe")),
+        );
+    }
+    report(
+        "create a file in /tmp",
+        std::fs::write(format!("/tmp/rpc-sandbox-{}", std::process::id()), b"x"),
+    );
+    report(
+        "open a TCP connection",
+        std::net::TcpStream::connect("127.0.0.1:9"),
+    );
+    report(
+        "listen on a port",
+        std::net::TcpListener::bind("127.0.0.1:0"),
+    );
+    report(
+        "start /bin/true",
+        std::process::Command::new("/bin/true").status(),
+    );
+    if let Some(d) = cache_dir {
+        let p = d.join(format!(".sandbox-selftest-{}", std::process::id()));
+        let r = std::fs::write(&p, b"ok").and_then(|()| std::fs::read(&p));
+        let _ = std::fs::remove_file(&p);
+        match r {
+            Ok(_) => tracing::info!("sandbox self-test: write and read the cache: allowed"),
+            Err(e) => {
+                tracing::warn!("sandbox self-test: write and read the cache: DENIED ({e})")
+            }
+        }
+    }
 }
 
 /// Session side: serves the client on stdin (a socket) after its HELLO, reporting to the front

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod rdma;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
+pub mod sandbox_mac;
 pub mod server;
 pub mod session;
 pub mod stats;

@@ -20,7 +20,8 @@
 //!   a fixed allowance for graphs and the runtime.
 //!
 //! `RPC_SANDBOX_SELFTEST=1` makes each session process try forbidden actions right after the
-//! sandbox is up and log what happened (`tests/tests/isolate.rs` asserts on those lines).
+//! sandbox is up and log what happened (`isolate.rs`; `tests/tests/isolate.rs` asserts on those
+//! lines). macOS: `sandbox_mac.rs`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -232,49 +233,4 @@ pub fn restrict_syscalls() -> Result<(), SandboxError> {
             .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
     }
     Ok(())
-}
-
-/// `RPC_SANDBOX_SELFTEST=1`: tries what the sandbox forbids and logs each outcome as
-/// `sandbox self-test: <action>: denied (<error>)` or `...: ALLOWED`.
-pub fn self_test(cache_dir: Option<&Path>) {
-    fn report<T>(what: &str, r: std::io::Result<T>) {
-        match r {
-            Ok(_) => tracing::warn!("sandbox self-test: {what}: ALLOWED"),
-            Err(e) => tracing::info!("sandbox self-test: {what}: denied ({e})"),
-        }
-    }
-    report(
-        "open /etc/hostname",
-        std::fs::read("/etc/hostname").or_else(|_| std::fs::read("/etc/passwd")),
-    );
-    report(
-        "create a file in /tmp",
-        std::fs::write(
-            std::env::temp_dir().join(format!("rpc-sandbox-{}", std::process::id())),
-            b"x",
-        ),
-    );
-    report(
-        "open a TCP connection",
-        std::net::TcpStream::connect("127.0.0.1:9"),
-    );
-    report(
-        "listen on a port",
-        std::net::TcpListener::bind("127.0.0.1:0"),
-    );
-    report(
-        "start /bin/true",
-        std::process::Command::new("/bin/true").status(),
-    );
-    if let Some(d) = cache_dir {
-        let p = d.join(format!(".sandbox-selftest-{}", std::process::id()));
-        let r = std::fs::write(&p, b"ok").and_then(|()| std::fs::read(&p));
-        let _ = std::fs::remove_file(&p);
-        match r {
-            Ok(_) => tracing::info!("sandbox self-test: write and read the cache: allowed"),
-            Err(e) => {
-                tracing::warn!("sandbox self-test: write and read the cache: DENIED ({e})")
-            }
-        }
-    }
 }

@@ -333,21 +333,29 @@ async fn a_hundred_killed_sessions_leave_the_front_flat() {
     eprintln!("front RSS over 100 killed sessions: {before} KiB -> {after} KiB");
 }
 
-/// A forbidden action from inside a session fails (Linux: seccomp, Landlock): the session
-/// process tries them right after its sandbox is up (`RPC_SANDBOX_SELFTEST=1`), with a real
-/// client connected; the weight cache stays usable. With `--no-sandbox` the same actions succeed
-/// (the control: the self-test can see a difference).
-#[cfg(target_os = "linux")]
+/// A forbidden action from inside a session fails (Linux: seccomp, Landlock; macOS: the Seatbelt
+/// profile of `sandbox_mac.rs`): the session process tries them right after its sandbox is up
+/// (`RPC_SANDBOX_SELFTEST=1`), with a real client connected; the weight cache stays usable. The
+/// server's `HOME` is a directory of the test's with a file in it, which the session must not
+/// read. With `--no-sandbox` the same actions succeed (the control: the self-test can see a
+/// difference).
+#[cfg(any(target_os = "linux", target_os = "macos"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_process_cannot_leave_its_sandbox() {
     let cache = TempDir::new("isolate-cache");
     let dir = cache.path().to_str().unwrap().to_string();
+    let home = TempDir::new("isolate-home");
+    std::fs::write(home.path().join(".rpc-sandbox-probe"), b"secret").unwrap();
+    let home = home.path().to_str().unwrap().to_string();
     let run = |extra: &'static [&'static str]| {
-        let dir = dir.clone();
+        let (dir, home) = (dir.clone(), home.clone());
         async move {
             let mut args = vec!["--cache-dir", dir.as_str()];
             args.extend_from_slice(extra);
-            let s = Server::start_env(&args, &[("RPC_SANDBOX_SELFTEST", "1")]);
+            let s = Server::start_env(
+                &args,
+                &[("RPC_SANDBOX_SELFTEST", "1"), ("HOME", home.as_str())],
+            );
             let mut c = connect(s.addr).await;
             alloc(&mut c, 4096).await; // starts the session process
             assert_eq!(c.device_count().await.unwrap(), 1, "the session serves");
@@ -383,12 +391,20 @@ async fn a_session_process_cannot_leave_its_sandbox() {
     if log.contains("landlock=\"not enforced") {
         eprintln!("skip: no Landlock in this kernel; file rules not checked");
     } else {
-        for what in ["open /etc/hostname", "create a file in /tmp"] {
+        let mut files = vec!["read a file in the home directory", "create a file in /tmp"];
+        if cfg!(target_os = "linux") {
+            files.push("open /etc/hostname");
+        }
+        for what in files {
             assert!(line(what).contains("denied"), "{}", line(what));
         }
     }
     let control = run(&["--no-sandbox"]).await;
-    for what in ["open /etc/hostname", "start /bin/true", "listen on a port"] {
+    for what in [
+        "read a file in the home directory",
+        "start /bin/true",
+        "listen on a port",
+    ] {
         let l = control
             .lines()
             .find(|l| l.contains(&format!("sandbox self-test: {what}")))
