@@ -55,12 +55,11 @@ const _: () = assert!(
 /// Tags receive work requests so completions on a shared CQ can be told apart.
 const RECV_TAG: u64 = 1 << 63;
 
-/// One connected queue pair with its registered memory. Field order is drop order: the QP is
-/// destroyed before the memory it may still write into (upstream PR #27908).
+/// One connected queue pair with its registered memory. [`rv::OwnedQp`] owns the QP with both
+/// regions and destroys the QP before the memory it may still write into (upstream PR #27908),
+/// which is what makes its posting safe.
 pub struct RealQp {
-    qp: rv::Qp,
-    send_mr: rv::Mr,
-    recv_mr: rv::Mr,
+    ep: rv::OwnedQp,
     send_cq: rv::Cq,
     recv_cq: Option<rv::Cq>,
     /// Completion events of both CQs (idle connections sleep on its fd instead of polling).
@@ -93,33 +92,34 @@ impl RealQp {
 
 impl Verbs for RealQp {
     fn send_mem(&mut self) -> &mut [u8] {
-        self.send_mr.as_mut_slice()
+        self.ep.send_mem_mut()
     }
 
     fn recv_mem(&self) -> &[u8] {
-        self.recv_mr.as_slice()
+        self.ep.recv_mr().as_slice()
     }
 
     fn post_send(&mut self, wr_id: u64, offset: usize, len: usize, inline: bool) -> io::Result<()> {
         if inline && len <= self.max_inline {
             let data = self
-                .send_mr
+                .ep
+                .send_mr()
                 .as_slice()
                 .get(offset..offset + len)
                 .ok_or_else(|| io::Error::other("send range"))?;
             return self
-                .qp
+                .ep
                 .post_send_inline(wr_id, data, rv::SendFlags::SIGNALED | rv::SendFlags::INLINE)
                 .map_err(io_err);
         }
-        self.qp
-            .post_send(wr_id, &self.send_mr, offset, len, rv::SendFlags::SIGNALED)
+        self.ep
+            .post_send(wr_id, offset, len, rv::SendFlags::SIGNALED)
             .map_err(io_err)
     }
 
     fn post_recv(&mut self, wr_id: u64, offset: usize, len: usize) -> io::Result<()> {
-        self.qp
-            .post_recv(wr_id | RECV_TAG, &self.recv_mr, offset, len)
+        self.ep
+            .post_recv(wr_id | RECV_TAG, offset, len)
             .map_err(io_err)
     }
 
@@ -302,9 +302,7 @@ pub fn prepare_with(
         caps,
         lean,
         qp: RealQp {
-            qp,
-            send_mr,
-            recv_mr,
+            ep: rv::OwnedQp::new(qp, send_mr, recv_mr).map_err(verr("queue pair memory"))?,
             send_cq,
             recv_cq,
             channel,
@@ -336,8 +334,7 @@ impl Prepared {
         }
         let g = Geometry::for_flavor(self.flavor);
         debug_assert!(
-            g.tx_size() <= self.qp.send_mr.as_slice().len()
-                && g.rx_size() <= self.qp.recv_mr.as_slice().len()
+            g.tx_size() <= self.qp.ep.send_mr().len() && g.rx_size() <= self.qp.ep.recv_mr().len()
         );
         match self.flavor {
             Flavor::LinuxRc => {
@@ -345,11 +342,12 @@ impl Prepared {
                 let (port, mtu, own_psn) = (self.port, self.active_mtu, self.caps.psn);
                 let mut link = LeanLink::new(self.qp, g);
                 link.verbs()
-                    .qp
+                    .ep
+                    .qp()
                     .modify_to_init(&rv::InitAttr::upstream(port))
                     .map_err(verr("QP INIT"))?;
                 link.post_all_receives().map_err(RdmaError::PostRecv)?;
-                let qp = &link.verbs().qp;
+                let qp = link.verbs().ep.qp();
                 qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av))
                     .map_err(verr("QP RTR"))?;
                 qp.modify_to_rts(&rv::RtsAttr::rc(own_psn))
@@ -360,11 +358,13 @@ impl Prepared {
                 let av = self.av(peer, peer.lid);
                 let mtu = self.active_mtu;
                 self.qp
-                    .qp
+                    .ep
+                    .qp()
                     .modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av))
                     .map_err(verr("QP RTR"))?;
                 self.qp
-                    .qp
+                    .ep
+                    .qp()
                     .modify_to_rts(&rv::RtsAttr::uc(0))
                     .map_err(verr("QP RTS"))?;
                 let mut link = LeanLink::new(self.qp, g);
@@ -385,12 +385,12 @@ impl Prepared {
         let (port, mtu, own_psn) = (self.port, self.active_mtu, self.caps.psn);
         let mut link = RcLink::new(self.qp);
         {
-            let qp = &link.verbs().qp;
+            let qp = link.verbs().ep.qp();
             qp.modify_to_init(&rv::InitAttr::upstream(port))
                 .map_err(verr("QP INIT"))?;
         }
         link.post_all_receives().map_err(RdmaError::PostRecv)?;
-        let qp = &link.verbs().qp;
+        let qp = link.verbs().ep.qp();
         qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av))
             .map_err(verr("QP RTR"))?;
         qp.modify_to_rts(&rv::RtsAttr::rc(own_psn))
@@ -403,11 +403,13 @@ impl Prepared {
         let av = self.av(peer, peer.lid);
         let mtu = self.active_mtu;
         self.qp
-            .qp
+            .ep
+            .qp()
             .modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av))
             .map_err(verr("QP RTR"))?;
         self.qp
-            .qp
+            .ep
+            .qp()
             .modify_to_rts(&rv::RtsAttr::uc(0))
             .map_err(verr("QP RTS"))?;
         let mut link = UcLink::new(self.qp);
