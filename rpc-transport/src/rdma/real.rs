@@ -71,6 +71,10 @@ pub struct RealQp {
 }
 
 impl RealQp {
+    fn qp(&self) -> &rv::Qp {
+        self.ep.qp()
+    }
+
     fn drain(cq: &rv::Cq, wcs: &mut [rv::WorkCompletion], out: &mut Vec<Wc>) -> io::Result<()> {
         loop {
             let n = cq.poll(wcs).map_err(io_err)?;
@@ -338,35 +342,15 @@ impl Prepared {
         );
         match self.flavor {
             Flavor::LinuxRc => {
-                let av = self.av(peer, 0);
-                let (port, mtu, own_psn) = (self.port, self.active_mtu, self.caps.psn);
+                let rc = self.rc_steps(peer);
                 let mut link = LeanLink::new(self.qp, g);
-                link.verbs()
-                    .ep
-                    .qp()
-                    .modify_to_init(&rv::InitAttr::upstream(port))
-                    .map_err(verr("QP INIT"))?;
+                rc.init(link.verbs().qp())?;
                 link.post_all_receives().map_err(RdmaError::PostRecv)?;
-                let qp = link.verbs().ep.qp();
-                qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av))
-                    .map_err(verr("QP RTR"))?;
-                qp.modify_to_rts(&rv::RtsAttr::rc(own_psn))
-                    .map_err(verr("QP RTS"))?;
+                rc.rtr_rts(link.verbs().qp())?;
                 Ok(link)
             }
             Flavor::AppleUc => {
-                let av = self.av(peer, peer.lid);
-                let mtu = self.active_mtu;
-                self.qp
-                    .ep
-                    .qp()
-                    .modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av))
-                    .map_err(verr("QP RTR"))?;
-                self.qp
-                    .ep
-                    .qp()
-                    .modify_to_rts(&rv::RtsAttr::uc(0))
-                    .map_err(verr("QP RTS"))?;
+                self.uc_rtr_rts(peer)?;
                 let mut link = LeanLink::new(self.qp, g);
                 link.post_all_receives().map_err(RdmaError::PostRecv)?;
                 Ok(link)
@@ -381,39 +365,70 @@ impl Prepared {
     /// RC: INIT → post every receive → RTR → RTS (upstream order: receives before RTR, so the
     /// peer may send as soon as its own QP is ready).
     pub fn activate_rc(self, peer: &Caps) -> Result<RcLink<RealQp>, RdmaError> {
-        let av = self.av(peer, 0);
-        let (port, mtu, own_psn) = (self.port, self.active_mtu, self.caps.psn);
+        let rc = self.rc_steps(peer);
         let mut link = RcLink::new(self.qp);
-        {
-            let qp = link.verbs().ep.qp();
-            qp.modify_to_init(&rv::InitAttr::upstream(port))
-                .map_err(verr("QP INIT"))?;
-        }
+        rc.init(link.verbs().qp())?;
         link.post_all_receives().map_err(RdmaError::PostRecv)?;
-        let qp = link.verbs().ep.qp();
-        qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av))
-            .map_err(verr("QP RTR"))?;
-        qp.modify_to_rts(&rv::RtsAttr::rc(own_psn))
-            .map_err(verr("QP RTS"))?;
+        rc.rtr_rts(link.verbs().qp())?;
         Ok(link)
     }
 
     /// UC: RTR → RTS → post every receive (Apple's provider rejects receives before RTS).
     pub fn activate_uc(self, peer: &Caps) -> Result<UcLink<RealQp>, RdmaError> {
-        let av = self.av(peer, peer.lid);
-        let mtu = self.active_mtu;
-        self.qp
-            .ep
-            .qp()
-            .modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av))
-            .map_err(verr("QP RTR"))?;
-        self.qp
-            .ep
-            .qp()
-            .modify_to_rts(&rv::RtsAttr::uc(0))
-            .map_err(verr("QP RTS"))?;
+        self.uc_rtr_rts(peer)?;
         let mut link = UcLink::new(self.qp);
         link.post_all_receives().map_err(RdmaError::PostRecv)?;
         Ok(link)
+    }
+
+    /// UC: RTR → RTS (INIT was done at probe time); the receives are posted after it.
+    fn uc_rtr_rts(&self, peer: &Caps) -> Result<(), RdmaError> {
+        let av = self.av(peer, peer.lid);
+        let qp = self.qp.qp();
+        qp.modify_to_rtr(&rv::RtrAttr::uc(self.active_mtu, peer.qpn, 0, av))
+            .map_err(verr("QP RTR"))?;
+        qp.modify_to_rts(&rv::RtsAttr::uc(0))
+            .map_err(verr("QP RTS"))
+    }
+
+    /// What RC's transitions need, taken before the queue pair moves into its link.
+    fn rc_steps(&self, peer: &Caps) -> RcSteps {
+        RcSteps {
+            port: self.port,
+            mtu: self.active_mtu,
+            own_psn: self.caps.psn,
+            peer_qpn: peer.qpn,
+            peer_psn: peer.psn,
+            av: self.av(peer, 0),
+        }
+    }
+}
+
+/// RC's transitions around posting the receives: INIT before, RTR → RTS after.
+struct RcSteps {
+    port: u8,
+    mtu: rv::Mtu,
+    own_psn: u32,
+    peer_qpn: u32,
+    peer_psn: u32,
+    av: rv::AddressVector,
+}
+
+impl RcSteps {
+    fn init(&self, qp: &rv::Qp) -> Result<(), RdmaError> {
+        qp.modify_to_init(&rv::InitAttr::upstream(self.port))
+            .map_err(verr("QP INIT"))
+    }
+
+    fn rtr_rts(&self, qp: &rv::Qp) -> Result<(), RdmaError> {
+        qp.modify_to_rtr(&rv::RtrAttr::rc(
+            self.mtu,
+            self.peer_qpn,
+            self.peer_psn,
+            self.av,
+        ))
+        .map_err(verr("QP RTR"))?;
+        qp.modify_to_rts(&rv::RtsAttr::rc(self.own_psn))
+            .map_err(verr("QP RTS"))
     }
 }
