@@ -215,32 +215,40 @@ async fn read_hello<R: Transport>(
     Ok(Some(caps))
 }
 
+/// What serving one connection needs besides its socket: the server's shared state and
+/// settings, and its shutdown signal. One per connection (cloned from the server's).
+#[derive(Clone)]
+pub struct ConnectionContext {
+    pub config: Arc<SessionConfig>,
+    pub limits: Limits,
+    pub stats: Arc<Stats>,
+    pub rdma: Arc<RdmaConfig>,
+    pub conn: ConnectionOptions,
+    pub shutdown: watch::Receiver<bool>,
+}
+
 /// Serves one TCP connection on the calling thread (which it has to itself: TCP reads and
 /// writes block it): HELLO (transport negotiation), then the command loop over TCP or RDMA.
 /// The connection takes one of the server's slots (`admission`) only once its HELLO is in.
-#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     stream: std::net::TcpStream,
     admission: Admission,
-    config: Arc<SessionConfig>,
-    limits: Limits,
-    stats: Arc<Stats>,
-    rdma: Arc<RdmaConfig>,
-    conn: ConnectionOptions,
-    shutdown: watch::Receiver<bool>,
+    ctx: ConnectionContext,
 ) -> Result<(), ConnectionError> {
     let peer = stream.peer_addr()?;
     let local_ip = stream.local_addr()?.ip();
-    let mut tcp = BlockingTcpTransport::new(stream, Some(shutdown.clone()), conn.poll_window)?;
+    let conn = &ctx.conn;
+    let mut tcp =
+        BlockingTcpTransport::new(stream, Some(ctx.shutdown.clone()), conn.poll_window)?;
     // A client sends HELLO right after connecting; one that does not is closed, and holds no
     // connection slot meanwhile.
     let hello = conn
         .idle_timeout
         .map_or(conn.hello_timeout, |t| t.min(conn.hello_timeout));
-    let Some(caps) = read_hello(&mut tcp, hello, &limits).await? else {
+    let Some(caps) = read_hello(&mut tcp, hello, &ctx.limits).await? else {
         return Ok(());
     };
-    let mut stop = shutdown.clone();
+    let mut stop = ctx.shutdown.clone();
     let Some(_admitted) = admission.enter(&mut stop).await else {
         return Ok(());
     };
@@ -252,46 +260,36 @@ pub async fn serve(
             peer,
             &caps,
             &conn.budget,
-            &rdma,
-            &stats,
-            &config,
-            shutdown,
+            &ctx.rdma,
+            &ctx.stats,
+            &ctx.config,
+            ctx.shutdown.clone(),
         )
         .await;
     }
     let _ = peer;
-    serve_hello(
-        tcp,
-        local_ip,
-        caps,
-        config,
-        limits,
-        stats,
-        rdma,
-        conn,
-        shutdown,
-        || {},
-    )
-    .await
+    serve_hello(tcp, local_ip, caps, ctx, || {}).await
 }
 
 /// Serves a connection whose HELLO (`caps`) has been read: the reply (transport negotiation),
 /// then the command loop over TCP or RDMA. In this process, or in a session process of its own
 /// (`isolate.rs`). `ready` runs once the transport is set up, before the first command is read
 /// (a session process applies its sandbox there).
-#[allow(clippy::too_many_arguments)]
 pub async fn serve_hello<F: FnOnce()>(
     mut tcp: BlockingTcpTransport,
     local_ip: std::net::IpAddr,
     caps: [u8; rpc_proto::CONN_CAPS_SIZE],
-    config: Arc<SessionConfig>,
-    limits: Limits,
-    stats: Arc<Stats>,
-    rdma: Arc<RdmaConfig>,
-    conn: ConnectionOptions,
-    shutdown: watch::Receiver<bool>,
+    ctx: ConnectionContext,
     ready: F,
 ) -> Result<(), ConnectionError> {
+    let ConnectionContext {
+        config,
+        limits,
+        stats,
+        rdma,
+        conn,
+        shutdown,
+    } = ctx;
     let mut out = Vec::with_capacity(64);
     let deadlines = Deadlines::of(&conn);
     // Blocking (queue-pair setup): fine, this thread serves only this connection.

@@ -37,7 +37,7 @@ use rpc_proto::Limits;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::connection::{ConnectionError, ConnectionOptions};
+use crate::connection::{ConnectionContext, ConnectionError, ConnectionOptions};
 use crate::rdma::{Fallback, RdmaConfig, TransportMode};
 use crate::session::{MemoryBudget, SessionConfig, Upstream};
 use crate::stats::Stats;
@@ -471,16 +471,19 @@ pub fn child_main(c: Child) -> i32 {
         }
     };
     let sandbox = c.sandbox;
+    let ctx = ConnectionContext {
+        config: c.config.clone(),
+        limits: c.limits,
+        stats: stats.clone(),
+        rdma: c.rdma.clone(),
+        conn,
+        shutdown: stop_rx,
+    };
     let r = rt.block_on(crate::connection::serve_hello(
         tcp,
         local_ip,
         c.caps,
-        c.config.clone(),
-        c.limits,
-        stats.clone(),
-        c.rdma.clone(),
-        conn,
-        stop_rx,
+        ctx,
         move || restrict_syscalls(sandbox, cache_dir.as_deref()),
     ));
     done.store(true, Relaxed);
