@@ -238,8 +238,7 @@ pub async fn serve(
     let peer = stream.peer_addr()?;
     let local_ip = stream.local_addr()?.ip();
     let conn = &ctx.conn;
-    let mut tcp =
-        BlockingTcpTransport::new(stream, Some(ctx.shutdown.clone()), conn.poll_window)?;
+    let mut tcp = BlockingTcpTransport::new(stream, Some(ctx.shutdown.clone()), conn.poll_window)?;
     // A client sends HELLO right after connecting; one that does not is closed, and holds no
     // connection slot meanwhile.
     let hello = conn
@@ -254,18 +253,7 @@ pub async fn serve(
     };
     #[cfg(unix)]
     if let Some(iso) = &conn.isolate {
-        return crate::isolate::hand_off(
-            iso,
-            tcp.into_stream()?,
-            peer,
-            &caps,
-            &conn.budget,
-            &ctx.rdma,
-            &ctx.stats,
-            &ctx.config,
-            ctx.shutdown.clone(),
-        )
-        .await;
+        return crate::isolate::hand_off(iso, tcp.into_stream()?, peer, &caps, &ctx).await;
     }
     let _ = peer;
     serve_hello(tcp, local_ip, caps, ctx, || {}).await

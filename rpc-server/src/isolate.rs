@@ -101,18 +101,15 @@ fn signal_name(sig: i32) -> &'static str {
 
 /// Front side: starts a session process for a connection whose HELLO (`caps`) has been read and
 /// which holds a slot, then serves its control line until it ends.
-#[allow(clippy::too_many_arguments)]
 pub async fn hand_off(
     iso: &Isolation,
     stream: std::net::TcpStream,
     peer: SocketAddr,
     caps: &[u8; rpc_proto::CONN_CAPS_SIZE],
-    budget: &Arc<MemoryBudget>,
-    rdma: &RdmaConfig,
-    stats: &Stats,
-    config: &SessionConfig,
-    mut shutdown: watch::Receiver<bool>,
+    ctx: &ConnectionContext,
 ) -> Result<(), ConnectionError> {
+    let (budget, rdma, stats, config) = (&ctx.conn.budget, &*ctx.rdma, &*ctx.stats, &*ctx.config);
+    let mut shutdown = ctx.shutdown.clone();
     // The queue-pair budget is the front's: a session process may engage RDMA only with one of
     // its places, held until the process ends.
     let offers_rdma = caps.iter().any(|&b| b != 0) && rdma.mode != TransportMode::Tcp;
