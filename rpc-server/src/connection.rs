@@ -215,23 +215,30 @@ async fn read_hello<R: Transport>(
     Ok(Some(caps))
 }
 
+/// What serving one connection needs besides its socket: the server's shared state and
+/// settings, and its shutdown signal. One per connection (cloned from the server's).
+#[derive(Clone)]
+pub struct ConnectionContext {
+    pub config: Arc<SessionConfig>,
+    pub limits: Limits,
+    pub stats: Arc<Stats>,
+    pub rdma: Arc<RdmaConfig>,
+    pub conn: ConnectionOptions,
+    pub shutdown: watch::Receiver<bool>,
+}
+
 /// Serves one TCP connection on the calling thread (which it has to itself: TCP reads and
 /// writes block it): HELLO (transport negotiation), then the command loop over TCP or RDMA.
 /// The connection takes one of the server's slots (`admission`) only once its HELLO is in.
-#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     stream: std::net::TcpStream,
     admission: Admission,
-    config: Arc<SessionConfig>,
-    limits: Limits,
-    stats: Arc<Stats>,
-    rdma: Arc<RdmaConfig>,
-    conn: ConnectionOptions,
-    shutdown: watch::Receiver<bool>,
+    ctx: ConnectionContext,
 ) -> Result<(), ConnectionError> {
     let peer = stream.peer_addr()?;
     let local_ip = stream.local_addr()?.ip();
-    let mut tcp = BlockingTcpTransport::new(stream, Some(shutdown.clone()), conn.poll_window)?;
+    let conn = &ctx.conn;
+    let mut tcp = BlockingTcpTransport::new(stream, Some(ctx.shutdown.clone()), conn.poll_window)?;
     // A contained connection's socket may change hands after any request: read no further
     // ahead than each request.
     #[cfg(unix)]
@@ -241,10 +248,10 @@ pub async fn serve(
     let hello = conn
         .idle_timeout
         .map_or(conn.hello_timeout, |t| t.min(conn.hello_timeout));
-    let Some(caps) = read_hello(&mut tcp, hello, &limits).await? else {
+    let Some(caps) = read_hello(&mut tcp, hello, &ctx.limits).await? else {
         return Ok(());
     };
-    let mut stop = shutdown.clone();
+    let mut stop = ctx.shutdown.clone();
     let Some(_admitted) = admission.enter(&mut stop).await else {
         return Ok(());
     };
@@ -255,71 +262,40 @@ pub async fn serve(
         // costs no process. A client offering RDMA gets its process at once (the queue pair is
         // that process's to set up, in the HELLO reply).
         let mut pending = None;
-        if !crate::isolate::offers_rdma(&rdma, &caps) {
-            send_hello(&mut tcp, [0; rpc_proto::CONN_CAPS_SIZE], &stats).await?;
-            let front = Session::with_budget(config.clone(), conn.budget.clone());
-            let deadlines = Deadlines::of(&conn);
-            match serve_queries(
-                &mut tcp,
-                front,
-                &limits,
-                &stats,
-                deadlines,
-                shutdown.clone(),
-            )
-            .await?
-            {
+        if !crate::isolate::offers_rdma(&ctx.rdma, &caps) {
+            send_hello(&mut tcp, [0; rpc_proto::CONN_CAPS_SIZE], &ctx.stats).await?;
+            let front = Session::with_budget(ctx.config.clone(), conn.budget.clone());
+            match serve_queries(&mut tcp, front, &ctx, Deadlines::of(conn)).await? {
                 Some(h) => pending = Some(h.encode()),
                 None => return Ok(()),
             }
         }
-        return crate::isolate::hand_off(
-            iso,
-            tcp.into_stream()?,
-            peer,
-            &caps,
-            pending.as_ref(),
-            &conn.budget,
-            &rdma,
-            &stats,
-            &config,
-            shutdown,
-        )
-        .await;
+        let pending = pending.as_ref();
+        return crate::isolate::hand_off(iso, tcp.into_stream()?, peer, &caps, pending, &ctx).await;
     }
     let _ = peer;
-    serve_hello(
-        tcp,
-        local_ip,
-        caps,
-        config,
-        limits,
-        stats,
-        rdma,
-        conn,
-        shutdown,
-        || {},
-    )
-    .await
+    serve_hello(tcp, local_ip, caps, ctx, || {}).await
 }
 
 /// Serves a connection whose HELLO (`caps`) has been read: the reply (transport negotiation),
 /// then the command loop over TCP or RDMA. In this process, or in a session process of its own
 /// (`isolate.rs`). `ready` runs once the transport is set up, before the first command is read
 /// (a session process applies its sandbox there).
-#[allow(clippy::too_many_arguments)]
 pub async fn serve_hello<F: FnOnce()>(
     mut tcp: BlockingTcpTransport,
     local_ip: std::net::IpAddr,
     caps: [u8; rpc_proto::CONN_CAPS_SIZE],
-    config: Arc<SessionConfig>,
-    limits: Limits,
-    stats: Arc<Stats>,
-    rdma: Arc<RdmaConfig>,
-    conn: ConnectionOptions,
-    shutdown: watch::Receiver<bool>,
+    ctx: ConnectionContext,
     ready: F,
 ) -> Result<(), ConnectionError> {
+    let ConnectionContext {
+        config,
+        limits,
+        stats,
+        rdma,
+        conn,
+        shutdown,
+    } = ctx;
     let deadlines = Deadlines::of(&conn);
     // Blocking (queue-pair setup): fine, this thread serves only this connection.
     let (reply_caps, activated) = crate::rdma::negotiate(&rdma, local_ip, &caps);
@@ -452,11 +428,10 @@ fn front_answers(cmd: Command, size: u64) -> bool {
 async fn serve_queries(
     tcp: &mut BlockingTcpTransport,
     mut session: Session,
-    limits: &Limits,
-    stats: &Stats,
+    ctx: &ConnectionContext,
     deadlines: Deadlines,
-    mut shutdown: watch::Receiver<bool>,
 ) -> Result<Option<FrameHeader>, ConnectionError> {
+    let (limits, stats, mut shutdown) = (&ctx.limits, &ctx.stats, ctx.shutdown.clone());
     let (mut payload, mut out) = (Vec::new(), Vec::with_capacity(64));
     loop {
         let h = tokio::select! {
@@ -492,22 +467,19 @@ async fn serve_queries(
 /// of them preloaded into `tcp`. `ready` as for [`serve_hello`].
 pub async fn serve_commands<F: FnOnce()>(
     mut tcp: BlockingTcpTransport,
-    config: Arc<SessionConfig>,
-    limits: Limits,
-    stats: Arc<Stats>,
-    conn: ConnectionOptions,
-    shutdown: watch::Receiver<bool>,
+    ctx: ConnectionContext,
     ready: F,
 ) -> Result<(), ConnectionError> {
     ready();
-    let session = Session::with_budget(config, conn.budget.clone());
+    let session = Session::with_budget(ctx.config, ctx.conn.budget.clone());
+    let deadlines = Deadlines::of(&ctx.conn);
     run(
         &mut tcp,
         session,
-        limits,
-        stats,
-        Deadlines::of(&conn),
-        shutdown,
+        ctx.limits,
+        ctx.stats,
+        deadlines,
+        ctx.shutdown,
     )
     .await
 }

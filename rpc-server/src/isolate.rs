@@ -41,7 +41,7 @@ use rpc_proto::Limits;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::connection::{ConnectionError, ConnectionOptions};
+use crate::connection::{ConnectionContext, ConnectionError, ConnectionOptions};
 use crate::rdma::{Fallback, RdmaConfig, TransportMode};
 use crate::session::{MemoryBudget, SessionConfig, Upstream};
 use crate::stats::Stats;
@@ -116,19 +116,16 @@ fn signal_name(sig: i32) -> &'static str {
 /// control line until it ends. Either the client's HELLO (`caps`) has been read and the session
 /// process answers it, or (`pending`) the front answered it and the queries after it, and read
 /// the header of the first other command, which the session process then serves first.
-#[allow(clippy::too_many_arguments)]
 pub async fn hand_off(
     iso: &Isolation,
     stream: std::net::TcpStream,
     peer: SocketAddr,
     caps: &[u8; rpc_proto::CONN_CAPS_SIZE],
     pending: Option<&[u8; rpc_proto::FRAME_HEADER_SIZE]>,
-    budget: &Arc<MemoryBudget>,
-    rdma: &RdmaConfig,
-    stats: &Stats,
-    config: &SessionConfig,
-    mut shutdown: watch::Receiver<bool>,
+    ctx: &ConnectionContext,
 ) -> Result<(), ConnectionError> {
+    let (budget, rdma, stats, config) = (&ctx.conn.budget, &*ctx.rdma, &*ctx.stats, &*ctx.config);
+    let mut shutdown = ctx.shutdown.clone();
     // The queue-pair budget is the front's: a session process may engage RDMA only with one of
     // its places, held until the process ends.
     let offers_rdma = pending.is_none() && offers_rdma(rdma, caps);
@@ -549,29 +546,20 @@ pub fn child_main(c: Child) -> i32 {
         }
     };
     let sandbox = c.sandbox;
+    let ctx = ConnectionContext {
+        config: c.config.clone(),
+        limits: c.limits,
+        stats: stats.clone(),
+        rdma: c.rdma.clone(),
+        conn,
+        shutdown: stop_rx,
+    };
     let ready = move || restrict_syscalls(sandbox, cache_dir.as_deref());
     let r = match c.pending {
         // The front answered the HELLO: the session starts at the command it read.
-        Some(_) => rt.block_on(crate::connection::serve_commands(
-            tcp,
-            c.config.clone(),
-            c.limits,
-            stats.clone(),
-            conn,
-            stop_rx,
-            ready,
-        )),
+        Some(_) => rt.block_on(crate::connection::serve_commands(tcp, ctx, ready)),
         None => rt.block_on(crate::connection::serve_hello(
-            tcp,
-            local_ip,
-            c.caps,
-            c.config.clone(),
-            c.limits,
-            stats.clone(),
-            c.rdma.clone(),
-            conn,
-            stop_rx,
-            ready,
+            tcp, local_ip, c.caps, ctx, ready,
         )),
     };
     done.store(true, Relaxed);

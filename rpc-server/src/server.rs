@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::admission::{default_peer_share, Admission, AllowList, PeerShares};
-use crate::connection::{self, ConnectionError, ConnectionOptions};
+use crate::connection::{self, ConnectionContext, ConnectionError, ConnectionOptions};
 use crate::rdma::{RdmaConfig, TransportMode};
 use crate::session::{MemoryBudget, MemoryLimits, SessionConfig};
 use crate::stats::{Refusal, Stats};
@@ -233,12 +233,14 @@ pub async fn serve(
                 continue;
             }
         };
-        let config = config.clone();
-        let limits = opts.limits;
-        let stats = stats.clone();
-        let stop = stop_rx.clone();
-        let rdma = opts.rdma.clone();
-        let conn = conn.clone();
+        let ctx = ConnectionContext {
+            config: config.clone(),
+            limits: opts.limits,
+            stats: stats.clone(),
+            rdma: opts.rdma.clone(),
+            conn: conn.clone(),
+            shutdown: stop_rx.clone(),
+        };
         let alive = alive_tx.clone();
         let spawned = std::thread::Builder::new().name("rpc-conn".into()).stack_size(CONNECTION_STACK).spawn(move || {
             let _alive = alive;
@@ -246,7 +248,7 @@ pub async fn serve(
                 Ok(rt) => rt,
                 Err(e) => return tracing::error!(%peer, error = %e, "cannot start the connection's runtime; dropping it"),
             };
-            rt.block_on(handle(stream, peer, admission, keepalive, config, limits, stats, rdma, conn, stop));
+            rt.block_on(handle(stream, peer, admission, keepalive, ctx));
         });
         if let Err(e) = spawned {
             tracing::error!(%peer, error = %e, "cannot start a thread for the connection; dropping it");
@@ -265,19 +267,14 @@ pub async fn serve(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn handle(
     stream: std::net::TcpStream,
     peer: SocketAddr,
     admission: Admission,
     keepalive: Option<Duration>,
-    config: Arc<SessionConfig>,
-    limits: Limits,
-    stats: Arc<Stats>,
-    rdma: Arc<RdmaConfig>,
-    conn: ConnectionOptions,
-    stop: watch::Receiver<bool>,
+    ctx: ConnectionContext,
 ) {
+    let stats = ctx.stats.clone();
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!(%peer, error = %e, "cannot set TCP_NODELAY; dropping connection");
         return;
@@ -291,16 +288,7 @@ async fn handle(
     stats.connections.fetch_add(1, Relaxed);
     stats.active.fetch_add(1, Relaxed);
     tracing::info!(%peer, "accepted client connection");
-    let served = connection::serve(
-        stream,
-        admission,
-        config,
-        limits,
-        stats.clone(),
-        rdma,
-        conn,
-        stop,
-    );
+    let served = connection::serve(stream, admission, ctx);
     match served.await {
         Ok(()) => tracing::info!(%peer, "client connection closed"),
         Err(e @ ConnectionError::NoHello(_)) => {

@@ -468,3 +468,54 @@ impl Drop for ChildServer {
         let _ = self.child.wait();
     }
 }
+
+/// The workspace's root directory (the parent of this crate's).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// When [`release_server_bin`] runs `cargo build --release -p rpc-server --bin rpc-server`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildServer {
+    /// Every time (cargo makes it a no-op when nothing changed).
+    Always,
+    /// Only when the binary does not exist yet.
+    IfMissing,
+    /// Never: the binary must already exist.
+    Never,
+}
+
+/// `$CARGO_TARGET_DIR/release/rpc-server` (default `target/` of the workspace), built as `build`
+/// says; panics if the build fails or the binary is then missing.
+pub fn release_server_bin(build: BuildServer) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let bin = target.join("release").join("rpc-server");
+    let run = match build {
+        BuildServer::Always => true,
+        BuildServer::IfMissing => !bin.exists(),
+        BuildServer::Never => false,
+    };
+    if run {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let st = std::process::Command::new(cargo)
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "rpc-server",
+                "--bin",
+                "rpc-server",
+            ])
+            .current_dir(workspace_root())
+            .status()
+            .expect("cargo build");
+        assert!(st.success(), "building rpc-server failed");
+    }
+    assert!(bin.exists(), "{} missing", bin.display());
+    bin
+}

@@ -13,37 +13,10 @@ use std::time::{Duration, Instant};
 
 use rpc_tests::*;
 
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
 /// `target/release/rpc-server` (built by `cargo build --release`, which `scripts/test.sh` runs
 /// before the tests; built here if missing).
 fn ours_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let bin = target.join("release").join("rpc-server");
-    if !bin.exists() {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let st = Command::new(cargo)
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "rpc-server",
-                "--bin",
-                "rpc-server",
-            ])
-            .current_dir(workspace_root())
-            .status()
-            .expect("cargo build");
-        assert!(st.success(), "building rpc-server failed");
-    }
-    bin
+    release_server_bin(BuildServer::IfMissing)
 }
 
 fn free_port() -> u16 {

@@ -566,47 +566,39 @@ async fn commands_without_response_send_nothing() {
     let t = buf.f32(7, &[16], 1024).build();
 
     // One at a time, each checked separately.
-    assert_silent(
-        &mut c,
-        &set_frame(&a, 0, &f32_bytes(&[1.0; 4])),
-        "SET_TENSOR",
-    )
-    .await;
-    assert_silent(
-        &mut c,
-        &set_frame(&b, 0, &f32_bytes(&[2.0; 4])),
-        "SET_TENSOR",
-    )
-    .await;
-    assert_silent(&mut c, &graph_frame(0, &[3], &[a, b, sum]), "GRAPH_COMPUTE").await;
-    assert_silent(
-        &mut c,
-        &enc(Request::GraphRecompute { device: 0 }),
-        "GRAPH_RECOMPUTE",
-    )
-    .await;
-    assert_silent(
-        &mut c,
-        &enc(Request::InitTensor { tensor: t }),
-        "INIT_TENSOR",
-    )
-    .await;
     let memset = enc(Request::MemsetTensor {
         tensor: t,
         offset: 0,
         size: 64,
         value: 1,
     });
-    assert_silent(&mut c, &memset, "MEMSET_TENSOR").await;
-    let clear = enc(Request::BufferClear {
-        remote_ptr: spare.handle,
-        value: 7,
-    });
-    assert_silent(&mut c, &clear, "BUFFER_CLEAR").await;
-    let free = enc(Request::FreeBuffer {
-        remote_ptr: spare.handle,
-    });
-    assert_silent(&mut c, &free, "FREE_BUFFER").await;
+    let one_by_one: [(&str, Vec<u8>); 8] = [
+        ("SET_TENSOR", set_frame(&a, 0, &f32_bytes(&[1.0; 4]))),
+        ("SET_TENSOR", set_frame(&b, 0, &f32_bytes(&[2.0; 4]))),
+        ("GRAPH_COMPUTE", graph_frame(0, &[3], &[a, b, sum])),
+        (
+            "GRAPH_RECOMPUTE",
+            enc(Request::GraphRecompute { device: 0 }),
+        ),
+        ("INIT_TENSOR", enc(Request::InitTensor { tensor: t })),
+        ("MEMSET_TENSOR", memset.clone()),
+        (
+            "BUFFER_CLEAR",
+            enc(Request::BufferClear {
+                remote_ptr: spare.handle,
+                value: 7,
+            }),
+        ),
+        (
+            "FREE_BUFFER",
+            enc(Request::FreeBuffer {
+                remote_ptr: spare.handle,
+            }),
+        ),
+    ];
+    for (what, frames) in &one_by_one {
+        assert_silent(&mut c, frames, what).await;
+    }
 
     // All together in one write, then the results are still right.
     let spare2 = alloc(&mut c, 64).await;
@@ -992,35 +984,43 @@ async fn check_rejected(name: &str, hello: bool, make: impl FnOnce(&Buf) -> Vec<
     assert_healthy(s.addr).await;
 }
 
+/// A malformed request: its name, whether the victim says HELLO (and gets a 4 KiB buffer)
+/// first, and the bytes it then sends (built from that buffer).
+type Rejected = (&'static str, bool, fn(&Buf) -> Vec<u8>);
+
+/// [`check_rejected`] for each case of the table, in order.
+async fn check_all_rejected(cases: &[Rejected]) {
+    for &(name, hello, make) in cases {
+        check_rejected(name, hello, make).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_handshake() {
-    check_rejected("non-HELLO first command (DEVICE_COUNT)", false, |_| {
-        frame(Command::DeviceCount as u8, &[])
-    })
-    .await;
-    check_rejected("non-HELLO first command (ALLOC_BUFFER)", false, |_| {
-        enc(Request::AllocBuffer {
-            device: 0,
-            size: 64,
-        })
-    })
-    .await;
-    check_rejected("HELLO of size 0 (pre-4.0 client)", false, |_| {
-        frame(Command::Hello as u8, &[])
-    })
-    .await;
-    check_rejected("HELLO of size 25", false, |_| {
-        frame(Command::Hello as u8, &[0; 25])
-    })
-    .await;
-    check_rejected("HELLO of size 23", false, |_| {
-        frame(Command::Hello as u8, &[0; 23])
-    })
-    .await;
-    check_rejected("unknown first command 200", false, |_| frame(200, &[])).await;
-    check_rejected("second HELLO", true, |_| {
-        frame(Command::Hello as u8, &[0; 24])
-    })
+    check_all_rejected(&[
+        ("non-HELLO first command (DEVICE_COUNT)", false, |_| {
+            frame(Command::DeviceCount as u8, &[])
+        }),
+        ("non-HELLO first command (ALLOC_BUFFER)", false, |_| {
+            enc(Request::AllocBuffer {
+                device: 0,
+                size: 64,
+            })
+        }),
+        ("HELLO of size 0 (pre-4.0 client)", false, |_| {
+            frame(Command::Hello as u8, &[])
+        }),
+        ("HELLO of size 25", false, |_| {
+            frame(Command::Hello as u8, &[0; 25])
+        }),
+        ("HELLO of size 23", false, |_| {
+            frame(Command::Hello as u8, &[0; 23])
+        }),
+        ("unknown first command 200", false, |_| frame(200, &[])),
+        ("second HELLO", true, |_| {
+            frame(Command::Hello as u8, &[0; 24])
+        }),
+    ])
     .await;
 }
 
@@ -1058,309 +1058,274 @@ async fn malformed_framing() {
         })
         .await;
     }
-    check_rejected("GRAPH_RECOMPUTE with an empty payload", true, |_| {
-        frame(Command::GraphRecompute as u8, &[])
-    })
-    .await;
-    check_rejected("SET_TENSOR shorter than its 305-byte header", true, |_| {
-        frame(Command::SetTensor as u8, &[0; 304])
-    })
-    .await;
-    check_rejected(
-        "GRAPH_COMPUTE shorter than its 12-byte header",
-        true,
-        |_| frame(Command::GraphCompute as u8, &[0; 11]),
-    )
-    .await;
-    // Hostile sizes: the server must refuse before allocating or reading (§3.2).
-    check_rejected("GRAPH_COMPUTE announcing 2^40 bytes", true, |_| {
-        let mut v = vec![Command::GraphCompute as u8];
-        v.extend_from_slice(&(1u64 << 40).to_le_bytes());
-        v.extend_from_slice(&[0; 12]);
-        v
-    })
-    .await;
-    check_rejected("SET_TENSOR announcing u64::MAX bytes", true, |b| {
-        let h = SetTensorHeader {
-            tensor: b.f32(1, &[16], 0).build(),
-            cache_flag: 0,
-            offset: 0,
-        };
-        let mut v = vec![Command::SetTensor as u8];
-        v.extend_from_slice(&u64::MAX.to_le_bytes());
-        h.encode(&mut v);
-        v
-    })
-    .await;
-    check_rejected(
-        "SET_TENSOR announcing 1 GiB into a 4 KiB buffer",
-        true,
-        |b| {
+    check_all_rejected(&[
+        ("GRAPH_RECOMPUTE with an empty payload", true, |_| {
+            frame(Command::GraphRecompute as u8, &[])
+        }),
+        ("SET_TENSOR shorter than its 305-byte header", true, |_| {
+            frame(Command::SetTensor as u8, &[0; 304])
+        }),
+        (
+            "GRAPH_COMPUTE shorter than its 12-byte header",
+            true,
+            |_| frame(Command::GraphCompute as u8, &[0; 11]),
+        ),
+        // Hostile sizes: the server must refuse before allocating or reading (§3.2).
+        ("GRAPH_COMPUTE announcing 2^40 bytes", true, |_| {
+            let mut v = vec![Command::GraphCompute as u8];
+            v.extend_from_slice(&(1u64 << 40).to_le_bytes());
+            v.extend_from_slice(&[0; 12]);
+            v
+        }),
+        ("SET_TENSOR announcing u64::MAX bytes", true, |b| {
             let h = SetTensorHeader {
                 tensor: b.f32(1, &[16], 0).build(),
                 cache_flag: 0,
                 offset: 0,
             };
-            let mut v = Vec::new();
-            h.encode_frame_head(1 << 30, &mut v);
+            let mut v = vec![Command::SetTensor as u8];
+            v.extend_from_slice(&u64::MAX.to_le_bytes());
+            h.encode(&mut v);
             v
-        },
-    )
-    .await;
-    check_rejected(
-        "GRAPH_COMPUTE whose n_nodes exceeds the payload",
-        true,
-        |b| {
-            let (a, bb, sum) = add_graph(b, 4);
-            let mut p = Vec::new();
-            encode_graph(0, &[3], &[a, bb, sum], &mut p);
-            p[4..8].copy_from_slice(&1000u32.to_le_bytes());
-            frame(Command::GraphCompute as u8, &p)
-        },
-    )
-    .await;
-    check_rejected(
-        "GRAPH_COMPUTE whose n_tensors exceeds the payload",
-        true,
-        |b| {
-            let (a, bb, sum) = add_graph(b, 4);
-            let mut p = Vec::new();
-            encode_graph(0, &[3], &[a, bb, sum], &mut p);
-            p[16..20].copy_from_slice(&4u32.to_le_bytes());
-            frame(Command::GraphCompute as u8, &p)
-        },
-    )
+        }),
+        (
+            "SET_TENSOR announcing 1 GiB into a 4 KiB buffer",
+            true,
+            |b| {
+                let h = SetTensorHeader {
+                    tensor: b.f32(1, &[16], 0).build(),
+                    cache_flag: 0,
+                    offset: 0,
+                };
+                let mut v = Vec::new();
+                h.encode_frame_head(1 << 30, &mut v);
+                v
+            },
+        ),
+        (
+            "GRAPH_COMPUTE whose n_nodes exceeds the payload",
+            true,
+            |b| {
+                let (a, bb, sum) = add_graph(b, 4);
+                let mut p = Vec::new();
+                encode_graph(0, &[3], &[a, bb, sum], &mut p);
+                p[4..8].copy_from_slice(&1000u32.to_le_bytes());
+                frame(Command::GraphCompute as u8, &p)
+            },
+        ),
+        (
+            "GRAPH_COMPUTE whose n_tensors exceeds the payload",
+            true,
+            |b| {
+                let (a, bb, sum) = add_graph(b, 4);
+                let mut p = Vec::new();
+                encode_graph(0, &[3], &[a, bb, sum], &mut p);
+                p[16..20].copy_from_slice(&4u32.to_le_bytes());
+                frame(Command::GraphCompute as u8, &p)
+            },
+        ),
+    ])
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_devices_and_handles() {
-    check_rejected("GET_ALIGNMENT on device 1", true, |_| {
-        enc(Request::GetAlignment { device: 1 })
-    })
-    .await;
-    check_rejected("GET_MAX_SIZE on device 1", true, |_| {
-        enc(Request::GetMaxSize { device: 1 })
-    })
-    .await;
-    check_rejected("GET_DEVICE_MEMORY on device u32::MAX", true, |_| {
-        enc(Request::GetDeviceMemory { device: u32::MAX })
-    })
-    .await;
-    check_rejected("ALLOC_BUFFER on device 1", true, |_| {
-        enc(Request::AllocBuffer {
-            device: 1,
-            size: 64,
-        })
-    })
-    .await;
-    check_rejected("GET_ALLOC_SIZE on device 1", true, |_| {
-        enc(Request::GetAllocSize {
-            device: 1,
-            tensor: TensorBuilder::f32(1).ne(&[4]).build(),
-            srcs: Box::new([RpcTensor::default(); 10]),
-        })
-    })
-    .await;
-    check_rejected("GRAPH_RECOMPUTE on device 1", true, |_| {
-        enc(Request::GraphRecompute { device: 1 })
-    })
-    .await;
-    check_rejected("GRAPH_RECOMPUTE without a stored graph", true, |_| {
-        enc(Request::GraphRecompute { device: 0 })
-    })
-    .await;
-    check_rejected("GRAPH_COMPUTE on device 1", true, |b| {
-        let (a, bb, sum) = add_graph(b, 4);
-        graph_frame(1, &[3], &[a, bb, sum])
-    })
-    .await;
-    check_rejected("BUFFER_GET_BASE of an unknown handle", true, |b| {
-        enc(Request::BufferGetBase {
-            remote_ptr: b.handle ^ 1,
-        })
-    })
-    .await;
-    check_rejected("BUFFER_GET_BASE of handle 0", true, |_| {
-        enc(Request::BufferGetBase { remote_ptr: 0 })
-    })
-    .await;
-    check_rejected("FREE_BUFFER of an unknown handle", true, |b| {
-        enc(Request::FreeBuffer {
-            remote_ptr: b.handle.wrapping_add(4096),
-        })
-    })
-    .await;
-    check_rejected("BUFFER_CLEAR of an unknown handle", true, |b| {
-        enc(Request::BufferClear {
-            remote_ptr: !b.handle,
-            value: 0,
-        })
-    })
-    .await;
-    check_rejected("FREE_BUFFER twice", true, |b| {
-        let mut v = enc(Request::FreeBuffer {
-            remote_ptr: b.handle,
-        });
-        v.extend(enc(Request::FreeBuffer {
-            remote_ptr: b.handle,
-        }));
-        v
-    })
-    .await;
-    check_rejected("SET_TENSOR into a freed buffer", true, |b| {
-        let mut v = enc(Request::FreeBuffer {
-            remote_ptr: b.handle,
-        });
-        v.extend(set_frame(&b.f32(1, &[4], 0).build(), 0, &[0; 16]));
-        v
-    })
-    .await;
-    check_rejected("SET_TENSOR with an unknown buffer handle", true, |b| {
-        let t = TensorBuilder::f32(1)
-            .ne(&[4])
-            .data(b.handle ^ 0x10, b.base)
-            .build();
-        set_frame(&t, 0, &[0; 16])
-    })
-    .await;
-    check_rejected(
-        "SET_TENSOR without a buffer (buffer 0, data set)",
-        true,
-        |b| {
-            let t = TensorBuilder::f32(1).ne(&[4]).data(0, b.base).build();
+    check_all_rejected(&[
+        ("GET_ALIGNMENT on device 1", true, |_| {
+            enc(Request::GetAlignment { device: 1 })
+        }),
+        ("GET_MAX_SIZE on device 1", true, |_| {
+            enc(Request::GetMaxSize { device: 1 })
+        }),
+        ("GET_DEVICE_MEMORY on device u32::MAX", true, |_| {
+            enc(Request::GetDeviceMemory { device: u32::MAX })
+        }),
+        ("ALLOC_BUFFER on device 1", true, |_| {
+            enc(Request::AllocBuffer {
+                device: 1,
+                size: 64,
+            })
+        }),
+        ("GET_ALLOC_SIZE on device 1", true, |_| {
+            enc(Request::GetAllocSize {
+                device: 1,
+                tensor: TensorBuilder::f32(1).ne(&[4]).build(),
+                srcs: Box::new([RpcTensor::default(); 10]),
+            })
+        }),
+        ("GRAPH_RECOMPUTE on device 1", true, |_| {
+            enc(Request::GraphRecompute { device: 1 })
+        }),
+        ("GRAPH_RECOMPUTE without a stored graph", true, |_| {
+            enc(Request::GraphRecompute { device: 0 })
+        }),
+        ("GRAPH_COMPUTE on device 1", true, |b| {
+            let (a, bb, sum) = add_graph(b, 4);
+            graph_frame(1, &[3], &[a, bb, sum])
+        }),
+        ("BUFFER_GET_BASE of an unknown handle", true, |b| {
+            enc(Request::BufferGetBase {
+                remote_ptr: b.handle ^ 1,
+            })
+        }),
+        ("BUFFER_GET_BASE of handle 0", true, |_| {
+            enc(Request::BufferGetBase { remote_ptr: 0 })
+        }),
+        ("FREE_BUFFER of an unknown handle", true, |b| {
+            enc(Request::FreeBuffer {
+                remote_ptr: b.handle.wrapping_add(4096),
+            })
+        }),
+        ("BUFFER_CLEAR of an unknown handle", true, |b| {
+            enc(Request::BufferClear {
+                remote_ptr: !b.handle,
+                value: 0,
+            })
+        }),
+        ("FREE_BUFFER twice", true, |b| {
+            let mut v = enc(Request::FreeBuffer {
+                remote_ptr: b.handle,
+            });
+            v.extend(enc(Request::FreeBuffer {
+                remote_ptr: b.handle,
+            }));
+            v
+        }),
+        ("SET_TENSOR into a freed buffer", true, |b| {
+            let mut v = enc(Request::FreeBuffer {
+                remote_ptr: b.handle,
+            });
+            v.extend(set_frame(&b.f32(1, &[4], 0).build(), 0, &[0; 16]));
+            v
+        }),
+        ("SET_TENSOR with an unknown buffer handle", true, |b| {
+            let t = TensorBuilder::f32(1)
+                .ne(&[4])
+                .data(b.handle ^ 0x10, b.base)
+                .build();
             set_frame(&t, 0, &[0; 16])
-        },
-    )
-    .await;
-    check_rejected(
-        "SET_TENSOR without a buffer (buffer 0, data 0)",
-        true,
-        |_| set_frame(&TensorBuilder::f32(1).ne(&[4]).build(), 0, &[0; 16]),
-    )
-    .await;
-    check_rejected("GET_TENSOR without a buffer", true, |_| {
-        get_frame(&TensorBuilder::f32(1).ne(&[4]).build(), 0, 16)
-    })
-    .await;
-    check_rejected("COPY_TENSOR from a tensor without a buffer", true, |b| {
-        enc(Request::CopyTensor {
-            src: TensorBuilder::f32(1).ne(&[4]).build(),
-            dst: b.f32(2, &[4], 0).build(),
-        })
-    })
+        }),
+        (
+            "SET_TENSOR without a buffer (buffer 0, data set)",
+            true,
+            |b| {
+                let t = TensorBuilder::f32(1).ne(&[4]).data(0, b.base).build();
+                set_frame(&t, 0, &[0; 16])
+            },
+        ),
+        (
+            "SET_TENSOR without a buffer (buffer 0, data 0)",
+            true,
+            |_| set_frame(&TensorBuilder::f32(1).ne(&[4]).build(), 0, &[0; 16]),
+        ),
+        ("GET_TENSOR without a buffer", true, |_| {
+            get_frame(&TensorBuilder::f32(1).ne(&[4]).build(), 0, 16)
+        }),
+        ("COPY_TENSOR from a tensor without a buffer", true, |b| {
+            enc(Request::CopyTensor {
+                src: TensorBuilder::f32(1).ne(&[4]).build(),
+                dst: b.f32(2, &[4], 0).build(),
+            })
+        }),
+    ])
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_data_regions() {
     // GET_TENSOR: the region [data + offset, + size) must lie inside the buffer (§9).
-    check_rejected("GET_TENSOR past the end", true, |b| {
-        get_frame(&b.f32(1, &[16], b.size - 32).build(), 0, 64)
-    })
-    .await;
-    check_rejected("GET_TENSOR with an offset past the end", true, |b| {
-        get_frame(&b.f32(1, &[16], 0).build(), b.size, 4)
-    })
-    .await;
-    check_rejected("GET_TENSOR of size buffer+1", true, |b| {
-        get_frame(&b.f32(1, &[16], 0).build(), 0, b.size + 1)
-    })
-    .await;
-    check_rejected("GET_TENSOR of size u64::MAX", true, |b| {
-        get_frame(&b.f32(1, &[16], 0).build(), 0, u64::MAX)
-    })
-    .await;
-    check_rejected("GET_TENSOR with a wrapping offset", true, |b| {
-        get_frame(&b.f32(1, &[16], 64).build(), u64::MAX - 63, 16)
-    })
-    .await;
-    check_rejected("GET_TENSOR with data before the base", true, |b| {
-        let t = TensorBuilder::f32(1)
-            .ne(&[16])
-            .data(b.handle, b.base - 4)
-            .build();
-        get_frame(&t, 0, 4)
-    })
-    .await;
-    check_rejected(
-        "GET_TENSOR of a tensor extending past its buffer",
-        true,
-        |b| {
-            // The access is in bounds, the tensor's own extent is not (stock: deserialize_tensor).
-            get_frame(&b.f32(1, &[2048], 0).build(), 0, 4)
-        },
-    )
-    .await;
-    // SET_TENSOR, both server paths (< 64 KiB buffered, >= 64 KiB streamed).
-    check_rejected("SET_TENSOR past the end", true, |b| {
-        set_frame(&b.f32(1, &[16], b.size - 32).build(), 0, &[1; 64])
-    })
-    .await;
-    check_rejected("SET_TENSOR with an offset past the end", true, |b| {
-        set_frame(&b.f32(1, &[16], 0).build(), b.size - 8, &[1; 16])
-    })
-    .await;
-    check_rejected("SET_TENSOR with a wrapping offset", true, |b| {
-        set_frame(&b.f32(1, &[16], 64).build(), u64::MAX - 31, &[1; 16])
-    })
-    .await;
-    check_rejected("SET_TENSOR with data at the buffer end", true, |b| {
-        let t = TensorBuilder::f32(1)
-            .ne(&[1])
-            .data(b.handle, b.base + b.size)
-            .build();
-        set_frame(&t, 0, &[1; 4])
-    })
-    .await;
-    check_rejected(
-        "SET_TENSOR streamed (100 KiB) into a 4 KiB buffer",
-        true,
-        |b| set_frame(&b.f32(1, &[16], 0).build(), 0, &vec![1; 100 << 10]),
-    )
-    .await;
-    check_rejected(
-        "SET_TENSOR of a tensor extending past its buffer",
-        true,
-        |b| set_frame(&b.f32(1, &[2048], 0).build(), 0, &[1; 4]),
-    )
-    .await;
-    // MEMSET_TENSOR: within the tensor and the buffer.
-    check_rejected("MEMSET_TENSOR past the tensor", true, |b| {
-        enc(Request::MemsetTensor {
-            tensor: b.f32(1, &[16], 0).build(),
-            offset: 0,
-            size: 65,
-            value: 0,
-        })
-    })
-    .await;
-    check_rejected("MEMSET_TENSOR with a wrapping offset", true, |b| {
-        enc(Request::MemsetTensor {
-            tensor: b.f32(1, &[16], 0).build(),
-            offset: u64::MAX,
-            size: 2,
-            value: 0,
-        })
-    })
-    .await;
-    // COPY_TENSOR: nbytes(src) must fit in dst's buffer from dst.data (§9).
-    check_rejected(
-        "COPY_TENSOR overflowing the destination buffer",
-        true,
-        |b| {
-            enc(Request::CopyTensor {
-                src: b.f32(1, &[1024], 0).build(),
-                dst: b.f32(2, &[16], 64).build(),
+    check_all_rejected(&[
+        ("GET_TENSOR past the end", true, |b| {
+            get_frame(&b.f32(1, &[16], b.size - 32).build(), 0, 64)
+        }),
+        ("GET_TENSOR with an offset past the end", true, |b| {
+            get_frame(&b.f32(1, &[16], 0).build(), b.size, 4)
+        }),
+        ("GET_TENSOR of size buffer+1", true, |b| {
+            get_frame(&b.f32(1, &[16], 0).build(), 0, b.size + 1)
+        }),
+        ("GET_TENSOR of size u64::MAX", true, |b| {
+            get_frame(&b.f32(1, &[16], 0).build(), 0, u64::MAX)
+        }),
+        ("GET_TENSOR with a wrapping offset", true, |b| {
+            get_frame(&b.f32(1, &[16], 64).build(), u64::MAX - 63, 16)
+        }),
+        ("GET_TENSOR with data before the base", true, |b| {
+            let t = TensorBuilder::f32(1)
+                .ne(&[16])
+                .data(b.handle, b.base - 4)
+                .build();
+            get_frame(&t, 0, 4)
+        }),
+        (
+            "GET_TENSOR of a tensor extending past its buffer",
+            true,
+            |b| {
+                // The access is in bounds, the tensor's own extent is not (stock: deserialize_tensor).
+                get_frame(&b.f32(1, &[2048], 0).build(), 0, 4)
+            },
+        ),
+        // SET_TENSOR, both server paths (< 64 KiB buffered, >= 64 KiB streamed).
+        ("SET_TENSOR past the end", true, |b| {
+            set_frame(&b.f32(1, &[16], b.size - 32).build(), 0, &[1; 64])
+        }),
+        ("SET_TENSOR with an offset past the end", true, |b| {
+            set_frame(&b.f32(1, &[16], 0).build(), b.size - 8, &[1; 16])
+        }),
+        ("SET_TENSOR with a wrapping offset", true, |b| {
+            set_frame(&b.f32(1, &[16], 64).build(), u64::MAX - 31, &[1; 16])
+        }),
+        ("SET_TENSOR with data at the buffer end", true, |b| {
+            let t = TensorBuilder::f32(1)
+                .ne(&[1])
+                .data(b.handle, b.base + b.size)
+                .build();
+            set_frame(&t, 0, &[1; 4])
+        }),
+        (
+            "SET_TENSOR streamed (100 KiB) into a 4 KiB buffer",
+            true,
+            |b| set_frame(&b.f32(1, &[16], 0).build(), 0, &vec![1; 100 << 10]),
+        ),
+        (
+            "SET_TENSOR of a tensor extending past its buffer",
+            true,
+            |b| set_frame(&b.f32(1, &[2048], 0).build(), 0, &[1; 4]),
+        ),
+        // MEMSET_TENSOR: within the tensor and the buffer.
+        ("MEMSET_TENSOR past the tensor", true, |b| {
+            enc(Request::MemsetTensor {
+                tensor: b.f32(1, &[16], 0).build(),
+                offset: 0,
+                size: 65,
+                value: 0,
             })
-        },
-    )
-    .await;
-    // Tensors whose extent overflows.
-    check_rejected("SET_TENSOR with huge strides", true, |b| {
-        let t = b.f32(1, &[2, 2], 0).nb([4, u32::MAX, 0, 0]).build();
-        set_frame(&t, 0, &[1; 4])
-    })
+        }),
+        ("MEMSET_TENSOR with a wrapping offset", true, |b| {
+            enc(Request::MemsetTensor {
+                tensor: b.f32(1, &[16], 0).build(),
+                offset: u64::MAX,
+                size: 2,
+                value: 0,
+            })
+        }),
+        // COPY_TENSOR: nbytes(src) must fit in dst's buffer from dst.data (§9).
+        (
+            "COPY_TENSOR overflowing the destination buffer",
+            true,
+            |b| {
+                enc(Request::CopyTensor {
+                    src: b.f32(1, &[1024], 0).build(),
+                    dst: b.f32(2, &[16], 64).build(),
+                })
+            },
+        ),
+        // Tensors whose extent overflows.
+        ("SET_TENSOR with huge strides", true, |b| {
+            let t = b.f32(1, &[2, 2], 0).nb([4, u32::MAX, 0, 0]).build();
+            set_frame(&t, 0, &[1; 4])
+        }),
+    ])
     .await;
 }
 
@@ -1376,79 +1341,75 @@ async fn malformed_types() {
         })
         .await;
     }
-    check_rejected("INIT_TENSOR of type 4", true, |b| {
-        enc(Request::InitTensor {
-            tensor: TensorBuilder::new(1, 4)
-                .ne(&[4])
-                .data(b.handle, b.base)
-                .build(),
-        })
-    })
-    .await;
-    check_rejected("GET_ALLOC_SIZE of type 4", true, |_| {
-        enc(Request::GetAllocSize {
-            device: 0,
-            tensor: TensorBuilder::new(1, 4).ne(&[4]).build(),
-            srcs: Box::new([RpcTensor::default(); 10]),
-        })
-    })
-    .await;
-    check_rejected("GRAPH_COMPUTE with a source of type 4", true, |b| {
-        let (a, bb, sum) = add_graph(b, 4);
-        let mut bad = a;
-        bad.r#type.set(types::REMOVED_Q4_2);
-        graph_frame(0, &[3], &[bad, bb, sum])
-    })
-    .await;
-    // Q4_0 (type 2) has blocks of 32: ne[0] = 31 is not a whole number of blocks (issue #25288).
-    check_rejected("SET_TENSOR of Q4_0 with ne[0] = 31", true, |b| {
-        let t = TensorBuilder::new(1, types::Q4_0)
-            .ne(&[31])
-            .nb([18, 18, 18, 18])
-            .data(b.handle, b.base)
-            .build();
-        set_frame(&t, 0, &[0; 18])
-    })
-    .await;
-    check_rejected("GET_TENSOR of Q4_0 with ne[0] = 33", true, |b| {
-        let t = TensorBuilder::new(1, types::Q4_0)
-            .ne(&[33])
-            .nb([18, 36, 36, 36])
-            .data(b.handle, b.base)
-            .build();
-        get_frame(&t, 0, 18)
-    })
-    .await;
-    check_rejected(
-        "GRAPH_COMPUTE with a Q4_0 source with ne[0] = 31",
-        true,
-        |b| {
-            let q = TensorBuilder::new(1, types::Q4_0)
+    check_all_rejected(&[
+        ("INIT_TENSOR of type 4", true, |b| {
+            enc(Request::InitTensor {
+                tensor: TensorBuilder::new(1, 4)
+                    .ne(&[4])
+                    .data(b.handle, b.base)
+                    .build(),
+            })
+        }),
+        ("GET_ALLOC_SIZE of type 4", true, |_| {
+            enc(Request::GetAllocSize {
+                device: 0,
+                tensor: TensorBuilder::new(1, 4).ne(&[4]).build(),
+                srcs: Box::new([RpcTensor::default(); 10]),
+            })
+        }),
+        ("GRAPH_COMPUTE with a source of type 4", true, |b| {
+            let (a, bb, sum) = add_graph(b, 4);
+            let mut bad = a;
+            bad.r#type.set(types::REMOVED_Q4_2);
+            graph_frame(0, &[3], &[bad, bb, sum])
+        }),
+        // Q4_0 (type 2) has blocks of 32: ne[0] = 31 is not a whole number of blocks (issue #25288).
+        ("SET_TENSOR of Q4_0 with ne[0] = 31", true, |b| {
+            let t = TensorBuilder::new(1, types::Q4_0)
                 .ne(&[31])
                 .nb([18, 18, 18, 18])
                 .data(b.handle, b.base)
                 .build();
-            let x = b.f32(2, &[31], 1024).build();
-            let out = b
-                .f32(3, &[31], 2048)
-                .op(ops::ADD, &[])
-                .srcs(&[1, 2])
-                .flags(TENSOR_FLAG_COMPUTE)
+            set_frame(&t, 0, &[0; 18])
+        }),
+        ("GET_TENSOR of Q4_0 with ne[0] = 33", true, |b| {
+            let t = TensorBuilder::new(1, types::Q4_0)
+                .ne(&[33])
+                .nb([18, 36, 36, 36])
+                .data(b.handle, b.base)
                 .build();
-            graph_frame(0, &[3], &[q, x, out])
-        },
-    )
-    .await;
-    check_rejected("GET_ALLOC_SIZE of Q4_0 with ne[0] = 31", true, |_| {
-        enc(Request::GetAllocSize {
-            device: 0,
-            tensor: TensorBuilder::new(1, types::Q4_0)
-                .ne(&[31])
-                .nb([18, 18, 18, 18])
-                .build(),
-            srcs: Box::new([RpcTensor::default(); 10]),
-        })
-    })
+            get_frame(&t, 0, 18)
+        }),
+        (
+            "GRAPH_COMPUTE with a Q4_0 source with ne[0] = 31",
+            true,
+            |b| {
+                let q = TensorBuilder::new(1, types::Q4_0)
+                    .ne(&[31])
+                    .nb([18, 18, 18, 18])
+                    .data(b.handle, b.base)
+                    .build();
+                let x = b.f32(2, &[31], 1024).build();
+                let out = b
+                    .f32(3, &[31], 2048)
+                    .op(ops::ADD, &[])
+                    .srcs(&[1, 2])
+                    .flags(TENSOR_FLAG_COMPUTE)
+                    .build();
+                graph_frame(0, &[3], &[q, x, out])
+            },
+        ),
+        ("GET_ALLOC_SIZE of Q4_0 with ne[0] = 31", true, |_| {
+            enc(Request::GetAllocSize {
+                device: 0,
+                tensor: TensorBuilder::new(1, types::Q4_0)
+                    .ne(&[31])
+                    .nb([18, 18, 18, 18])
+                    .build(),
+                srcs: Box::new([RpcTensor::default(); 10]),
+            })
+        }),
+    ])
     .await;
 }
 
@@ -1621,116 +1582,88 @@ fn node(b: &Buf, id: u64, ty: u32, ne: &[u32], off: u64, op: u32, srcs: &[u64]) 
         .build()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semantic_add_with_unbroadcastable_source() {
-    check_survives("ADD of [4] and [8]", |b| {
-        let a = b.f32(1, &[4], 0).build();
-        let x = b.f32(2, &[8], 64).build();
-        let c = node(b, 3, types::F32, &[4], 128, ops::ADD, &[1, 2]);
-        (vec![3], vec![a, x, c], vec![])
-    })
-    .await;
-}
+/// A graph that is well-formed on the wire but semantically invalid: its name, and what to send
+/// (node ids, tensors, and the inputs to set first) in the victim's buffer.
+type Semantic = (
+    &'static str,
+    fn(&Buf) -> (Vec<u64>, Vec<RpcTensor>, Vec<(RpcTensor, Vec<u8>)>),
+);
 
+/// Each case against a server of its own (a child process), in order: the server survives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semantic_add_with_wrong_destination_shape() {
-    check_survives("ADD of [4] and [4] into [8]", |b| {
-        let a = b.f32(1, &[4], 0).build();
-        let x = b.f32(2, &[4], 64).build();
-        let c = node(b, 3, types::F32, &[8], 128, ops::ADD, &[1, 2]);
-        (vec![3], vec![a, x, c], vec![])
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semantic_mul_mat_with_wrong_destination_shape() {
-    check_survives("MUL_MAT [4,3] x [4,2] into [5,2]", |b| {
-        let a = b.f32(1, &[4, 3], 0).build();
-        let x = b.f32(2, &[4, 2], 256).build();
-        let c = node(b, 3, types::F32, &[5, 2], 512, ops::MUL_MAT, &[1, 2]);
-        (vec![3], vec![a, x, c], vec![])
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semantic_mul_mat_with_mismatched_inner_dimension() {
-    check_survives("MUL_MAT [4,3] x [8,2] into [3,2]", |b| {
-        let a = b.f32(1, &[4, 3], 0).build();
-        let x = b.f32(2, &[8, 2], 256).build();
-        let c = node(b, 3, types::F32, &[3, 2], 512, ops::MUL_MAT, &[1, 2]);
-        (vec![3], vec![a, x, c], vec![])
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semantic_add_of_i32_tensors() {
-    check_survives("ADD of I32 tensors", |b| {
-        let a = TensorBuilder::i32(1)
-            .ne(&[4])
-            .data(b.handle, b.at(0))
-            .build();
-        let x = TensorBuilder::i32(2)
-            .ne(&[4])
-            .data(b.handle, b.at(64))
-            .build();
-        let c = node(b, 3, types::I32, &[4], 128, ops::ADD, &[1, 2]);
-        (vec![3], vec![a, x, c], vec![])
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semantic_add_without_sources() {
-    check_survives("ADD without sources", |b| {
-        let c = node(b, 3, types::F32, &[4], 128, ops::ADD, &[]);
-        (vec![3], vec![c], vec![])
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semantic_unary_with_invalid_kind() {
-    check_survives("UNARY with kind 1000", |b| {
-        let a = b.f32(1, &[4], 0).build();
-        let c = TensorBuilder::f32(3)
-            .ne(&[4])
-            .data(b.handle, b.at(128))
-            .op(91, &[1000])
-            .srcs(&[1])
-            .flags(TENSOR_FLAG_COMPUTE)
-            .build();
-        (vec![3], vec![a, c], vec![])
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semantic_cpy_between_different_sizes() {
-    check_survives("CPY of [4] into [8]", |b| {
-        let a = b.f32(1, &[4], 0).build();
-        let c = node(b, 3, types::F32, &[8], 128, ops::CPY, &[1]);
-        (vec![3], vec![a, c], vec![])
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semantic_get_rows_with_out_of_range_index() {
-    check_survives("GET_ROWS with index 1000 of 2 rows", |b| {
-        let rows = b.f32(1, &[4, 2], 0).build();
-        let idx = TensorBuilder::i32(2)
-            .ne(&[1])
-            .data(b.handle, b.at(64))
-            .build();
-        let c = node(b, 3, types::F32, &[4, 1], 128, ops::GET_ROWS, &[1, 2]);
-        (
-            vec![3],
-            vec![rows, idx, c],
-            vec![(idx, 1000i32.to_le_bytes().to_vec())],
-        )
-    })
-    .await;
+async fn semantically_invalid_graphs_do_not_kill_the_server() {
+    let cases: &[Semantic] = &[
+        ("ADD of [4] and [8]", |b| {
+            let a = b.f32(1, &[4], 0).build();
+            let x = b.f32(2, &[8], 64).build();
+            let c = node(b, 3, types::F32, &[4], 128, ops::ADD, &[1, 2]);
+            (vec![3], vec![a, x, c], vec![])
+        }),
+        ("ADD of [4] and [4] into [8]", |b| {
+            let a = b.f32(1, &[4], 0).build();
+            let x = b.f32(2, &[4], 64).build();
+            let c = node(b, 3, types::F32, &[8], 128, ops::ADD, &[1, 2]);
+            (vec![3], vec![a, x, c], vec![])
+        }),
+        ("MUL_MAT [4,3] x [4,2] into [5,2]", |b| {
+            let a = b.f32(1, &[4, 3], 0).build();
+            let x = b.f32(2, &[4, 2], 256).build();
+            let c = node(b, 3, types::F32, &[5, 2], 512, ops::MUL_MAT, &[1, 2]);
+            (vec![3], vec![a, x, c], vec![])
+        }),
+        ("MUL_MAT [4,3] x [8,2] into [3,2]", |b| {
+            let a = b.f32(1, &[4, 3], 0).build();
+            let x = b.f32(2, &[8, 2], 256).build();
+            let c = node(b, 3, types::F32, &[3, 2], 512, ops::MUL_MAT, &[1, 2]);
+            (vec![3], vec![a, x, c], vec![])
+        }),
+        ("ADD of I32 tensors", |b| {
+            let a = TensorBuilder::i32(1)
+                .ne(&[4])
+                .data(b.handle, b.at(0))
+                .build();
+            let x = TensorBuilder::i32(2)
+                .ne(&[4])
+                .data(b.handle, b.at(64))
+                .build();
+            let c = node(b, 3, types::I32, &[4], 128, ops::ADD, &[1, 2]);
+            (vec![3], vec![a, x, c], vec![])
+        }),
+        ("ADD without sources", |b| {
+            let c = node(b, 3, types::F32, &[4], 128, ops::ADD, &[]);
+            (vec![3], vec![c], vec![])
+        }),
+        ("UNARY with kind 1000", |b| {
+            let a = b.f32(1, &[4], 0).build();
+            let c = TensorBuilder::f32(3)
+                .ne(&[4])
+                .data(b.handle, b.at(128))
+                .op(91, &[1000])
+                .srcs(&[1])
+                .flags(TENSOR_FLAG_COMPUTE)
+                .build();
+            (vec![3], vec![a, c], vec![])
+        }),
+        ("CPY of [4] into [8]", |b| {
+            let a = b.f32(1, &[4], 0).build();
+            let c = node(b, 3, types::F32, &[8], 128, ops::CPY, &[1]);
+            (vec![3], vec![a, c], vec![])
+        }),
+        ("GET_ROWS with index 1000 of 2 rows", |b| {
+            let rows = b.f32(1, &[4, 2], 0).build();
+            let idx = TensorBuilder::i32(2)
+                .ne(&[1])
+                .data(b.handle, b.at(64))
+                .build();
+            let c = node(b, 3, types::F32, &[4, 1], 128, ops::GET_ROWS, &[1, 2]);
+            (
+                vec![3],
+                vec![rows, idx, c],
+                vec![(idx, 1000i32.to_le_bytes().to_vec())],
+            )
+        }),
+    ];
+    for &(name, make) in cases {
+        check_survives(name, make).await;
+    }
 }

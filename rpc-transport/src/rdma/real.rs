@@ -55,12 +55,11 @@ const _: () = assert!(
 /// Tags receive work requests so completions on a shared CQ can be told apart.
 const RECV_TAG: u64 = 1 << 63;
 
-/// One connected queue pair with its registered memory. Field order is drop order: the QP is
-/// destroyed before the memory it may still write into (upstream PR #27908).
+/// One connected queue pair with its registered memory. [`rv::OwnedQp`] owns the QP with both
+/// regions and destroys the QP before the memory it may still write into (upstream PR #27908),
+/// which is what makes its posting safe.
 pub struct RealQp {
-    qp: rv::Qp,
-    send_mr: rv::Mr,
-    recv_mr: rv::Mr,
+    ep: rv::OwnedQp,
     send_cq: rv::Cq,
     recv_cq: Option<rv::Cq>,
     /// Completion events of both CQs (idle connections sleep on its fd instead of polling).
@@ -72,6 +71,10 @@ pub struct RealQp {
 }
 
 impl RealQp {
+    fn qp(&self) -> &rv::Qp {
+        self.ep.qp()
+    }
+
     fn drain(cq: &rv::Cq, wcs: &mut [rv::WorkCompletion], out: &mut Vec<Wc>) -> io::Result<()> {
         loop {
             let n = cq.poll(wcs).map_err(io_err)?;
@@ -93,33 +96,34 @@ impl RealQp {
 
 impl Verbs for RealQp {
     fn send_mem(&mut self) -> &mut [u8] {
-        self.send_mr.as_mut_slice()
+        self.ep.send_mem_mut()
     }
 
     fn recv_mem(&self) -> &[u8] {
-        self.recv_mr.as_slice()
+        self.ep.recv_mr().as_slice()
     }
 
     fn post_send(&mut self, wr_id: u64, offset: usize, len: usize, inline: bool) -> io::Result<()> {
         if inline && len <= self.max_inline {
             let data = self
-                .send_mr
+                .ep
+                .send_mr()
                 .as_slice()
                 .get(offset..offset + len)
                 .ok_or_else(|| io::Error::other("send range"))?;
             return self
-                .qp
+                .ep
                 .post_send_inline(wr_id, data, rv::SendFlags::SIGNALED | rv::SendFlags::INLINE)
                 .map_err(io_err);
         }
-        self.qp
-            .post_send(wr_id, &self.send_mr, offset, len, rv::SendFlags::SIGNALED)
+        self.ep
+            .post_send(wr_id, offset, len, rv::SendFlags::SIGNALED)
             .map_err(io_err)
     }
 
     fn post_recv(&mut self, wr_id: u64, offset: usize, len: usize) -> io::Result<()> {
-        self.qp
-            .post_recv(wr_id | RECV_TAG, &self.recv_mr, offset, len)
+        self.ep
+            .post_recv(wr_id | RECV_TAG, offset, len)
             .map_err(io_err)
     }
 
@@ -302,9 +306,7 @@ pub fn prepare_with(
         caps,
         lean,
         qp: RealQp {
-            qp,
-            send_mr,
-            recv_mr,
+            ep: rv::OwnedQp::new(qp, send_mr, recv_mr).map_err(verr("queue pair memory"))?,
             send_cq,
             recv_cq,
             channel,
@@ -336,37 +338,19 @@ impl Prepared {
         }
         let g = Geometry::for_flavor(self.flavor);
         debug_assert!(
-            g.tx_size() <= self.qp.send_mr.as_slice().len()
-                && g.rx_size() <= self.qp.recv_mr.as_slice().len()
+            g.tx_size() <= self.qp.ep.send_mr().len() && g.rx_size() <= self.qp.ep.recv_mr().len()
         );
         match self.flavor {
             Flavor::LinuxRc => {
-                let av = self.av(peer, 0);
-                let (port, mtu, own_psn) = (self.port, self.active_mtu, self.caps.psn);
+                let rc = self.rc_steps(peer);
                 let mut link = LeanLink::new(self.qp, g);
-                link.verbs()
-                    .qp
-                    .modify_to_init(&rv::InitAttr::upstream(port))
-                    .map_err(verr("QP INIT"))?;
+                rc.init(link.verbs().qp())?;
                 link.post_all_receives().map_err(RdmaError::PostRecv)?;
-                let qp = &link.verbs().qp;
-                qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av))
-                    .map_err(verr("QP RTR"))?;
-                qp.modify_to_rts(&rv::RtsAttr::rc(own_psn))
-                    .map_err(verr("QP RTS"))?;
+                rc.rtr_rts(link.verbs().qp())?;
                 Ok(link)
             }
             Flavor::AppleUc => {
-                let av = self.av(peer, peer.lid);
-                let mtu = self.active_mtu;
-                self.qp
-                    .qp
-                    .modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av))
-                    .map_err(verr("QP RTR"))?;
-                self.qp
-                    .qp
-                    .modify_to_rts(&rv::RtsAttr::uc(0))
-                    .map_err(verr("QP RTS"))?;
+                self.uc_rtr_rts(peer)?;
                 let mut link = LeanLink::new(self.qp, g);
                 link.post_all_receives().map_err(RdmaError::PostRecv)?;
                 Ok(link)
@@ -381,37 +365,70 @@ impl Prepared {
     /// RC: INIT → post every receive → RTR → RTS (upstream order: receives before RTR, so the
     /// peer may send as soon as its own QP is ready).
     pub fn activate_rc(self, peer: &Caps) -> Result<RcLink<RealQp>, RdmaError> {
-        let av = self.av(peer, 0);
-        let (port, mtu, own_psn) = (self.port, self.active_mtu, self.caps.psn);
+        let rc = self.rc_steps(peer);
         let mut link = RcLink::new(self.qp);
-        {
-            let qp = &link.verbs().qp;
-            qp.modify_to_init(&rv::InitAttr::upstream(port))
-                .map_err(verr("QP INIT"))?;
-        }
+        rc.init(link.verbs().qp())?;
         link.post_all_receives().map_err(RdmaError::PostRecv)?;
-        let qp = &link.verbs().qp;
-        qp.modify_to_rtr(&rv::RtrAttr::rc(mtu, peer.qpn, peer.psn, av))
-            .map_err(verr("QP RTR"))?;
-        qp.modify_to_rts(&rv::RtsAttr::rc(own_psn))
-            .map_err(verr("QP RTS"))?;
+        rc.rtr_rts(link.verbs().qp())?;
         Ok(link)
     }
 
     /// UC: RTR → RTS → post every receive (Apple's provider rejects receives before RTS).
     pub fn activate_uc(self, peer: &Caps) -> Result<UcLink<RealQp>, RdmaError> {
-        let av = self.av(peer, peer.lid);
-        let mtu = self.active_mtu;
-        self.qp
-            .qp
-            .modify_to_rtr(&rv::RtrAttr::uc(mtu, peer.qpn, 0, av))
-            .map_err(verr("QP RTR"))?;
-        self.qp
-            .qp
-            .modify_to_rts(&rv::RtsAttr::uc(0))
-            .map_err(verr("QP RTS"))?;
+        self.uc_rtr_rts(peer)?;
         let mut link = UcLink::new(self.qp);
         link.post_all_receives().map_err(RdmaError::PostRecv)?;
         Ok(link)
+    }
+
+    /// UC: RTR → RTS (INIT was done at probe time); the receives are posted after it.
+    fn uc_rtr_rts(&self, peer: &Caps) -> Result<(), RdmaError> {
+        let av = self.av(peer, peer.lid);
+        let qp = self.qp.qp();
+        qp.modify_to_rtr(&rv::RtrAttr::uc(self.active_mtu, peer.qpn, 0, av))
+            .map_err(verr("QP RTR"))?;
+        qp.modify_to_rts(&rv::RtsAttr::uc(0))
+            .map_err(verr("QP RTS"))
+    }
+
+    /// What RC's transitions need, taken before the queue pair moves into its link.
+    fn rc_steps(&self, peer: &Caps) -> RcSteps {
+        RcSteps {
+            port: self.port,
+            mtu: self.active_mtu,
+            own_psn: self.caps.psn,
+            peer_qpn: peer.qpn,
+            peer_psn: peer.psn,
+            av: self.av(peer, 0),
+        }
+    }
+}
+
+/// RC's transitions around posting the receives: INIT before, RTR → RTS after.
+struct RcSteps {
+    port: u8,
+    mtu: rv::Mtu,
+    own_psn: u32,
+    peer_qpn: u32,
+    peer_psn: u32,
+    av: rv::AddressVector,
+}
+
+impl RcSteps {
+    fn init(&self, qp: &rv::Qp) -> Result<(), RdmaError> {
+        qp.modify_to_init(&rv::InitAttr::upstream(self.port))
+            .map_err(verr("QP INIT"))
+    }
+
+    fn rtr_rts(&self, qp: &rv::Qp) -> Result<(), RdmaError> {
+        qp.modify_to_rtr(&rv::RtrAttr::rc(
+            self.mtu,
+            self.peer_qpn,
+            self.peer_psn,
+            self.av,
+        ))
+        .map_err(verr("QP RTR"))?;
+        qp.modify_to_rts(&rv::RtsAttr::rc(self.own_psn))
+            .map_err(verr("QP RTS"))
     }
 }

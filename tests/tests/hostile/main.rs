@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use client::*;
 use rpc_proto::RpcTensor;
+use rpc_tests::{release_server_bin, workspace_root, BuildServer};
 
 /// The bystander's (and fresh client's) workload: `c = a + b` on 4 floats in its own buffer.
 struct Workload {
@@ -100,37 +101,13 @@ impl Row {
     }
 }
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
-/// `target/release/rpc-server`, built if missing.
+/// `target/release/rpc-server`, built (a no-op when up to date) unless `HOSTILE_NO_BUILD` is set.
 fn ours_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let bin = target.join("release").join("rpc-server");
-    if std::env::var_os("HOSTILE_NO_BUILD").is_none() {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let st = std::process::Command::new(cargo)
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "rpc-server",
-                "--bin",
-                "rpc-server",
-            ])
-            .current_dir(workspace_root())
-            .status()
-            .expect("cargo build");
-        assert!(st.success(), "building rpc-server failed");
-    }
-    assert!(bin.exists(), "{} missing", bin.display());
-    bin
+    release_server_bin(if std::env::var_os("HOSTILE_NO_BUILD").is_none() {
+        BuildServer::Always
+    } else {
+        BuildServer::Never
+    })
 }
 
 /// The stock server: `$STOCK_BIN/ggml-rpc-server`, else the `scripts/stock-llama.sh` cache.

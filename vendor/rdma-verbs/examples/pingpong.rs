@@ -163,13 +163,11 @@ fn resolve(o: &Opts) -> Res<Local> {
     })
 }
 
-/// Verbs resources of one side.  Field order = drop order: the QP goes
-/// first (Apple rule), then the MRs, then CQs/channel/PD/context (the latter
-/// are also kept alive by the QP's and MRs' own references).
+/// Verbs resources of one side.  `ep` owns the QP with its send (tx) and
+/// receive (rx) regions and destroys the QP first (Apple rule); CQs, channel,
+/// PD and context are also kept alive by the QP's and MRs' own references.
 struct Side {
-    qp: Qp,
-    rx: Mr,
-    tx: Mr,
+    ep: OwnedQp,
     /// Distinct CQs to poll (RC: recv + send; UC: one shared CQ).
     cqs: Vec<Cq>,
     armed: Vec<std::cell::Cell<bool>>,
@@ -224,6 +222,8 @@ fn setup(o: &Opts, name: &'static str) -> Res<Side> {
     )
     .map_err(|e| format!("reg_mr(rx): {e}"))?;
     fill_body(tx.as_mut_slice());
+    let ep = OwnedQp::new(qp, tx, rx).map_err(|e| e.to_string())?;
+    let qp = ep.qp();
     qp.modify_to_init(&InitAttr::upstream(local.port))
         .map_err(|e| e.to_string())?;
     let psn = match o.qp {
@@ -237,9 +237,7 @@ fn setup(o: &Opts, name: &'static str) -> Res<Side> {
     }
     let armed = cqs.iter().map(|_| std::cell::Cell::new(false)).collect();
     Ok(Side {
-        qp,
-        rx,
-        tx,
+        ep,
         cqs,
         armed,
         ch,
@@ -255,7 +253,7 @@ fn setup(o: &Opts, name: &'static str) -> Res<Side> {
 /// 24-byte caps like the upstream HELLO blob of each flavor.
 fn caps(s: &Side, qp: QpType) -> [u8; 24] {
     let mut b = [0u8; 24];
-    b[0..4].copy_from_slice(&s.qp.qp_num().to_le_bytes());
+    b[0..4].copy_from_slice(&s.ep.qp().qp_num().to_le_bytes());
     match qp {
         QpType::Rc => b[4..8].copy_from_slice(&s.psn.to_le_bytes()),
         QpType::Uc => b[4..6].copy_from_slice(&s.local.lid.to_le_bytes()),
@@ -287,7 +285,7 @@ fn parse_caps(b: &[u8; 24], qp: QpType) -> Peer {
 
 fn post_all_recvs(s: &Side, o: &Opts) -> Res<()> {
     for i in 0..o.rx_depth as usize {
-        s.qp.post_recv(i as u64, &s.rx, i * o.size, o.size)
+        s.ep.post_recv(i as u64, i * o.size, o.size)
             .map_err(|e| format!("post_recv {i}: {e}"))?;
     }
     Ok(())
@@ -299,21 +297,25 @@ fn activate(s: &Side, o: &Opts, p: &Peer) -> Res<()> {
         QpType::Rc => {
             post_all_recvs(s, o)?;
             let av = AddressVector::global(p.gid, sgid, s.local.port, 0);
-            s.qp.modify_to_rtr(&RtrAttr::rc(s.local.mtu, p.qpn, p.psn, av))
+            s.ep.qp()
+                .modify_to_rtr(&RtrAttr::rc(s.local.mtu, p.qpn, p.psn, av))
                 .map_err(|e| e.to_string())?;
-            s.qp.modify_to_rts(&RtsAttr::rc(s.psn))
+            s.ep.qp()
+                .modify_to_rts(&RtsAttr::rc(s.psn))
                 .map_err(|e| e.to_string())?;
         }
         QpType::Uc => {
             let av = AddressVector::global(p.gid, sgid, s.local.port, p.lid);
-            s.qp.modify_to_rtr(&RtrAttr::uc(s.local.mtu, p.qpn, 0, av))
+            s.ep.qp()
+                .modify_to_rtr(&RtrAttr::uc(s.local.mtu, p.qpn, 0, av))
                 .map_err(|e| e.to_string())?;
-            s.qp.modify_to_rts(&RtsAttr::uc(0))
+            s.ep.qp()
+                .modify_to_rts(&RtsAttr::uc(0))
                 .map_err(|e| e.to_string())?;
             post_all_recvs(s, o)?;
         }
     }
-    let st = s.qp.state().map_err(|e| e.to_string())?;
+    let st = s.ep.qp().state().map_err(|e| e.to_string())?;
     if st != QpState::Rts {
         return Err(format!("QP state after activation: {st:?}"));
     }
@@ -415,12 +417,12 @@ fn tcp_sync(t: &mut TcpStream) -> Res<()> {
 }
 
 fn send_msg(s: &mut Side, o: &Opts, v: u64) -> Res<()> {
-    stamp(s.tx.as_mut_slice(), v);
+    stamp(s.ep.send_mem_mut(), v);
     let mut flags = SendFlags::SIGNALED;
     if s.inline {
         flags |= SendFlags::INLINE;
     }
-    s.qp.post_send(SEND_WR, &s.tx, 0, o.size, flags)
+    s.ep.post_send(SEND_WR, 0, o.size, flags)
         .map_err(|e| format!("post_send: {e}"))
 }
 
@@ -484,12 +486,12 @@ fn run_loop(s: &mut Side, o: &Opts, client: bool, deadline: Instant) -> Res<Stat
         }
         let want = if client { i | PONG } else { i };
         check_msg(
-            &s.rx.as_slice()[slot * o.size..(slot + 1) * o.size],
+            &s.ep.recv_mr().as_slice()[slot * o.size..(slot + 1) * o.size],
             want,
             full,
         )
         .map_err(|e| format!("{} iter {i}: {e}", s.name))?;
-        s.qp.post_recv(slot as u64, &s.rx, slot * o.size, o.size)
+        s.ep.post_recv(slot as u64, slot * o.size, o.size)
             .map_err(|e| format!("re-post_recv: {e}"))?;
         if !client {
             while send_busy {
@@ -577,11 +579,11 @@ fn server(o: &Opts, listener: TcpListener) -> Res<()> {
         s.local.port,
         s.local.gid_index,
         s.local.gid,
-        s.qp.qp_num(),
+        s.ep.qp().qp_num(),
         peer.qpn,
         s.local.mtu.bytes(),
         s.inline,
-        s.qp.max_inline()
+        s.ep.qp().max_inline()
     );
     tcp_sync(&mut t)?;
     let st = run_loop(&mut s, o, false, deadline)?;
@@ -617,11 +619,11 @@ fn client(o: &Opts, host: &str) -> Res<()> {
         s.local.port,
         s.local.gid_index,
         s.local.gid,
-        s.qp.qp_num(),
+        s.ep.qp().qp_num(),
         peer.qpn,
         s.local.mtu.bytes(),
         s.inline,
-        s.qp.max_inline()
+        s.ep.qp().max_inline()
     );
     tcp_sync(&mut t)?;
     let st = run_loop(&mut s, o, true, deadline)?;

@@ -19,11 +19,14 @@
 //! Object graph and drop order: every object holds an `Arc` to its parents
 //! (`Qp` → `Pd`, send/recv `Cq`; `Mr` → `Pd`; `Cq` → `Context`, `CompChannel`;
 //! `Pd` → `Context`), so parents are destroyed after their children whatever
-//! order the caller drops things in.  The one order the caller must choose is
-//! **`Qp` before the `Mr`s it receives into** (Apple: "destroy the QP first",
-//! llama.cpp PR #27908): declare the `Qp` field before the `Mr` fields of a
-//! struct (Rust drops fields in declaration order).  The crate never moves a
-//! QP to ERR by itself.
+//! order the caller drops things in.  The one order that matters beyond that
+//! is **`Qp` before the `Mr`s it posts into or from** (Apple: "destroy the QP
+//! first", llama.cpp PR #27908; everywhere: a region must stay registered
+//! while a work request on it is outstanding).  [`OwnedQp`] owns a QP with
+//! its send and receive regions and keeps that order by construction, so its
+//! posting is safe; posting from borrowed regions ([`Qp::post_send`],
+//! [`Qp::post_recv`]) is `unsafe` and leaves the order to the caller.  The
+//! crate never moves a QP to ERR by itself.
 //!
 //! ```no_run
 //! use rdma_verbs::*;
@@ -34,12 +37,14 @@
 //! let pd = Pd::new(&ctx)?;
 //! let cq = Cq::new(&ctx, 32, None)?;
 //! let qp = Qp::new(&pd, &QpInitAttr::new(QpType::Rc, &cq, &cq, 4, 28))?;
-//! let mr = Mr::new(&pd, AlignedBuf::new(256 << 10)?, AccessFlags::LOCAL_WRITE)?;
-//! qp.modify_to_init(&InitAttr { port: m.port, pkey_index: 0,
+//! let tx = Mr::new(&pd, AlignedBuf::new(4096)?, AccessFlags::LOCAL_WRITE)?;
+//! let rx = Mr::new(&pd, AlignedBuf::new(256 << 10)?, AccessFlags::LOCAL_WRITE)?;
+//! let ep = OwnedQp::new(qp, tx, rx)?;
+//! ep.qp().modify_to_init(&InitAttr { port: m.port, pkey_index: 0,
 //!     access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ })?;
-//! qp.post_recv(0, &mr, 0, 4096)?;
-//! // ... exchange qp.qp_num(), psn and m.gid with the peer, then
-//! // qp.modify_to_rtr(&RtrAttr::rc(...))?; qp.modify_to_rts(&RtsAttr::rc(psn))?;
+//! ep.post_recv(0, 0, 4096)?;
+//! // ... exchange ep.qp().qp_num(), psn and m.gid with the peer, then
+//! // ep.qp().modify_to_rtr(&RtrAttr::rc(...))?; ep.qp().modify_to_rts(&RtsAttr::rc(psn))?;
 //! # Ok(()) }
 //! ```
 
@@ -50,6 +55,7 @@ mod context;
 mod cq;
 mod error;
 mod mr;
+mod owned;
 mod platform;
 mod qp;
 mod sys;
@@ -67,6 +73,7 @@ pub use cq::AsyncCompChannel;
 pub use cq::{CompChannel, Cq, CqEvent, WorkCompletion};
 pub use error::{Result, VerbsError};
 pub use mr::{AlignedBuf, Mr};
+pub use owned::OwnedQp;
 pub use qp::{AddressVector, InitAttr, Qp, QpCaps, QpInitAttr, RtrAttr, RtsAttr};
 pub use types::{
     AccessFlags, Gid, GidType, LinkLayer, Mtu, PortState, QpState, QpType, SendFlags, WcOpcode,

@@ -102,7 +102,9 @@ pub struct Mr {
 // SAFETY: the MR handle may be used from any thread; buffer access follows
 // the usual &/&mut rules (writes need &mut self).
 unsafe impl Send for Mr {}
-// SAFETY: &Mr only permits reads of the buffer and posting work requests.
+// SAFETY: &Mr only permits reads of the buffer and reading the keys; posting
+// a work request on it is `unsafe` (Qp::post_send/post_recv) or goes through
+// OwnedQp, which owns the Mr.
 unsafe impl Sync for Mr {}
 
 impl Mr {

@@ -200,7 +200,10 @@ impl RtsAttr {
 }
 
 /// A queue pair.  Holds its PD and CQs alive.  Drop it **before** the MRs
-/// it posts receives into (Apple teardown rule; see the crate docs).
+/// it posts into or from (Apple teardown rule; see the crate docs); posting
+/// from borrowed [`Mr`]s is therefore `unsafe` ([`Qp::post_send`],
+/// [`Qp::post_recv`]), and [`crate::OwnedQp`] owns a QP with its MRs so that
+/// posting is safe.
 pub struct Qp {
     ptr: *mut c_void,
     qp_num: u32,
@@ -272,6 +275,11 @@ impl Qp {
             _send_cq: init.send_cq.clone(),
             _recv_cq: init.recv_cq.clone(),
         })
+    }
+
+    /// The protection domain the QP was created in.
+    pub(crate) fn pd(&self) -> &Arc<PdInner> {
+        &self.pd
     }
 
     pub fn qp_num(&self) -> u32 {
@@ -409,8 +417,25 @@ impl Qp {
 
     /// Posts one two-sided SEND of `mr[offset..offset+len]`.  With
     /// `SendFlags::INLINE`, `len` must be ≤ [`Qp::max_inline`] and the bytes
-    /// are copied at post time.
-    pub fn post_send(
+    /// are copied at post time.  [`crate::OwnedQp::post_send`] is the safe
+    /// form.
+    ///
+    /// # Safety
+    ///
+    /// Unless the send is inline, the device reads the range at some time
+    /// before the work request completes: `mr` must stay registered (not be
+    /// dropped) until the completion of this work request has been polled, or
+    /// until this QP has been destroyed or moved to RESET.  The borrow of `mr`
+    /// ends with the call and cannot promise that.  Bounds and the PD are
+    /// checked (an error, not undefined behaviour).
+    ///
+    /// ```compile_fail,E0133
+    /// // Posting from a borrowed region needs `unsafe`.
+    /// fn send(qp: &rdma_verbs::Qp, mr: &rdma_verbs::Mr) {
+    ///     let _ = qp.post_send(0, mr, 0, 64, rdma_verbs::SendFlags::SIGNALED);
+    /// }
+    /// ```
+    pub unsafe fn post_send(
         &self,
         wr_id: u64,
         mr: &Mr,
@@ -435,9 +460,7 @@ impl Qp {
         let addr = mr.addr() + r.start as u64;
         // SAFETY: qp valid; addr/len lie inside the registered region of
         // `mr` (checked above), whose lkey is passed; the region outlives the
-        // WR as long as the caller keeps `mr` until the completion (the
-        // documented contract; a dereg'd lkey fails the WR, it cannot touch
-        // freed memory since Mr deregisters before freeing).
+        // WR by this function's contract (see # Safety).
         check("ibv_post_send", unsafe {
             sys::rv_post_send(self.ptr, wr_id, addr, len32, mr.lkey(), flags.raw())
         })
@@ -470,8 +493,25 @@ impl Qp {
     }
 
     /// Posts one receive into `mr[offset..offset+len]`.  Apple's provider
-    /// rejects receives before RTS.
-    pub fn post_recv(&self, wr_id: u64, mr: &Mr, offset: usize, len: usize) -> Result<()> {
+    /// rejects receives before RTS.  [`crate::OwnedQp::post_recv`] is the
+    /// safe form.
+    ///
+    /// # Safety
+    ///
+    /// The device may write the range at any time until the work request
+    /// completes: `mr` must stay registered (not be dropped) until the
+    /// completion of this work request has been polled, or until this QP has
+    /// been destroyed or moved to RESET.  The borrow of `mr` ends with the
+    /// call and cannot promise that.  Bounds and the PD are checked (an
+    /// error, not undefined behaviour).
+    ///
+    /// ```compile_fail,E0133
+    /// // Posting into a borrowed region needs `unsafe`.
+    /// fn recv(qp: &rdma_verbs::Qp, mr: &rdma_verbs::Mr) {
+    ///     let _ = qp.post_recv(0, mr, 0, 64);
+    /// }
+    /// ```
+    pub unsafe fn post_recv(&self, wr_id: u64, mr: &Mr, offset: usize, len: usize) -> Result<()> {
         if !Arc::ptr_eq(&mr.pd, &self.pd) {
             return Err(VerbsError::InvalidArgument(
                 "MR belongs to another PD".into(),
@@ -482,7 +522,8 @@ impl Qp {
             u32::try_from(len).map_err(|_| VerbsError::InvalidArgument("recv > 4 GiB".into()))?;
         let addr = mr.addr() + r.start as u64;
         // SAFETY: qp valid; the range lies inside the registered region of
-        // `mr` (checked above) and its lkey is passed.
+        // `mr` (checked above) and its lkey is passed; the region outlives
+        // the WR by this function's contract (see # Safety).
         check("ibv_post_recv", unsafe {
             sys::rv_post_recv(self.ptr, wr_id, addr, len32, mr.lkey())
         })

@@ -30,6 +30,9 @@ fn test_ip() -> std::net::IpAddr {
 }
 
 /// Two QPs of one type on one device, connected to each other (loopback).
+/// Field order is drop order: the QPs are destroyed before the MRs, so every
+/// work request the tests post on `amr`/`bmr` ends before its region is
+/// deregistered (the contract of the `unsafe` `Qp::post_send`/`post_recv`).
 struct Pair {
     a: Qp,
     b: Qp,
@@ -113,13 +116,15 @@ fn fill(mr: &mut Mr, off: usize, len: usize, seed: u8) {
 
 /// a → b transfer of `len` bytes, checked byte for byte.
 fn transfer(p: &mut Pair, len: usize, inline: bool, seed: u8) {
-    p.b.post_recv(7, &p.bmr, 4096, len.max(1)).unwrap();
+    // SAFETY: the QPs of a Pair are destroyed before its MRs (see `Pair`).
+    unsafe { p.b.post_recv(7, &p.bmr, 4096, len.max(1)) }.unwrap();
     fill(&mut p.amr, 0, len, seed);
     let mut f = SendFlags::SIGNALED;
     if inline {
         f |= SendFlags::INLINE;
     }
-    p.a.post_send(9, &p.amr, 0, len, f).unwrap();
+    // SAFETY: the QPs of a Pair are destroyed before its MRs (see `Pair`).
+    unsafe { p.a.post_send(9, &p.amr, 0, len, f) }.unwrap();
     let s = p.acq.poll_one_blocking(T).unwrap();
     assert!(s.is_success(), "{s:?}");
     assert_eq!((s.wr_id(), s.opcode()), (9, WcOpcode::Send));
@@ -194,7 +199,8 @@ fn rc_loopback_transfers() {
     transfer(&mut p, 28 << 10, false, 3);
     transfer(&mut p, 0, false, 4);
     let data = [0x5au8; 100];
-    p.b.post_recv(1, &p.bmr, 0, 256).unwrap();
+    // SAFETY: the QPs of a Pair are destroyed before its MRs (see `Pair`).
+    unsafe { p.b.post_recv(1, &p.bmr, 0, 256) }.unwrap();
     p.a.post_send_inline(2, &data, SendFlags::SIGNALED).unwrap();
     assert!(p.acq.poll_one_blocking(T).unwrap().is_success());
     let r = p.bcq.poll_one_blocking(T).unwrap();
@@ -224,10 +230,11 @@ fn completion_channel_events() {
     assert!(ch.try_get_event().unwrap().is_none());
     assert!(ch.wait(Some(Duration::from_millis(50))).unwrap().is_none());
     p.bcq.req_notify(false).unwrap();
-    p.b.post_recv(3, &p.bmr, 0, 64).unwrap();
+    // SAFETY: the QPs of a Pair are destroyed before its MRs (see `Pair`).
+    unsafe { p.b.post_recv(3, &p.bmr, 0, 64) }.unwrap();
     fill(&mut p.amr, 0, 64, 9);
-    p.a.post_send(4, &p.amr, 0, 64, SendFlags::SIGNALED)
-        .unwrap();
+    // SAFETY: the QPs of a Pair are destroyed before its MRs (see `Pair`).
+    unsafe { p.a.post_send(4, &p.amr, 0, 64, SendFlags::SIGNALED) }.unwrap();
     let ev = ch.wait(T).unwrap().expect("CQ event");
     assert!(ev.is_for(&p.bcq));
     assert!(!ev.is_for(&p.acq));
@@ -238,9 +245,10 @@ fn completion_channel_events() {
     assert!(p.acq.poll_one_blocking(T).unwrap().is_success());
     // An un-acked event is acked by its drop; the CQ can then be destroyed.
     p.acq.req_notify(false).unwrap();
-    p.b.post_recv(5, &p.bmr, 0, 64).unwrap();
-    p.a.post_send(6, &p.amr, 0, 64, SendFlags::SIGNALED)
-        .unwrap();
+    // SAFETY: the QPs of a Pair are destroyed before its MRs (see `Pair`).
+    unsafe { p.b.post_recv(5, &p.bmr, 0, 64) }.unwrap();
+    // SAFETY: the QPs of a Pair are destroyed before its MRs (see `Pair`).
+    unsafe { p.a.post_send(6, &p.amr, 0, 64, SendFlags::SIGNALED) }.unwrap();
     let ev = ch.wait(T).unwrap().expect("CQ event");
     assert!(ev.is_for(&p.acq));
     assert!(p.acq.poll_one_blocking(T).unwrap().is_success());
@@ -256,11 +264,13 @@ fn errors_are_typed_not_panics() {
     let p = pair(&dev, QpType::Rc, None, &ctx);
     // Bounds, inline size, foreign PD, foreign context.
     let e =
-        p.a.post_send(1, &p.amr, BUF - 8, 16, SendFlags::SIGNALED)
+        // SAFETY: rejected before anything is posted.
+        unsafe { p.a.post_send(1, &p.amr, BUF - 8, 16, SendFlags::SIGNALED) }
             .unwrap_err();
     assert!(matches!(e, VerbsError::InvalidArgument(_)), "{e}");
     let e =
-        p.a.post_send(1, &p.amr, 0, 4096, SendFlags::SIGNALED | SendFlags::INLINE)
+        // SAFETY: rejected before anything is posted.
+        unsafe { p.a.post_send(1, &p.amr, 0, 4096, SendFlags::SIGNALED | SendFlags::INLINE) }
             .unwrap_err();
     assert!(matches!(e, VerbsError::InvalidArgument(_)), "{e}");
     assert!(p
@@ -275,7 +285,8 @@ fn errors_are_typed_not_panics() {
     )
     .unwrap();
     assert!(matches!(
-        p.a.post_recv(1, &mr2, 0, 64),
+        // SAFETY: rejected (foreign PD) before anything is posted.
+        unsafe { p.a.post_recv(1, &mr2, 0, 64) },
         Err(VerbsError::InvalidArgument(_))
     ));
     let ctx2 = Context::open(&dev).unwrap();
@@ -303,9 +314,10 @@ fn oversize_message_and_flush_complete_with_error_status() {
     // (HCAs: LOC_LEN_ERR; rxe 6.12: LOC_QP_OP_ERR), the sender gets a
     // remote error; nothing overflows.  Only wr_id and status are defined
     // for error completions (opcode/byte_len are not).
-    p.b.post_recv(11, &p.bmr, 0, 64).unwrap();
-    p.a.post_send(12, &p.amr, 0, 128, SendFlags::SIGNALED)
-        .unwrap();
+    // SAFETY: the QPs of a Pair are destroyed before its MRs (see `Pair`).
+    unsafe { p.b.post_recv(11, &p.bmr, 0, 64) }.unwrap();
+    // SAFETY: the QPs of a Pair are destroyed before its MRs (see `Pair`).
+    unsafe { p.a.post_send(12, &p.amr, 0, 128, SendFlags::SIGNALED) }.unwrap();
     let r = p.bcq.poll_one_blocking(T).unwrap();
     assert_eq!(r.wr_id(), 11);
     assert!(
@@ -321,7 +333,8 @@ fn oversize_message_and_flush_complete_with_error_status() {
     // Moving a QP to ERR flushes its posted receives.
     let mut q = pair(&dev, QpType::Uc, None, &ctx);
     for i in 0..3 {
-        q.b.post_recv(100 + i, &q.bmr, 0, 64).unwrap();
+        // SAFETY: the QPs of a Pair are destroyed before its MRs (see `Pair`).
+        unsafe { q.b.post_recv(100 + i, &q.bmr, 0, 64) }.unwrap();
     }
     q.b.modify_to_error().unwrap();
     assert_eq!(q.b.state().unwrap(), QpState::Err);
@@ -351,8 +364,10 @@ fn parents_outlive_children_whatever_the_drop_order() {
         m: _,
     } = p;
     drop(pd);
-    b.post_recv(1, &bmr, 0, 64).unwrap();
-    a.post_send(2, &amr, 0, 64, SendFlags::SIGNALED).unwrap();
+    // SAFETY: `b` is dropped before `bmr` below.
+    unsafe { b.post_recv(1, &bmr, 0, 64) }.unwrap();
+    // SAFETY: `a` is dropped before `amr` below.
+    unsafe { a.post_send(2, &amr, 0, 64, SendFlags::SIGNALED) }.unwrap();
     drop(acq.clone());
     assert!(acq.poll_one_blocking(T).unwrap().is_success());
     assert!(bcq.poll_one_blocking(T).unwrap().is_success());
@@ -364,4 +379,47 @@ fn parents_outlive_children_whatever_the_drop_order() {
     drop(b);
     drop(amr);
     drop(bmr);
+}
+
+#[test]
+fn owned_qp_posts_safely_and_checks_the_pd() {
+    let Some(dev) = device() else { return };
+    let ctx = Context::open(&dev).unwrap();
+    let Pair {
+        a,
+        b,
+        amr,
+        bmr,
+        acq,
+        bcq,
+        pd,
+        m: _,
+    } = pair(&dev, QpType::Rc, None, &ctx);
+    let acc = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    let spare = || Mr::new(&pd, AlignedBuf::new(4096).unwrap(), acc).unwrap();
+    // A region of another PD is refused (and handed back to nobody: dropped with the error).
+    let pd2 = Pd::new(&ctx).unwrap();
+    let foreign = Mr::new(&pd2, AlignedBuf::new(4096).unwrap(), acc).unwrap();
+    let q = Qp::new(&pd, &QpInitAttr::new(QpType::Rc, &acq, &acq, 1, 1)).unwrap();
+    let e = OwnedQp::new(q, spare(), foreign).unwrap_err();
+    assert!(matches!(e, VerbsError::InvalidArgument(_)), "{e}");
+    let mut ea = OwnedQp::new(a, amr, spare()).unwrap();
+    let eb = OwnedQp::new(b, spare(), bmr).unwrap();
+    eb.post_recv(21, 0, 256).unwrap();
+    ea.send_mem_mut()[..256].fill(0xa5);
+    ea.post_send(22, 0, 256, SendFlags::SIGNALED).unwrap();
+    let s = acq.poll_one_blocking(T).unwrap();
+    assert_eq!((s.wr_id(), s.is_success()), (22, true), "{s:?}");
+    let r = bcq.poll_one_blocking(T).unwrap();
+    assert_eq!((r.wr_id(), r.byte_len()), (21, 256), "{r:?}");
+    assert!(eb.recv_mr().as_slice()[..256].iter().all(|&x| x == 0xa5));
+    // Bounds are still checked.
+    assert!(matches!(
+        eb.post_recv(23, BUF - 8, 16),
+        Err(VerbsError::InvalidArgument(_))
+    ));
+    // Dropped with a receive outstanding: the QP goes first, then the regions.
+    eb.post_recv(24, 0, 64).unwrap();
+    drop(eb);
+    drop(ea);
 }
