@@ -56,13 +56,17 @@ pub struct Isolation {
     pub args: Vec<OsString>,
 }
 
-/// Every counter a session process reports, in one order for both processes.
+/// Every counter a session process reports, in one order for both processes (`budget`: the
+/// front's server-wide account, or the session's own, whose refusals are the ones the front did
+/// not see).
 pub fn counters<'a>(
     stats: &'a Stats,
     rdma: &'a RdmaConfig,
     config: &'a SessionConfig,
+    budget: &'a MemoryBudget,
 ) -> Vec<&'a AtomicU64> {
     let mut v: Vec<&AtomicU64> = stats.counters().chain(rdma.counters()).collect();
+    v.push(budget.refused_counter());
     if let Some(c) = &config.cache {
         v.extend(c.counters().counters());
     }
@@ -219,7 +223,7 @@ async fn serve_control(
     };
     let (rd, mut wr) = line.into_split();
     let mut lines = tokio::io::BufReader::new(rd).lines();
-    let counters = counters(stats, rdma, config);
+    let counters = counters(stats, rdma, config, budget);
     let mut stopping = false;
     loop {
         let l = tokio::select! {
@@ -496,15 +500,16 @@ pub fn child_main(c: Child) -> i32 {
     let stats = Arc::new(Stats::default());
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reporter = {
-        let (stats, rdma, config, front, done) = (
+        let (stats, rdma, config, front, done, budget) = (
             stats.clone(),
             c.rdma.clone(),
             c.config.clone(),
             front.clone(),
             done.clone(),
+            conn.budget.clone(),
         );
         std::thread::spawn(move || {
-            let counters = counters(&stats, &rdma, &config);
+            let counters = counters(&stats, &rdma, &config, &budget);
             let mut r = Reporter {
                 last: vec![0; counters.len()],
             };

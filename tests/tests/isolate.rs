@@ -255,9 +255,19 @@ async fn a_killed_session_harms_no_one_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_limit_spans_every_session_process() {
-    let s = Server::start(&["--max-alloc-total", "64M"]);
+    let s = Server::start(&[
+        "--max-alloc-total",
+        "64M",
+        "--max-alloc-per-connection",
+        "56M",
+    ]);
     let mut a = connect(s.addr).await;
     let _ab = alloc(&mut a, 48 << 20).await;
+    // Over the per-connection limit: refused inside the session process, counted by the front.
+    assert!(
+        a.alloc_buffer(0, 16 << 20).await.unwrap().is_none(),
+        "48 + 16 MiB over 56 MiB per connection"
+    );
     let pa = s.wait_sessions(1)[0];
     let mut b = connect(s.addr).await;
     assert!(
@@ -266,6 +276,17 @@ async fn the_memory_limit_spans_every_session_process() {
     );
     s.wait_sessions(2);
     assert_eq!(s.metric("rpc_memory_allocated_bytes"), 48 << 20);
+    // One refusal in a session process, one by the front's server-wide account: both counted.
+    let t = Instant::now();
+    while s.metric("rpc_memory_refused_allocations_total") < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "refusals counted: {}",
+            s.metric("rpc_memory_refused_allocations_total")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(s.metric("rpc_memory_refused_allocations_total"), 2);
     // What a killed session held is given back.
     kill(pa, "-KILL");
     expect_closed(&mut a, "killed").await;

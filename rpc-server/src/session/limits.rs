@@ -95,20 +95,25 @@ impl MemoryBudget {
 
     /// Reserves `n` bytes for a session that already holds `held`; false (and counted) if
     /// either limit would be exceeded.
+    /// A refusal by the upstream is counted there, not here (a session process reports its own
+    /// refusals to the front, whose count is then the server's).
     pub(crate) fn try_reserve(&self, held: u64, n: u64) -> bool {
-        let mut ok = self.reserve(held, n);
-        if ok {
-            if let Some(up) = &self.upstream {
-                if !up.reserve(n) {
-                    self.give_back(n);
-                    ok = false;
-                }
+        if !self.reserve(held, n) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        if let Some(up) = &self.upstream {
+            if !up.reserve(n) {
+                self.give_back(n);
+                return false;
             }
         }
-        if !ok {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-        }
-        ok
+        true
+    }
+
+    /// The refusal counter itself (see [`MemoryBudget::refused`]), for reporting.
+    pub(crate) fn refused_counter(&self) -> &AtomicU64 {
+        &self.refused
     }
 
     fn reserve(&self, held: u64, n: u64) -> bool {
