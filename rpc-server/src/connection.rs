@@ -303,20 +303,9 @@ pub async fn serve_hello<F: FnOnce()>(
     };
     match activated {
         Activated::Rc(link, _permit) => {
-            let anchor = into_anchor(tcp)?;
-            let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/RC");
+            let t = RdmaTransport::new(link, Some(into_anchor(tcp)?), "RDMA/RC");
             tracing::info!("RDMA activated (Linux RC flavor)");
-            let r = run(
-                &mut t,
-                session,
-                limits,
-                stats,
-                deadlines.holding_queue_pair(),
-                shutdown,
-            )
-            .await;
-            finish_rdma(&rdma, &t);
-            r
+            run_rdma(t, session, limits, stats, deadlines, shutdown, &rdma).await
         }
         Activated::Uc(link, _permit) => {
             if !exchange_ready(&mut tcp).await? {
@@ -324,20 +313,9 @@ pub async fn serve_hello<F: FnOnce()>(
                 drop(link);
                 return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
             }
-            let anchor = into_anchor(tcp)?;
-            let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/UC");
+            let t = RdmaTransport::new(link, Some(into_anchor(tcp)?), "RDMA/UC");
             tracing::info!("RDMA activated (Apple UC flavor)");
-            let r = run(
-                &mut t,
-                session,
-                limits,
-                stats,
-                deadlines.holding_queue_pair(),
-                shutdown,
-            )
-            .await;
-            finish_rdma(&rdma, &t);
-            r
+            run_rdma(t, session, limits, stats, deadlines, shutdown, &rdma).await
         }
         Activated::Lean(link, flavor, _permit) => {
             // Our own client: the lean framing. Over UC the readiness exchange comes first, as
@@ -410,6 +388,29 @@ fn into_anchor(tcp: BlockingTcpTransport) -> Result<TcpStream, ConnectionError> 
     let s = tcp.into_stream()?;
     s.set_nonblocking(true)?;
     Ok(TcpStream::from_std(s)?)
+}
+
+/// The command loop over an activated queue pair (upstream's framings), then its counters.
+async fn run_rdma<F: rpc_transport::rdma::Flavored>(
+    mut t: RdmaTransport<F>,
+    session: Session,
+    limits: Limits,
+    stats: Arc<Stats>,
+    deadlines: Deadlines,
+    shutdown: watch::Receiver<bool>,
+    rdma: &RdmaConfig,
+) -> Result<(), ConnectionError> {
+    let r = run(
+        &mut t,
+        session,
+        limits,
+        stats,
+        deadlines.holding_queue_pair(),
+        shutdown,
+    )
+    .await;
+    finish_rdma(rdma, &t);
+    r
 }
 
 fn finish_rdma<F: rpc_transport::rdma::Flavored>(rdma: &RdmaConfig, t: &RdmaTransport<F>) {
