@@ -303,9 +303,11 @@ pub async fn serve_hello<F: FnOnce()>(
     };
     match activated {
         Activated::Rc(link, _permit) => {
-            let t = RdmaTransport::new(link, Some(into_anchor(tcp)?), "RDMA/RC");
+            let mut t = RdmaTransport::new(link, Some(into_anchor(tcp)?), "RDMA/RC");
             tracing::info!("RDMA activated (Linux RC flavor)");
-            run_rdma(t, session, limits, stats, deadlines, shutdown, &rdma).await
+            let r = run_rdma(&mut t, session, limits, stats, deadlines, shutdown).await;
+            finish_rdma(&rdma, &t);
+            r
         }
         Activated::Uc(link, _permit) => {
             if !exchange_ready(&mut tcp).await? {
@@ -313,9 +315,11 @@ pub async fn serve_hello<F: FnOnce()>(
                 drop(link);
                 return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
             }
-            let t = RdmaTransport::new(link, Some(into_anchor(tcp)?), "RDMA/UC");
+            let mut t = RdmaTransport::new(link, Some(into_anchor(tcp)?), "RDMA/UC");
             tracing::info!("RDMA activated (Apple UC flavor)");
-            run_rdma(t, session, limits, stats, deadlines, shutdown, &rdma).await
+            let r = run_rdma(&mut t, session, limits, stats, deadlines, shutdown).await;
+            finish_rdma(&rdma, &t);
+            r
         }
         Activated::Lean(link, flavor, _permit) => {
             // Our own client: the lean framing. Over UC the readiness exchange comes first, as
@@ -335,15 +339,7 @@ pub async fn serve_hello<F: FnOnce()>(
                     "RC"
                 }
             );
-            let r = run(
-                &mut t,
-                session,
-                limits,
-                stats,
-                deadlines.holding_queue_pair(),
-                shutdown,
-            )
-            .await;
+            let r = run_rdma(&mut t, session, limits, stats, deadlines, shutdown).await;
             let lean = t.link().stats();
             tracing::info!(
                 data_frames = lean.data_frames,
@@ -390,27 +386,17 @@ fn into_anchor(tcp: BlockingTcpTransport) -> Result<TcpStream, ConnectionError> 
     Ok(TcpStream::from_std(s)?)
 }
 
-/// The command loop over an activated queue pair (upstream's framings), then its counters.
+/// The command loop over an activated queue pair (the connection holds it: no idle timeout).
 async fn run_rdma<F: rpc_transport::rdma::Flavored>(
-    mut t: RdmaTransport<F>,
+    t: &mut RdmaTransport<F>,
     session: Session,
     limits: Limits,
     stats: Arc<Stats>,
     deadlines: Deadlines,
     shutdown: watch::Receiver<bool>,
-    rdma: &RdmaConfig,
 ) -> Result<(), ConnectionError> {
-    let r = run(
-        &mut t,
-        session,
-        limits,
-        stats,
-        deadlines.holding_queue_pair(),
-        shutdown,
-    )
-    .await;
-    finish_rdma(rdma, &t);
-    r
+    let deadlines = deadlines.holding_queue_pair();
+    run(t, session, limits, stats, deadlines, shutdown).await
 }
 
 fn finish_rdma<F: rpc_transport::rdma::Flavored>(rdma: &RdmaConfig, t: &RdmaTransport<F>) {
