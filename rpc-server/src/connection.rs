@@ -307,18 +307,9 @@ pub async fn serve_hello<F: FnOnce()>(
     };
     match activated {
         Activated::Rc(link, _permit) => {
-            let anchor = into_anchor(tcp)?;
-            let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/RC");
+            let mut t = RdmaTransport::new(link, Some(into_anchor(tcp)?), "RDMA/RC");
             tracing::info!("RDMA activated (Linux RC flavor)");
-            let r = run(
-                &mut t,
-                session,
-                limits,
-                stats,
-                deadlines.holding_queue_pair(),
-                shutdown,
-            )
-            .await;
+            let r = run_rdma(&mut t, session, limits, stats, deadlines, shutdown).await;
             finish_rdma(&rdma, &t);
             r
         }
@@ -328,18 +319,9 @@ pub async fn serve_hello<F: FnOnce()>(
                 drop(link);
                 return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
             }
-            let anchor = into_anchor(tcp)?;
-            let mut t = RdmaTransport::new(link, Some(anchor), "RDMA/UC");
+            let mut t = RdmaTransport::new(link, Some(into_anchor(tcp)?), "RDMA/UC");
             tracing::info!("RDMA activated (Apple UC flavor)");
-            let r = run(
-                &mut t,
-                session,
-                limits,
-                stats,
-                deadlines.holding_queue_pair(),
-                shutdown,
-            )
-            .await;
+            let r = run_rdma(&mut t, session, limits, stats, deadlines, shutdown).await;
             finish_rdma(&rdma, &t);
             r
         }
@@ -361,15 +343,7 @@ pub async fn serve_hello<F: FnOnce()>(
                     "RC"
                 }
             );
-            let r = run(
-                &mut t,
-                session,
-                limits,
-                stats,
-                deadlines.holding_queue_pair(),
-                shutdown,
-            )
-            .await;
+            let r = run_rdma(&mut t, session, limits, stats, deadlines, shutdown).await;
             let lean = t.link().stats();
             tracing::info!(
                 data_frames = lean.data_frames,
@@ -513,6 +487,19 @@ fn into_anchor(tcp: BlockingTcpTransport) -> Result<TcpStream, ConnectionError> 
     let s = tcp.into_stream()?;
     s.set_nonblocking(true)?;
     Ok(TcpStream::from_std(s)?)
+}
+
+/// The command loop over an activated queue pair (the connection holds it: no idle timeout).
+async fn run_rdma<F: rpc_transport::rdma::Flavored>(
+    t: &mut RdmaTransport<F>,
+    session: Session,
+    limits: Limits,
+    stats: Arc<Stats>,
+    deadlines: Deadlines,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError> {
+    let deadlines = deadlines.holding_queue_pair();
+    run(t, session, limits, stats, deadlines, shutdown).await
 }
 
 fn finish_rdma<F: rpc_transport::rdma::Flavored>(rdma: &RdmaConfig, t: &RdmaTransport<F>) {

@@ -1,4 +1,4 @@
-"""Shared helpers for tests/e2e/run_e2e.py and benches/llama_bench_compare.py (stdlib only).
+"""Shared helpers for the end-to-end tests (tests/e2e/*.py) and benches/llama_bench_compare.py (stdlib only).
 
 Server processes are started in their own session (process group) and always killed, also on
 failure or Ctrl-C: use `with Servers() as s:`; every subprocess has a timeout.
@@ -341,3 +341,49 @@ class CountingProxy:
             self.sock.close()
         except OSError:
             pass
+
+
+# --- stock llama-completion through a proxy to our server (metrics_e2e.py, gguf_e2e.py) ---
+
+def add_completion_args(ap):
+    """The arguments of a test that runs stock llama-completion against our server."""
+    ap.add_argument("--stock-bin")
+    ap.add_argument("--ours")
+    ap.add_argument("--model")
+
+
+def resolve_completion(a):
+    """(stock bin dir with llama-completion, our server binary, model path) from
+    add_completion_args' arguments (defaults: $STOCK_BIN or scripts/stock-llama.sh,
+    target/release/rpc-server, scripts/test-model.sh)."""
+    stock = resolve_stock_bin(a.stock_bin, needed=("llama-completion",))
+    ours = resolve_ours(a.ours)
+    model = a.model or script_output("test-model.sh", timeout=900)
+    return stock, ours, model
+
+
+def completion_cmd(stock, model, prompt, n_predict, endpoint):
+    """Greedy, seeded, single-threaded `llama-completion --rpc endpoint` of `n_predict` tokens."""
+    return [os.path.join(stock, "llama-completion"), "-m", model, "-p", prompt, "-n", str(n_predict),
+            "--temp", "0", "-s", "1", "-t", "1", "-ngl", "99", "-c", "512", "-no-cnv", "--simple-io",
+            "--ignore-eos", "--rpc", endpoint]
+
+
+class Checks:
+    """Named pass/fail checks, each logged as `ok   name` or `FAIL name detail`."""
+
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def __call__(self, name, ok, detail=""):
+        if ok:
+            self.passed += 1
+            log("ok   %s" % name)
+        else:
+            self.failed += 1
+            log("FAIL %s %s" % (name, detail))
+
+    def summary(self):
+        """Logs 'N passed, N failed'; returns the exit code (1 if any failed)."""
+        log("%d passed, %d failed" % (self.passed, self.failed))
+        return 1 if self.failed else 0

@@ -21,14 +21,13 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (CountingProxy, Server, Servers, free_port, log, resolve_ours,  # noqa: E402
-                        resolve_stock_bin, run, script_output)
+from e2e_common import (Checks, CountingProxy, Server, Servers, add_completion_args,  # noqa: E402
+                        completion_cmd, free_port, log, resolve_completion, run)
 
 PROMPT = "The capital of France is"
 N_PREDICT = 16
@@ -75,29 +74,16 @@ def big_tensor_bytes(model):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stock-bin")
-    ap.add_argument("--ours")
-    ap.add_argument("--model")
+    add_completion_args(ap)
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds (load times: median)")
     ap.add_argument("--link-mbit", type=float, default=0,
                     help="pace the client's uploads to this many Mbit/s (a link's bandwidth; default: loopback)")
     a = ap.parse_args()
-    stock = resolve_stock_bin(a.stock_bin, needed=("llama-completion",))
-    ours = resolve_ours(a.ours)
-    model = a.model or script_output("test-model.sh", timeout=900)
+    stock, ours, model = resolve_completion(a)
     big_bytes, big_count = big_tensor_bytes(model)
     work = tempfile.mkdtemp(prefix="gguf-e2e-")
     cache = os.path.join(work, "llama-cache")
-    passed = failed = 0
-
-    def check(name, ok, detail=""):
-        nonlocal passed, failed
-        if ok:
-            passed += 1
-            log("ok   %s" % name)
-        else:
-            failed += 1
-            log("FAIL %s %s" % (name, detail))
+    check = Checks()
 
     results = {"plain": [], "gguf": []}
     with Servers() as servers:
@@ -110,9 +96,7 @@ def main():
         for rnd in range(a.rounds):
             for mode in ("plain", "gguf"):
                 proxy = LinkProxy(srv[mode].port, a.link_mbit)
-                cmd = [os.path.join(stock, "llama-completion"), "-m", model, "-p", PROMPT, "-n", str(N_PREDICT),
-                       "--temp", "0", "-s", "1", "-t", "1", "-ngl", "99", "-c", "512", "-no-cnv",
-                       "--simple-io", "--ignore-eos", "--rpc", proxy.endpoint]
+                cmd = completion_cmd(stock, model, PROMPT, N_PREDICT, proxy.endpoint)
                 rc, out, err, dt = run(cmd, timeout=600, err_path=os.path.join(work, "%s-%d.err" % (mode, rnd)))
                 proxy.close()
                 m = re.search(rb"load time =\s*([\d.]+) ms", err)
@@ -153,8 +137,7 @@ def main():
            med(plain, "load_ms"), med(withg, "load_ms"),
                                                        med(plain, "wall"), med(withg, "wall"), big_bytes >> 20))
     shutil.rmtree(work, ignore_errors=True)
-    log("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return check.summary()
 
 
 if __name__ == "__main__":

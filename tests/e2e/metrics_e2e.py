@@ -24,8 +24,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (CountingProxy, Server, Servers, clean_env, free_port, log, resolve_ours,  # noqa: E402
-                        resolve_stock_bin, script_output)
+from e2e_common import (Checks, CountingProxy, Server, Servers, add_completion_args, clean_env,  # noqa: E402
+                        completion_cmd, free_port, log, resolve_completion)
 
 PROMPT = "The capital of France is"
 N_PREDICT = 48
@@ -45,24 +45,11 @@ def scrape(port):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stock-bin")
-    ap.add_argument("--ours")
-    ap.add_argument("--model")
+    add_completion_args(ap)
     a = ap.parse_args()
-    stock = resolve_stock_bin(a.stock_bin, needed=("llama-completion",))
-    ours = resolve_ours(a.ours)
-    model = a.model or script_output("test-model.sh", timeout=900)
+    stock, ours, model = resolve_completion(a)
     logdir = tempfile.mkdtemp(prefix="metrics-e2e-")
-    passed = failed = 0
-
-    def check(name, ok, detail=""):
-        nonlocal passed, failed
-        if ok:
-            passed += 1
-            log("ok   %s" % name)
-        else:
-            failed += 1
-            log("FAIL %s %s" % (name, detail))
+    check = Checks()
 
     with Servers() as servers:
         mport = free_port()
@@ -70,9 +57,7 @@ def main():
                                  extra=["--metrics", "127.0.0.1:%d" % mport])).start()
         base = scrape(mport)  # the readiness probe's connection is in here already
         proxy = CountingProxy(srv.port)
-        cmd = [os.path.join(stock, "llama-completion"), "-m", model, "-p", PROMPT, "-n", str(N_PREDICT),
-               "--temp", "0", "-s", "1", "-t", "1", "-ngl", "99", "-c", "512", "-no-cnv", "--simple-io",
-               "--ignore-eos", "--rpc", proxy.endpoint]
+        cmd = completion_cmd(stock, model, PROMPT, N_PREDICT, proxy.endpoint)
         err = open(os.path.join(logdir, "completion.err"), "wb")
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                              env=clean_env())
@@ -130,8 +115,7 @@ def main():
             log("per token, server side: %.3f ms, of which not compute: %.1f us (%d tokens)" % (total, non, tokens))
         proxy.close()
         srv.stop()
-    log("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return check.summary()
 
 
 if __name__ == "__main__":

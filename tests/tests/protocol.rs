@@ -45,6 +45,11 @@ fn get_frame(t: &RpcTensor, offset: u64, size: u64) -> Vec<u8> {
 }
 
 /// `c[n][m] = Σ_k a[m][k]·b[n][k]` for `a: [k, m]`, `b: [k, n]` (ggml MUL_MAT), row-major.
+/// SET_TENSOR of `v` at offset 0 of `t`; panics if the request fails.
+async fn set_f32(c: &mut Client, t: &RpcTensor, v: &[f32]) {
+    c.set_tensor(t, 0, &f32_bytes(v), false).await.unwrap();
+}
+
 fn mul_mat_ref(a: &[f32], b: &[f32], k: usize, m: usize, n: usize) -> Vec<f32> {
     let mut c = vec![0.0; m * n];
     for j in 0..n {
@@ -331,8 +336,8 @@ async fn graph_add_computes_and_recomputes_with_new_inputs() {
     let (a, b, sum) = add_graph(&buf, 8);
     let av = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
     let bv = [10.0f32, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0];
-    c.set_tensor(&a, 0, &f32_bytes(&av), false).await.unwrap();
-    c.set_tensor(&b, 0, &f32_bytes(&bv), false).await.unwrap();
+    set_f32(&mut c, &a, &av).await;
+    set_f32(&mut c, &b, &bv).await;
     c.graph_compute(0, &[3], &[a, b, sum]).await.unwrap();
     let got = bytes_f32(&c.get_tensor(&sum, 0, 32).await.unwrap());
     assert_eq!(got, [11.0, 22.0, 33.0, 44.0, 55.0, 66.0, 77.0, 88.0]);
@@ -342,8 +347,8 @@ async fn graph_add_computes_and_recomputes_with_new_inputs() {
         let r = round as f32;
         let a2: Vec<f32> = av.iter().map(|x| x * r).collect();
         let b2: Vec<f32> = bv.iter().map(|x| -x / 2.0).collect();
-        c.set_tensor(&a, 0, &f32_bytes(&a2), false).await.unwrap();
-        c.set_tensor(&b, 0, &f32_bytes(&b2), false).await.unwrap();
+        set_f32(&mut c, &a, &a2).await;
+        set_f32(&mut c, &b, &b2).await;
         c.graph_recompute(0).await.unwrap();
         let got = bytes_f32(&c.get_tensor(&sum, 0, 32).await.unwrap());
         let want: Vec<f32> = a2.iter().zip(&b2).map(|(x, y)| x + y).collect();
@@ -368,14 +373,14 @@ async fn graph_mul_mat() {
         .build();
     let av = small_ints(k * m, 7);
     let bv = small_ints(k * n, 8);
-    c.set_tensor(&a, 0, &f32_bytes(&av), false).await.unwrap();
-    c.set_tensor(&b, 0, &f32_bytes(&bv), false).await.unwrap();
+    set_f32(&mut c, &a, &av).await;
+    set_f32(&mut c, &b, &bv).await;
     c.graph_compute(0, &[13], &[a, b, out]).await.unwrap();
     let got = bytes_f32(&c.get_tensor(&out, 0, (m * n * 4) as u64).await.unwrap());
     assert_eq!(got, mul_mat_ref(&av, &bv, k, m, n));
 
     let bv2 = small_ints(k * n, 9);
-    c.set_tensor(&b, 0, &f32_bytes(&bv2), false).await.unwrap();
+    set_f32(&mut c, &b, &bv2).await;
     c.graph_recompute(0).await.unwrap();
     let got = bytes_f32(&c.get_tensor(&out, 0, (m * n * 4) as u64).await.unwrap());
     assert_eq!(got, mul_mat_ref(&av, &bv2, k, m, n));
@@ -396,15 +401,9 @@ async fn graph_with_two_nodes_and_a_broadcast() {
         .flags(TENSOR_FLAG_COMPUTE)
         .name("d")
         .build();
-    c.set_tensor(&a, 0, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]), false)
-        .await
-        .unwrap();
-    c.set_tensor(&b, 0, &f32_bytes(&[1.0, 1.0, 1.0, 1.0]), false)
-        .await
-        .unwrap();
-    c.set_tensor(&sc, 0, &f32_bytes(&[3.0]), false)
-        .await
-        .unwrap();
+    set_f32(&mut c, &a, &[1.0, 2.0, 3.0, 4.0]).await;
+    set_f32(&mut c, &b, &[1.0, 1.0, 1.0, 1.0]).await;
+    set_f32(&mut c, &sc, &[3.0]).await;
     // Tensors in DFS post-order, as the stock client serializes them (§7).
     c.graph_compute(0, &[3, 5], &[a, b, sum, sc, d])
         .await
@@ -426,12 +425,8 @@ async fn graph_tensors_in_any_order_and_duplicates() {
     let mut c = connect(s.addr).await;
     let buf = alloc(&mut c, 4096).await;
     let (a, b, sum) = add_graph(&buf, 4);
-    c.set_tensor(&a, 0, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]), false)
-        .await
-        .unwrap();
-    c.set_tensor(&b, 0, &f32_bytes(&[4.0, 3.0, 2.0, 1.0]), false)
-        .await
-        .unwrap();
+    set_f32(&mut c, &a, &[1.0, 2.0, 3.0, 4.0]).await;
+    set_f32(&mut c, &b, &[4.0, 3.0, 2.0, 1.0]).await;
     c.graph_compute(0, &[3], &[sum, b, a, a]).await.unwrap();
     assert_eq!(
         bytes_f32(&c.get_tensor(&sum, 0, 16).await.unwrap()),
@@ -451,12 +446,8 @@ async fn a_new_graph_replaces_the_stored_one() {
         .srcs(&[1, 2])
         .flags(TENSOR_FLAG_COMPUTE)
         .build();
-    c.set_tensor(&a, 0, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]), false)
-        .await
-        .unwrap();
-    c.set_tensor(&b, 0, &f32_bytes(&[2.0; 4]), false)
-        .await
-        .unwrap();
+    set_f32(&mut c, &a, &[1.0, 2.0, 3.0, 4.0]).await;
+    set_f32(&mut c, &b, &[2.0; 4]).await;
     c.graph_compute(0, &[3], &[a, b, sum]).await.unwrap();
     c.graph_compute(0, &[6], &[a, b, prod]).await.unwrap();
     assert_eq!(
@@ -464,9 +455,7 @@ async fn a_new_graph_replaces_the_stored_one() {
         [2.0, 4.0, 6.0, 8.0]
     );
     // Change the inputs and clear both outputs: only the product is recomputed.
-    c.set_tensor(&a, 0, &f32_bytes(&[10.0; 4]), false)
-        .await
-        .unwrap();
+    set_f32(&mut c, &a, &[10.0; 4]).await;
     c.memset_tensor(&sum, 0, 16, 0).await.unwrap();
     c.memset_tensor(&prod, 0, 16, 0).await.unwrap();
     c.graph_recompute(0).await.unwrap();
@@ -488,12 +477,8 @@ async fn free_buffer_drops_the_stored_graph() {
     let mut c = connect(s.addr).await;
     let buf = alloc(&mut c, 4096).await;
     let (a, b, sum) = add_graph(&buf, 4);
-    c.set_tensor(&a, 0, &f32_bytes(&[1.0; 4]), false)
-        .await
-        .unwrap();
-    c.set_tensor(&b, 0, &f32_bytes(&[2.0; 4]), false)
-        .await
-        .unwrap();
+    set_f32(&mut c, &a, &[1.0; 4]).await;
+    set_f32(&mut c, &b, &[2.0; 4]).await;
     c.graph_compute(0, &[3], &[a, b, sum]).await.unwrap();
     assert_eq!(
         bytes_f32(&c.get_tensor(&sum, 0, 16).await.unwrap()),
@@ -713,11 +698,11 @@ async fn mul_mat_worker(
         .flags(TENSOR_FLAG_COMPUTE)
         .build();
     let av = small_ints(k * m, seed);
-    c.set_tensor(&a, 0, &f32_bytes(&av), false).await.unwrap();
+    set_f32(&mut c, &a, &av).await;
     start.wait().await;
     for r in 0..rounds {
         let bv = small_ints(k * n, seed * 1000 + r as u64);
-        c.set_tensor(&b, 0, &f32_bytes(&bv), false).await.unwrap();
+        set_f32(&mut c, &b, &bv).await;
         if r == 0 {
             c.graph_compute(0, &[3], &[a, b, out]).await.unwrap();
         } else {
@@ -1522,12 +1507,8 @@ async fn deep_valid_chain_is_computed_without_recursion() {
         );
         nodes.push(i);
     }
-    c.set_tensor(&one, 0, &f32_bytes(&[1.0; 4]), false)
-        .await
-        .unwrap();
-    c.set_tensor(&x0, 0, &f32_bytes(&[0.5; 4]), false)
-        .await
-        .unwrap();
+    set_f32(&mut c, &one, &[1.0; 4]).await;
+    set_f32(&mut c, &x0, &[0.5; 4]).await;
     c.graph_compute(0, &nodes, &tensors).await.unwrap();
     let last = tensors.last().copied().unwrap();
     let got = within("deep chain", c.get_tensor(&last, 0, 16))
