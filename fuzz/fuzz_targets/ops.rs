@@ -416,6 +416,39 @@ fn gen_attention(g: &mut Gen) -> Case {
 }
 
 /// An op family: a name (for the README and crash triage) and its generator.
+/// SSM_CONV (`ggml_ssm_conv`): sx [d_conv - 1 + n_t, d_inner, n_s], c [d_conv, d_inner] ->
+/// [d_inner, n_t, n_s].
+fn gen_ssm(g: &mut Gen) -> Case {
+    let (d_conv, n_t, d_inner, n_s) = (g.dim(4), g.dim(6), g.dim(16), g.dim(3));
+    let sx = t(ty::F32, [d_conv - 1 + n_t, d_inner, n_s, 1]);
+    let c = t(ty::F32, [d_conv, d_inner, 1, 1]);
+    case(op::SSM_CONV, vec![Some(sx), Some(c)], t(ty::F32, [d_inner, n_t, n_s, 1]))
+}
+
+/// IM2COL (`ggml_im2col`), 1d or 2d: kernel src[0] (only its shape is read), input src[1],
+/// op_params s0, s1, p0, p1, d0, d1, is_2D.
+fn gen_conv(g: &mut Gen) -> Case {
+    let (kw, kh, ic, oc, n) = (g.dim(3), g.dim(3), g.dim(3), g.dim(2), g.dim(2));
+    let (iw, ih) = (kw + g.dim(12) - 1, kh + g.dim(8) - 1);
+    let (s0, s1, p0, p1, d0, d1) = (g.dim(2), g.dim(2), g.below(2) as i64, g.below(2) as i64, g.dim(2), g.dim(2));
+    let out = |i: i64, k: i64, s: i64, p: i64, d: i64| (i + 2 * p - d * (k - 1) - 1) / s + 1;
+    let dt = float_ty(g);
+    let it = if dt == ty::F32 { ty::F32 } else { float_ty(g) };
+    let mut c = if g.chance(128) {
+        let (ow, oh) = (out(iw, kw, s0, p0, d0), out(ih, kh, s1, p1, d1));
+        let mut c = case(op::IM2COL, vec![Some(t(ty::F16, [kw, kh, ic, oc])), Some(t(it, [iw, ih, ic, n]))], t(dt, [ic * kh * kw, ow, oh, n]));
+        c.params[..7].copy_from_slice(&[s0 as i32, s1 as i32, p0 as i32, p1 as i32, d0 as i32, d1 as i32, 1]);
+        c
+    } else {
+        let ow = out(iw, kw, s0, p0, d0);
+        let mut c = case(op::IM2COL, vec![Some(t(ty::F16, [kw, ic, oc, 1])), Some(t(it, [iw, ic, n, 1]))], t(dt, [ic * kw, ow, n, 1]));
+        c.params[..7].copy_from_slice(&[s0 as i32, 0, p0 as i32, 0, d0 as i32, 0, 0]);
+        c
+    };
+    c.dst.ne[1] = c.dst.ne[1].max(1);
+    c
+}
+
 struct Family {
     name: &'static str,
     gen: fn(&mut Gen) -> Case,
@@ -433,6 +466,8 @@ const FAMILIES: &[Family] = &[
     Family { name: "reduce", gen: gen_reduce },
     Family { name: "pool", gen: gen_pool },
     Family { name: "attention", gen: gen_attention },
+    Family { name: "ssm", gen: gen_ssm },
+    Family { name: "conv", gen: gen_conv },
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -560,6 +595,19 @@ fn raw(buf: u64, offset: u64, len: u64) -> RpcTensor {
     r
 }
 
+/// The first 11 families (those of the first runs) take the first byte modulo 11 below 242, as
+/// they always did, so the committed seeds and reproducers keep building the same cases; the
+/// bytes 242..=255 pick the families added since.
+fn family(b: u8) -> usize {
+    const FIRST: usize = 11;
+    const CUT: u8 = 242; // 22 * FIRST
+    if b < CUT || FAMILIES.len() == FIRST {
+        b as usize % FIRST
+    } else {
+        FIRST + (b - CUT) as usize % (FAMILIES.len() - FIRST)
+    }
+}
+
 struct Placed {
     buf: u64,
     offset: u64,
@@ -569,7 +617,7 @@ struct Placed {
 
 fuzz_target!(|data: &[u8]| {
     let mut g = Gen { data, pos: 0 };
-    let fam = &FAMILIES[g.below(FAMILIES.len() as u32) as usize];
+    let fam = &FAMILIES[family(g.u8())];
     let mut c = (fam.gen)(&mut g);
     for s in c.src.iter_mut().flatten() {
         mutate_shape(&mut g, s);
