@@ -14,7 +14,8 @@
 //! every canary is checked, so a write outside a tensor's declared extent that stays inside the
 //! allocation (a cross-tensor write ASan cannot see) fails as well. A ggml assertion aborts.
 //!
-//! Adding an op: one [`Family`] entry (its ops and a generator returning a [`Case`]).
+//! Adding an op: one [`Family`] entry (its ops and a generator returning a [`Case`]); a new
+//! family goes at the end of [`FAMILIES`] (see [`family`]: the first eleven keep their bytes).
 #![no_main]
 
 #[path = "common/mod.rs"]
