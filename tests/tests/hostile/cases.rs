@@ -33,6 +33,15 @@ pub struct Case {
 
 mod op {
     pub const ADD: u32 = 2;
+    pub const CUMSUM: u32 = 16;
+    pub const REPEAT: u32 = 20;
+    pub const SILU_BACK: u32 = 23;
+    pub const GROUP_NORM: u32 = 27;
+    pub const SCALE: u32 = 32;
+    pub const DIAG_MASK_INF: u32 = 44;
+    pub const DIAG_MASK_ZERO: u32 = 45;
+    pub const POOL_2D: u32 = 61;
+    pub const UNARY: u32 = 91;
     pub const ADD_ID: u32 = 3;
     pub const ACC: u32 = 5;
     pub const CONCAT: u32 = 22;
@@ -77,6 +86,16 @@ fn node(t: RpcTensor, op: u32, params: &[i32], srcs: &[u64]) -> RpcTensor {
     t.with_op(op, params)
         .with_srcs(srcs)
         .with_flags(FLAG_COMPUTE)
+}
+
+/// ROPE's op_params (mode 0, freq_base 10000, freq_scale 1, attn_factor 1) for `n_dims`.
+fn rope_params(n_dims: i32) -> [i32; 16] {
+    let mut p = [0i32; 16];
+    p[1] = n_dims;
+    p[5] = 10000f32.to_bits() as i32;
+    p[6] = 1f32.to_bits() as i32;
+    p[8] = 1f32.to_bits() as i32;
+    p
 }
 
 /// Sends a graph whose only node is the last tensor.
@@ -1100,6 +1119,281 @@ pub fn all() -> Vec<Case> {
                     &[1, 0, 2],
                 );
                 graph_of(&mut c, &[x, sinks, out])?;
+                expect_close(c)
+            },
+        },
+        // ---- open findings of the ops fuzz target, closed (fuzz/seeds/ops/regressions) ----
+        Case {
+            name: "CLAMP f32 with a zero outer stride at the buffer's end (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_clamp_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                // One 16-byte row claimed 64 times; the kernel writes row j at j*nb[1].
+                let shape = ([4, 1, 1, 64], [4, 16, 16, 0]);
+                let x = RpcTensor::new(1, F32)
+                    .with_shape(shape.0, shape.1)
+                    .with_buffer(h, base);
+                let out = node(
+                    RpcTensor::new(2, F32)
+                        .with_shape(shape.0, shape.1)
+                        .with_buffer(h, base + MIB - 16),
+                    op::CLAMP,
+                    &[(-1f32).to_bits() as i32, 1f32.to_bits() as i32],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "SCALE into rows 64 bytes apart in a 32-byte result (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_scale_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 2], h, base);
+                // Contiguous by ggml's definition (ne[1] = 1 leaves nb[1] free), extent 32
+                // bytes; the kernel writes row 1 at 1*nb[1] = 64.
+                let out = node(
+                    RpcTensor::new(2, F32)
+                        .with_shape([4, 1, 1, 2], [4, 64, 16, 16])
+                        .with_buffer(h, base + MIB - 32),
+                    op::SCALE,
+                    &[2f32.to_bits() as i32, 0],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "SILU_BACK into rows 64 bytes apart in a 32-byte result (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_silu_back_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let g = t4(1, F32, [4, 1, 1, 2], h, base);
+                let x = t4(2, F32, [4, 1, 1, 2], h, base + 4096);
+                let out = node(
+                    RpcTensor::new(3, F32)
+                        .with_shape([4, 1, 1, 2], [4, 64, 64, 16])
+                        .with_buffer(h, base + MIB - 32),
+                    op::SILU_BACK,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[g, x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "CUMSUM into a one-element row with nb[0] = 0 (GGML_ASSERT)",
+            refs: "fuzz ops: ggml_compute_forward_cumsum_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [1, 1, 1, 1], h, base);
+                let out = node(
+                    RpcTensor::new(2, F32)
+                        .with_shape([1, 1, 1, 1], [0, 4, 4, 4])
+                        .with_buffer(h, base + 4096),
+                    op::CUMSUM,
+                    &[],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "DIAG_MASK_INF into one-element rows with nb[0] = 12 (GGML_ASSERT)",
+            refs: "fuzz ops: ggml_compute_forward_diag_mask_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [1, 3, 1, 1], h, base);
+                let out = node(
+                    RpcTensor::new(2, F32)
+                        .with_shape([1, 3, 1, 1], [12, 4, 12, 12])
+                        .with_buffer(h, base + 4096),
+                    op::DIAG_MASK_INF,
+                    &[0],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "DIAG_MASK_ZERO of a one-element row with nb[0] = 0 (GGML_ASSERT)",
+            refs: "fuzz ops: ggml_compute_forward_diag_mask_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = RpcTensor::new(1, F32)
+                    .with_shape([1, 1, 1, 1], [0, 4, 4, 4])
+                    .with_buffer(h, base);
+                let out = node(
+                    t4(2, F32, [1, 1, 1, 1], h, base + 4096),
+                    op::DIAG_MASK_ZERO,
+                    &[0],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "DIAG_MASK_INF with a free plane stride (ne[2] = 1) at the buffer's end (heap write)",
+            refs: "ggml_compute_forward_diag_mask_f32 (planes k*nb[2], k < ne2*ne3)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 4, 1, 2], h, base);
+                // Contiguous by ggml's definition (ne[2] = 1 leaves nb[2] free), extent 128
+                // bytes; the kernel masks plane 1 at 1*nb[2] = 1024.
+                let out = node(
+                    RpcTensor::new(2, F32)
+                        .with_shape([4, 4, 1, 2], [4, 16, 1024, 64])
+                        .with_buffer(h, base + MIB - 128),
+                    op::DIAG_MASK_INF,
+                    &[0],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "REPEAT into one-element rows with nb[0] = 0 (GGML_ASSERT)",
+            refs: "fuzz ops: ggml_compute_forward_repeat_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [1, 2, 2, 2], h, base);
+                let out = node(
+                    RpcTensor::new(2, F32)
+                        .with_shape([1, 4, 2, 2], [0, 4, 16, 32])
+                        .with_buffer(h, base + 4096),
+                    op::REPEAT,
+                    &[],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "GROUP_NORM with INT_MAX groups for 1 channel (CPU for minutes)",
+            refs: "fuzz ops: ggml_compute_forward_group_norm_f32",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [4, 1, 1, 4], h, base);
+                let out = node(
+                    t4(2, F32, [4, 1, 1, 4], h, base + 4096),
+                    op::GROUP_NORM,
+                    &[i32::MAX, 1e-6f32.to_bits() as i32],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "POOL_2D over planes 4 bytes apart (ne[2] = 1) at the buffer's end (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_pool_2d",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                // Contiguous by ggml's definition; the kernel steps nb[2] = 4 bytes through the
+                // 104-byte source (26 planes) and writes a 7-float plane for each: 728 bytes.
+                let x = RpcTensor::new(1, F32)
+                    .with_shape([13, 1, 1, 2], [4, 52, 4, 52])
+                    .with_buffer(h, base);
+                let out = node(
+                    t4(2, F32, [7, 1, 1, 2], h, base + MIB - 56),
+                    op::POOL_2D,
+                    &[0, 1, 1, 2, 2, 0, 0],
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "FLASH_ATTN_EXT into one row with nb[1] = 1024 at the buffer's end (heap write)",
+            refs: "fuzz ops: ggml_compute_forward_flash_attn_ext_f16_one_chunk",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let q = t4(1, F32, [32, 1, 1, 1], h, base);
+                let kv = |id, at| {
+                    RpcTensor::new(id, 1) // F16
+                        .with_shape([32, 16, 1, 1], strides(2, 1, [32, 16, 1, 1]))
+                        .with_buffer(h, at)
+                };
+                let (k, v) = (kv(2, base + 4096), kv(3, base + 8192));
+                // One row of 32 floats, contiguous by ggml's definition; the kernel copies
+                // nb[1] = 1024 bytes into it.
+                let out = node(
+                    RpcTensor::new(4, F32)
+                        .with_shape([32, 1, 1, 1], [4, 1024, 1024, 1024])
+                        .with_buffer(h, base + MIB - 128),
+                    op::FLASH_ATTN_EXT,
+                    &[0.125f32.to_bits() as i32],
+                    &[1, 2, 3],
+                );
+                graph_of(&mut c, &[q, k, v, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "ROPE with empty freq factors at the buffer's end (heap read)",
+            refs: "fuzz ops: ggml_rope_cache_init",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [64, 1, 1, 1], h, base);
+                let pos = t4(2, I32, [1, 1, 1, 1], h, base + 4096);
+                // ne[0] = 32 factors claimed, none present (ne[1] = 0): extent 0 at the end.
+                let ff = RpcTensor::new(3, F32)
+                    .with_shape([32, 0, 1, 1], [4, 128, 128, 128])
+                    .with_buffer(h, base + MIB);
+                let out = node(
+                    t4(4, F32, [64, 1, 1, 1], h, base + 8192),
+                    op::ROPE,
+                    &rope_params(64),
+                    &[1, 2, 3],
+                );
+                graph_of(&mut c, &[x, pos, ff, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "ROPE reading a row's freq factors past the buffer's end (heap read)",
+            refs: "fuzz ops: ggml_rope_cache_init (ne0/2 factors read)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [1024, 1, 1, 1], h, base);
+                let pos = t4(2, I32, [1, 1, 1, 1], h, base + 8192);
+                // n_dims = 2: one factor is all ggml asks for, and it is the buffer's last
+                // float; the rotation cache reads one per pair of the row, 512.
+                let ff = t4(3, F32, [1, 1, 1, 1], h, base + MIB - 4);
+                let out = node(
+                    t4(4, F32, [1024, 1, 1, 1], h, base + 16384),
+                    op::ROPE,
+                    &rope_params(2),
+                    &[1, 2, 3],
+                );
+                graph_of(&mut c, &[x, pos, ff, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "UNARY XIELU into padded rows (GGML_ASSERT)",
+            refs: "fuzz ops: apply_unary_op_functor (unary-ops.cpp)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                let x = t4(1, F32, [24, 4, 2, 2], h, base);
+                let out = node(
+                    RpcTensor::new(2, F32)
+                        .with_shape([24, 4, 2, 2], [4, 104, 420, 840])
+                        .with_buffer(h, base + 8192),
+                    op::UNARY,
+                    &[17], // GGML_UNARY_OP_XIELU
+                    &[1],
+                );
+                graph_of(&mut c, &[x, out])?;
                 expect_close(c)
             },
         },

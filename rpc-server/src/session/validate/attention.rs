@@ -35,6 +35,15 @@ pub(super) fn flash_attn_ext(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexChe
     // The kernel copies nb[1] bytes per result row to row `(i3*ne2 + i2)*ne1 + i1` counted in
     // nb[1] (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`, ops.cpp): a packed result.
     ensure!(d.contiguous(), "FLASH_ATTN_EXT result must be contiguous");
+    // The copy is nb[1] bytes from a scratch row of ne[0] floats (every variant: one_chunk,
+    // tiled, the split-KV reduction): nb[1] is the row size, which ggml's contiguity leaves free
+    // when ne[1] = 1.
+    ensure!(
+        d.nb(1) == d.row_size(),
+        "FLASH_ATTN_EXT: result nb[1]={} is not the row size {}",
+        d.nb(1),
+        d.row_size()
+    );
     for (t, w) in [(q, "q"), (k, "k"), (v, "v")] {
         nb0_is_ts(t, w)?;
     }

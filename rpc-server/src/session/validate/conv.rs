@@ -73,6 +73,9 @@ pub(super) fn im2col_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck
         ensure!(d.ne(1) == b.ne(1) && d.ne(3) == 1, "IM2COL_BACK channels");
     }
     ensure!(a.contiguous() && d.contiguous(), "IM2COL_BACK contiguity");
+    // Asserted by `ggml_compute_forward_im2col_back_f32`; free in ggml's contiguity when
+    // ne[0] = 1.
+    nb0_is_ts(d, "result")?;
     Ok(())
 }
 

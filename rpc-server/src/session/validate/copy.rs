@@ -101,7 +101,10 @@ pub(super) fn repeat(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>) -> 
     fresh(d)?;
     if cpu {
         ty_in(a, &[ty::F32, ty::F16, ty::BF16, ty::I16, ty::I32], "src[0]")?;
+        // `ggml_compute_forward_repeat_f32/_f16` assert both nb[0] are the element size (the
+        // result's is free in ggml's contiguity when ne[0] = 1).
         nb0_is_ts(a, "src[0]")?;
+        nb0_is_ts(d, "result")?;
     }
     Ok(())
 }
@@ -115,7 +118,9 @@ pub(super) fn repeat_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck
     ensure!(d.ty() == a.ty(), "REPEAT_BACK keeps the type");
     fresh(d)?;
     ty_is(a, ty::F32, "src[0]")?;
+    // Both nb[0] asserted (`ggml_compute_forward_repeat_back_f32`).
     nb0_is_ts(a, "src[0]")?;
+    nb0_is_ts(d, "result")?;
     Ok(())
 }
 

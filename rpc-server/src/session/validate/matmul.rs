@@ -133,6 +133,8 @@ pub(super) fn diag(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R
     ty_is(a, ty::F32, "src[0]")?;
     nb0_is_ts(a, "src[0]")?;
     fresh(d)?;
+    // Asserted by `ggml_compute_forward_diag_f32`; free in ggml's contiguity when ne[0] = 1.
+    nb0_is_ts(d, "result")?;
     Ok(())
 }
 

@@ -171,8 +171,26 @@ pub(crate) trait Shape {
     /// Rows addressed as `i*nb[1]` for `i < nrows` (kernels that flatten dims 1..3) stay inside the
     /// tensor's extent.
     fn flat_rows_fit(&self) -> bool {
+        self.rows_fit_at(self.nb(1))
+    }
+    /// Rows addressed as `i*nb1` for `i < nrows`, with `nb1` another tensor's row stride (kernels
+    /// that walk a source with the result's strides), stay inside the tensor's extent.
+    fn rows_fit_at(&self, nb1: u64) -> bool {
         let nr = self.nrows();
-        nr == 0 || (nr - 1) as u128 * self.nb(1) as u128 + self.row_size() as u128 <= self.nbytes()
+        nr == 0 || (nr - 1) as u128 * nb1 as u128 + self.row_size() as u128 <= self.nbytes()
+    }
+    /// Planes addressed as `k*nb[2]` for `k < ne2*ne3` (dims 2..3 flattened), each with its rows at
+    /// `j*nb[1]`, stay inside the tensor's extent (a contiguous tensor with `ne[2] = 1` leaves
+    /// `nb[2]` free).
+    fn flat_planes_fit(&self) -> bool {
+        let planes = self.ne(2) as i128 * self.ne(3) as i128;
+        let rows = self.ne(1) as i128;
+        planes == 0
+            || rows == 0
+            || (planes - 1) as u128 * self.nb(2) as u128
+                + (rows - 1) as u128 * self.nb(1) as u128
+                + self.row_size() as u128
+                <= self.nbytes()
     }
     /// The tensor can be written or read as a flat array of `nelements` (kernels that index
     /// `data[i]`).

@@ -24,7 +24,15 @@ pub(super) fn norm(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R
     };
     ensure!(eps >= 0.0, "negative eps");
     if op == ops::GROUP_NORM {
-        ensure!(d.op_i32(0) > 0, "GROUP_NORM n_groups");
+        // `ggml_compute_forward_group_norm_f32` (ops.cpp) loops over op_params[0] groups of
+        // ceil(ne2/groups) channels in `int`: groups past the channel count are empty but still
+        // iterated (INT_MAX of them run for minutes), and `ne2 + groups - 1` must not overflow.
+        let groups = d.op_i32(0) as i64;
+        ensure!(
+            groups > 0 && groups <= a.ne(2) && a.ne(2) + groups - 1 <= i32::MAX as i64,
+            "GROUP_NORM: {groups} groups for {} channels",
+            a.ne(2)
+        );
     }
     Ok(())
 }
@@ -53,6 +61,10 @@ pub(super) fn diag_mask(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>)
         a.contiguous() && d.contiguous(),
         "DIAG_MASK needs contiguous tensors"
     );
+    // `ggml_compute_forward_diag_mask_f32` (ops.cpp) asserts both nb[0] are 4 (free in ggml's
+    // contiguity when ne[0] = 1) and masks plane k < ne2*ne3 at `k*nb[2]` (free when ne[2] = 1).
+    f32_rows(&[(d, "result"), (a, "src[0]")])?;
+    ensure!(d.flat_planes_fit(), "DIAG_MASK plane layout");
     Ok(())
 }
 

@@ -42,6 +42,7 @@ pub(super) fn pool_2d(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -
         a.contiguous() && d.contiguous(),
         "POOL_2D needs contiguous tensors"
     );
+    planes_walk("POOL_2D", a, a, a.row_size(), d.ne(2) * d.ne(3))?;
     Ok(())
 }
 
@@ -67,6 +68,11 @@ pub(super) fn pool_2d_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexChec
         a.contiguous() && af.contiguous() && d.contiguous(),
         "POOL_2D_BACK needs contiguous tensors"
     );
+    // The walk is over the result's bytes and strides; src[1] (the forward input) is read with
+    // them too, and as the result's type (an f16 src[1] is read as f32 rows: twice its bytes).
+    let planes = a.ne(2) * a.ne(3);
+    planes_walk("POOL_2D_BACK", d, d, d.row_size(), planes)?;
+    planes_walk("POOL_2D_BACK", d, af, d.row_size(), planes)?;
     Ok(())
 }
 
@@ -213,6 +219,33 @@ fn pool_2d_out(d: &TensorSpec, input: &TensorSpec, what: &str) -> Result<(i64, i
     let w = (input.ne(0) + 2 * p0 - k0) / s0 + 1;
     let h = (input.ne(1) + 2 * p1 - k1) / s1 + 1;
     Ok((w, h))
+}
+
+/// The plane walk of `ggml_compute_forward_pool_2d` and `_pool_2d_back` (ops.cpp): a pointer
+/// steps `nb[2]` of `walk` at a time while it is below `walk`'s extent (`while (cdata <
+/// data_end)`), reading or writing `t`'s rows at `nb[1]` of `walk` in each plane, and the other
+/// side advances one packed plane per step. ggml's contiguity leaves nb[2] free when ne[2] = 1:
+/// a zero stride never ends and a small one takes more steps than there are planes. So: a
+/// positive stride, at most `planes` steps (the packed side's planes), and the last plane's rows
+/// inside `t` (`row` bytes each).
+fn planes_walk(what: &str, walk: &TensorSpec, t: &TensorSpec, row: u64, planes: i64) -> R {
+    let bytes = walk.nbytes();
+    if bytes == 0 {
+        return Ok(());
+    }
+    let nb2 = walk.nb(2) as u128;
+    ensure!(nb2 > 0, "{what}: zero plane stride");
+    let steps = bytes.div_ceil(nb2);
+    ensure!(
+        steps <= planes.max(0) as u128,
+        "{what}: {steps} plane steps for {planes} planes"
+    );
+    let rows = walk.ne(1).max(1) as u128;
+    ensure!(
+        (steps - 1) * nb2 + (rows - 1) * walk.nb(1) as u128 + row as u128 <= t.nbytes(),
+        "{what}: planes outside the tensor"
+    );
+    Ok(())
 }
 
 /// How many `w`-sized windows cover dims 1 and 2 of `t` (padded up to whole windows), as WIN_PART

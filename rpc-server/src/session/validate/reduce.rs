@@ -44,7 +44,9 @@ pub(super) fn cumsum(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) ->
     ty_is(a, ty::F32, "src[0]")?;
     ensure!(same_shape(a, d) && d.ty() == ty::F32, "CUMSUM result");
     fresh(d)?;
-    nb0_is_ts(a, "src[0]")?;
+    // `ggml_compute_forward_cumsum_f32` asserts both nb[0] are 4 (free in ggml's contiguity when
+    // ne[0] = 1).
+    f32_rows(&[(d, "result"), (a, "src[0]")])?;
     Ok(())
 }
 

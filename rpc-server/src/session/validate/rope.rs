@@ -56,12 +56,29 @@ pub(super) fn rope(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> R
     if let Some(f) = n.src[2] {
         ty_is(f, ty::F32, "freq factors")?;
         nb0_is_ts(f, "freq factors")?;
-        // ggml_rope_ext asks for n_dims/2 factors, and stock clients build graphs with exactly
-        // that many (llama.cpp's test-backend-ops does, with n_dims < ne0). The rotation cache
-        // reads one per pair of the whole row, ne0/2 (`ggml_rope_cache_init`, ops.cpp): the
-        // values past n_dims/2 are never used, and the read stays in the session's own process
-        // (containment). Kept as an open finding of the ops fuzz target.
-        ensure!(f.ne(0) >= n_dims / 2, "ROPE: too few freq factors");
+        // Every mode builds its rotation cache over the whole row (`ggml_rope_cache_init` /
+        // `ggml_mrope_cache_init`, ops.cpp): `freq_factors[i0/2]` for i0 < ne0, ne0/2 floats
+        // read. Which of them are *used* depends on the mode: normal, neox, mrope and imrope
+        // rotate the first n_dims of the row (cache entries i0 < n_dims), so n_dims/2 factors
+        // (what ggml asserts and what stock clients, llama.cpp's test-backend-ops among them,
+        // build with n_dims < ne0); vision rotates the whole row (`rotate_pairs(ne0, ...)`), so
+        // ne0/2 (n_dims is ne0/2 there and test-backend-ops gives ne0/2 factors).
+        let used = if mode == 24 { a.ne(0) / 2 } else { n_dims / 2 };
+        ensure!(
+            f.ne(0) >= used && !f.is_empty(),
+            "ROPE: {} freq factors, {used} used",
+            f.ne(0)
+        );
+        // The unused rest is still read: it must be memory of the factors' buffer (their values
+        // are discarded), not past its end.
+        if let Some((buf, off)) = &f.buffer {
+            let read = (a.ne(0) / 2) as u128 * 4;
+            ensure!(
+                *off as u128 + read <= buf.size() as u128,
+                "ROPE: the row's {} freq factors are read past the buffer's end",
+                a.ne(0) / 2
+            );
+        }
     }
     Ok(())
 }
@@ -83,6 +100,8 @@ pub(super) fn arange(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) ->
     );
     ty_is(d, ty::F32, "result")?;
     fresh(d)?;
+    // Asserted by `ggml_compute_forward_arange_f32`; free in ggml's contiguity for one element.
+    nb0_is_ts(d, "result")?;
     Ok(())
 }
 

@@ -125,3 +125,78 @@ fn small_strides_refused() {
     a.nb[0] = 0;
     assert!(check_layout(&a).is_err());
 }
+
+#[test]
+fn rope_freq_factors_by_mode() {
+    // test-backend-ops' shapes: [80, 32, 2, 1] with n_dims 20 and n_dims/2 factors (normal), and
+    // the qwen2vl ViT case [80, 16, 2, 1] in vision mode with ne0/2 factors.
+    let a = t(ty::F32, [80, 32, 2, 1]);
+    let pos = t(ty::I32, [2, 1, 1, 1]);
+    let mut d = a.clone();
+    d.op = ops::ROPE;
+    d.op_params[1] = 20;
+    assert!(check_node(&node(&d, &[&a, &pos, &t(ty::F32, [10, 1, 1, 1])]), true).is_ok());
+    assert!(check_node(&node(&d, &[&a, &pos, &t(ty::F32, [9, 1, 1, 1])]), true).is_err());
+    // Factors with no elements (an empty dimension) have no extent to read.
+    assert!(check_node(&node(&d, &[&a, &pos, &t(ty::F32, [10, 0, 1, 1])]), true).is_err());
+
+    let a = t(ty::F32, [80, 16, 2, 1]);
+    let pos = t(ty::I32, [8, 1, 1, 1]);
+    let mut d = a.clone();
+    d.op = ops::ROPE;
+    d.op_params[1] = 40;
+    d.op_params[2] = 24; // vision: the whole row is rotated, ne0/2 factors used
+    d.op_params[11] = 20;
+    d.op_params[12] = 20;
+    assert!(check_node(&node(&d, &[&a, &pos, &t(ty::F32, [40, 1, 1, 1])]), true).is_ok());
+    assert!(check_node(&node(&d, &[&a, &pos, &t(ty::F32, [20, 1, 1, 1])]), true).is_err());
+}
+
+#[test]
+fn group_norm_groups_bounded_by_channels() {
+    let a = t(ty::F32, [9, 9, 1280, 1]);
+    let mut d = a.clone();
+    d.op = ops::GROUP_NORM;
+    d.op_params[0] = 32;
+    assert!(check_node(&node(&d, &[&a]), true).is_ok());
+    d.op_params[0] = 1280;
+    assert!(check_node(&node(&d, &[&a]), true).is_ok());
+    d.op_params[0] = 1281;
+    assert!(check_node(&node(&d, &[&a]), true).is_err());
+    d.op_params[0] = i32::MAX;
+    assert!(check_node(&node(&d, &[&a]), true).is_err());
+}
+
+#[test]
+fn pool_2d_plane_walk() {
+    let a = t(ty::F32, [13, 1, 1, 2]);
+    let mut d = t(ty::F32, [7, 1, 1, 2]);
+    d.op = ops::POOL_2D;
+    d.op_params[..7].copy_from_slice(&[0, 1, 1, 2, 2, 0, 0]);
+    assert!(check_node(&node(&d, &[&a]), true).is_ok());
+    // ne[2] = 1 leaves nb[2] free in ggml's contiguity; the kernel steps through the source by it.
+    for nb2 in [0, 4, 26] {
+        let mut b = a.clone();
+        b.nb[2] = nb2;
+        assert!(b.contiguous());
+        assert!(check_node(&node(&d, &[&b]), true).is_err(), "nb[2] = {nb2}");
+    }
+}
+
+#[test]
+fn one_element_rows_keep_nb0() {
+    // ne[0] = 1 leaves nb[0] free in ggml's contiguity; these kernels assert it anyway.
+    let a = t(ty::F32, [1, 4, 2, 2]);
+    let mut bad = a.clone();
+    bad.nb[0] = 0;
+    assert!(bad.contiguous());
+    for op in [ops::CUMSUM, ops::DIAG_MASK_INF, ops::DIAG_MASK_ZERO] {
+        let mut d = a.clone();
+        d.op = op;
+        assert!(check_node(&node(&d, &[&a]), true).is_ok(), "{op}");
+        assert!(check_node(&node(&d, &[&bad]), true).is_err(), "{op} src");
+        let mut d2 = bad.clone();
+        d2.op = op;
+        assert!(check_node(&node(&d2, &[&a]), true).is_err(), "{op} result");
+    }
+}

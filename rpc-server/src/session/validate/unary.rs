@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// `GGML_UNARY_OP_XIELU`.
+const UNARY_XIELU: i32 = 17;
+
 /// SQR, SQRT, LOG, SIN, COS (`unary-ops.cpp`).
 pub(super) fn math(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>) -> R {
     let d = n.d;
@@ -28,6 +31,12 @@ pub(super) fn silu_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>)
     );
     ensure!(a.ty() == d.ty() && b.ty() == d.ty(), "SILU_BACK types");
     ty_in(d, &[ty::F32, ty::F16], "result")?;
+    // Both kernels (`ggml_compute_forward_silu_back_f32/_f16`, ops.cpp) address row i < nrows of
+    // every tensor as `i*nb[1]`: contiguity by ggml's definition leaves nb[1] free when ne[1] = 1.
+    ensure!(
+        d.flat_rows_fit() && a.flat_rows_fit() && b.flat_rows_fit(),
+        "SILU_BACK row layout"
+    );
     Ok(())
 }
 
@@ -43,6 +52,16 @@ pub(super) fn scale(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> 
         "SCALE needs contiguous tensors"
     );
     ty_in(a, &[ty::F32, ty::BF16], "src[0]")?;
+    // `ggml_compute_forward_scale_f32/_bf16` (ops.cpp) address row i < nrows as `i*nb[1]`, which
+    // ggml's contiguity leaves free when ne[1] = 1; with a bias (op_params[1] != 0) the f32
+    // kernel reads src[0]'s rows with the *result's* nb[1].
+    ensure!(d.flat_rows_fit() && a.flat_rows_fit(), "SCALE row layout");
+    if d.op_f32(1) != 0.0 {
+        ensure!(
+            a.rows_fit_at(d.nb(1)),
+            "SCALE: src[0] rows at the result's stride"
+        );
+    }
     Ok(())
 }
 
@@ -56,10 +75,8 @@ pub(super) fn clamp(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>) -> 
     ty_in(a, &[ty::F32, ty::F16], "src[0]")?;
     nb0_is_ts(a, "src[0]")?;
     nb0_is_ts(d, "result")?;
-    if a.ty() == ty::F16 {
-        // `ggml_compute_forward_clamp_f16` addresses row j < nrows as `j*nb[1]` (ops.cpp).
-        ensure!(a.flat_rows_fit() && d.flat_rows_fit(), "CLAMP row layout");
-    }
+    // `ggml_compute_forward_clamp_f32` and `_f16` (ops.cpp) address row j < nrows as `j*nb[1]`.
+    ensure!(a.flat_rows_fit() && d.flat_rows_fit(), "CLAMP row layout");
     Ok(())
 }
 
@@ -88,6 +105,14 @@ pub(super) fn unary(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>) -> R
     ensure!(same_shape(a, d), "result shape differs from src[0]");
     ensure!(d.ty() == a.ty() || d.contiguous(), "UNARY result");
     unary_kernel(a, d, cpu)?;
+    if d.op_i32(0) == UNARY_XIELU {
+        // XIELU goes through `apply_unary_op_functor` (unary-ops.cpp), which asserts
+        // `ggml_is_contiguous_1` of both tensors; the other activations take any row strides.
+        ensure!(
+            a.contiguous_1() && d.contiguous_1(),
+            "UNARY XIELU needs contiguous tensors"
+        );
+    }
     Ok(())
 }
 
