@@ -56,6 +56,9 @@ pub struct Isolation {
     pub args: Vec<OsString>,
 }
 
+/// How long a session process whose front is gone may take to finish its running command.
+const FRONT_GONE_GRACE: Duration = Duration::from_secs(1);
+
 /// Every counter a session process reports, in one order for both processes (`budget`: the
 /// front's server-wide account, or the session's own, whose refusals are the ones the front did
 /// not see).
@@ -464,7 +467,12 @@ pub fn child_main(c: Child) -> i32 {
             return 2;
         }
     };
-    // Replies and the front's stop; the end of the line (the front is gone) also stops.
+    // Replies and the front's stop. The end of the line means the front is gone (a front that
+    // shuts down sends `Q` and keeps the line open until the session ends): the session stops,
+    // and if its command does not finish within FRONT_GONE_GRACE (a long compute), the process
+    // ends without it; no session outlives its server.
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished_seen = finished.clone();
     std::thread::spawn(move || {
         for l in BufReader::new(reader).lines() {
             match l.as_deref() {
@@ -482,6 +490,14 @@ pub fn child_main(c: Child) -> i32 {
             }
         }
         let _ = stop_tx.send(true);
+        let t = std::time::Instant::now();
+        while !finished_seen.load(Relaxed) {
+            if t.elapsed() >= FRONT_GONE_GRACE {
+                tracing::warn!("the server's front process is gone; ending this session now");
+                std::process::exit(3);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     });
     let front = Arc::new(Front {
         wr: Mutex::new(ctl),
@@ -567,6 +583,7 @@ pub fn child_main(c: Child) -> i32 {
             tcp, local_ip, c.caps, ctx, ready,
         )),
     };
+    finished.store(true, Relaxed);
     done.store(true, Relaxed);
     reporter.thread().unpark();
     let _ = reporter.join();

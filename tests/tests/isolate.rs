@@ -406,3 +406,58 @@ async fn a_session_process_cannot_leave_its_sandbox() {
         assert!(l.contains("ALLOWED"), "without the sandbox: {l}");
     }
 }
+
+/// No session outlives its server: when the front process dies (SIGKILL, no `Q`), a session
+/// process in the middle of a long compute ends within about a second instead of computing on
+/// (a 4096 × 4096 × 16384 f32 MUL_MAT takes several seconds on one thread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ends_soon_after_its_front_dies() {
+    let mut s = Server::start(&[]);
+    let mut c = connect(s.addr).await;
+    let (k, m, n) = (16384u32, 4096u32, 4096u32);
+    let (a_bytes, b_bytes) = (u64::from(k * m) * 4, u64::from(k * n) * 4);
+    let buf = alloc(&mut c, a_bytes + b_bytes + u64::from(m * n) * 4).await;
+    let a = buf.f32(1, &[k, m], 0).build();
+    let b = buf.f32(2, &[k, n], a_bytes).build();
+    let d = buf
+        .f32(3, &[m, n], a_bytes + b_bytes)
+        .op(rpc_client::ops::MUL_MAT, &[])
+        .srcs(&[1, 2])
+        .flags(rpc_client::TENSOR_FLAG_COMPUTE)
+        .build();
+    let session = s.wait_sessions(1)[0];
+    // GRAPH_COMPUTE has no reply: the GET_TENSOR after it waits for the compute.
+    let compute = tokio::spawn(async move {
+        c.graph_compute(0, &[3], &[a, b, d]).await?;
+        c.get_tensor(&d, 0, 4).await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if compute.is_finished() {
+        panic!("the compute ended at once: {:?}", compute.await.unwrap());
+    }
+    kill(s.child.id(), "-KILL");
+    let _ = s.child.wait();
+    let t = Instant::now();
+    let gone = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+            st.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    while !gone(session) {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "session process {session} still running {:?} after its front died",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("session process ended {:?} after its front", t.elapsed());
+    assert!(
+        compute.await.unwrap().is_err(),
+        "the client sees its connection end"
+    );
+}
