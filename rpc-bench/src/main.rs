@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use link_emu::check::{self as emucheck, CheckConfig, CheckRow};
 use rpc_bench::chart::{self, BarSeries, Panel, PALETTE};
 use rpc_bench::conn::RdmaSettings;
 use rpc_bench::e2e::{self, E2eConfig, E2eOrigin, E2eRow};
-use rpc_bench::emucheck::{self, CheckConfig};
 use rpc_bench::latency::{self, CaseKind, CaseResult, LatencyConfig};
 use rpc_bench::links::{self, fmt_dur, LinkKind, LinkProfile, PROFILES_HELP};
-use rpc_bench::report::{Table, Target};
+use rpc_bench::report::{us, Table, Target};
 use rpc_transport::cli::{RdmaClientArgs, TransportMode};
 
 const ABOUT: &str = "Latency comparison for ggml RPC (protocol 7.0.0) links: per-command round trips, \
@@ -617,9 +617,9 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
         ping_bytes: a.ping_bytes.max(1),
         bulk_time: Duration::from_millis(a.bulk_ms),
         rounds: a.rounds,
-        progress: progress(&a.common),
     };
-    let (rows, timer) = emucheck::run(&cfg)?;
+    let pb = rpc_bench::latency::progress_bar(cfg.steps(), progress(&a.common));
+    let (rows, timer) = emucheck::run(&cfg, &pb)?;
     let mut md = String::from("## rpc-bench emulator-check\n\n");
     md.push_str(&format!(
         "{} rounds; per round and link {} ping-pongs of {} B through the relay (the round with the lowest \
@@ -631,7 +631,7 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
         cfg.ping_bytes,
         a.bulk_ms
     ));
-    let t = emucheck::table(&rows);
+    let t = check_table(&rows);
     md.push_str(&t.markdown());
     md.push_str(&format!(
         "\nTimer (sleep, then spin for the last {}): overshoot of 2000 deadlines 20–1000 us away: p50 {}, p99 {}, max {}.\n",
@@ -642,4 +642,45 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
     ));
     emit(&a.common, &md, &t)?;
     Ok(())
+}
+
+/// The emulator check's results as a table.
+fn check_table(rows: &[CheckRow]) -> Table {
+    let mut t = Table::new(&[
+        "link",
+        "configured RTT us",
+        "ping RTT p50 us",
+        "p99 us",
+        "emulated part us",
+        "configured Gbit/s",
+        "bulk Gbit/s",
+        "bulk MiB",
+        "RTT",
+        "bandwidth",
+        "notes",
+    ]);
+    for r in rows {
+        let verdict = |b: bool| if b { "ok" } else { "OUT OF TOLERANCE" };
+        let native = r.link.kind == LinkKind::Native;
+        t.push(vec![
+            r.link.name.clone(),
+            us(r.link.rtt),
+            us(r.rtt.p50),
+            us(r.rtt.p99),
+            if native { "-".into() } else { us(r.rtt_excess) },
+            r.link
+                .gbps
+                .map_or("unlimited".into(), |g| format!("{g:.3}")),
+            format!("{:.3}", r.gbps),
+            (r.bulk_bytes >> 20).to_string(),
+            if native {
+                "-".into()
+            } else {
+                verdict(r.rtt_ok).into()
+            },
+            r.bw_ok.map_or("-".into(), |b| verdict(b).into()),
+            r.note.clone(),
+        ]);
+    }
+    t
 }
