@@ -14,7 +14,7 @@
 
 use std::io::Read;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -321,27 +321,7 @@ fn find(res: &[BenchResult], phase: Phase) -> anyhow::Result<BenchResult> {
 
 /// Traffic of `reps − 1` repetitions, divided down to one.
 fn differential(one: &Traffic, many: &Traffic, reps: u32) -> Traffic {
-    let d = many.since(one);
-    let k = u64::from(reps - 1);
-    let mut t = Traffic {
-        round_trips: d.round_trips / k,
-        c2s_bytes: d.c2s_bytes / k,
-        s2c_bytes: d.s2c_bytes / k,
-        c2s_msgs: d.c2s_msgs / k,
-        s2c_msgs: d.s2c_msgs / k,
-        c2s_uc: d.c2s_uc / k,
-        s2c_uc: d.s2c_uc / k,
-        connections: d.connections / k,
-        ..Traffic::default()
-    };
-    for i in 0..t.cmd_count.len() {
-        t.cmd_count[i] = d.cmd_count[i] / k;
-        t.cmd_bytes[i] = d.cmd_bytes[i] / k;
-    }
-    for i in 0..t.wire.len() {
-        t.wire[i] = d.wire[i].div_by(k);
-    }
-    t
+    many.since(one).div_by(u64::from(reps - 1))
 }
 
 /// Notes gathered while running (model load traffic, consistency checks).
@@ -457,7 +437,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
     }
     for (ti, target) in cfg.targets.iter().enumerate() {
         let label = &target.label;
-        let [(_, pp1), (pp_res, ppr), (_, tg1), (tg_res, tgr)] = &counted[ti];
+        let [(_, pp1), (_, ppr), (_, tg1), (_, tgr)] = &counted[ti];
         let pp_t = differential(pp1, ppr, cfg.reps);
         let tg_t = differential(tg1, tgr, cfg.reps);
         for (name, one, many) in [(pp.name(), pp1, ppr), (tg.name(), tg1, tgr)] {
@@ -490,75 +470,64 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
             human_bytes(tg_t.bytes() as f64),
             tg_t.commands_summary(1.0),
         ));
-        let _ = (pp_res, tg_res);
         let base_pp = averaged(&timed[ti][0], pp)?;
         let base_tg = averaged(&timed[ti][0], tg)?;
         let phases = [(pp, base_pp, pp_t), (tg, base_tg, tg_t)];
+        let row = |link: &str, phase, measured, projected, traffic, link_cost, origin| E2eRow {
+            server: label.clone(),
+            link: link.into(),
+            phase,
+            measured,
+            projected,
+            traffic,
+            link_cost,
+            origin,
+        };
         for &(phase, base, t) in &phases {
-            rows.push(E2eRow {
-                server: label.clone(),
-                link: "none".into(),
+            rows.push(row(
+                "none",
                 phase,
-                measured: Some(base),
-                projected: None,
-                traffic: t,
-                link_cost: None,
-                origin: E2eOrigin::Relay,
-            });
+                Some(base),
+                None,
+                t,
+                None,
+                E2eOrigin::Relay,
+            ));
         }
         let mut emulated_iter = timed[ti][1..].iter();
         for link in &cfg.links {
             let cost = |t: &Traffic| {
                 link.link_cost(t.round_trips as f64, t.bytes() as f64, t.uc_bytes() as f64)
             };
-            let project = |base: &BenchResult, t: &Traffic| base.avg + cost(t);
-            match link.kind {
-                LinkKind::Native => {}
-                LinkKind::Emulated => {
-                    let Some(res) = emulated_iter.next() else {
-                        continue;
-                    };
-                    for &(phase, base, t) in &phases {
-                        rows.push(E2eRow {
-                            server: label.clone(),
-                            link: link.name.clone(),
-                            phase,
-                            measured: Some(averaged(res, phase)?),
-                            projected: Some(project(&base, &t)),
-                            traffic: t,
-                            link_cost: Some(cost(&t)),
-                            origin: E2eOrigin::Emulated,
-                        });
-                    }
-                }
-                LinkKind::ProjectedOnly => {
-                    for &(phase, base, t) in &phases {
-                        rows.push(E2eRow {
-                            server: label.clone(),
-                            link: link.name.clone(),
-                            phase,
-                            measured: None,
-                            projected: Some(project(&base, &t)),
-                            traffic: t,
-                            link_cost: Some(cost(&t)),
-                            origin: E2eOrigin::Projected,
-                        });
-                    }
-                }
+            let res = match link.kind {
+                LinkKind::Native => continue,
+                LinkKind::Emulated => match emulated_iter.next() {
+                    Some(res) => Some(res),
+                    None => continue,
+                },
+                LinkKind::ProjectedOnly => None,
+            };
+            for &(phase, base, t) in &phases {
+                let (measured, origin) = match res {
+                    Some(res) => (Some(averaged(res, phase)?), E2eOrigin::Emulated),
+                    None => (None, E2eOrigin::Projected),
+                };
+                let projected = Some(base.avg + cost(&t));
+                rows.push(row(
+                    &link.name,
+                    phase,
+                    measured,
+                    projected,
+                    t,
+                    Some(cost(&t)),
+                    origin,
+                ));
             }
         }
         if let Some(res) = &direct[ti] {
             for &(phase, _, t) in &phases {
-                rows.push(E2eRow {
-                    server: label.clone(),
-                    link: "direct".into(),
-                    phase,
-                    measured: Some(find(res, phase)?),
-                    projected: None,
-                    traffic: t,
-                    link_cost: None,
-                    origin: E2eOrigin::Direct,
-                });
+                let m = Some(find(res, phase)?);
+                rows.push(row("direct", phase, m, None, t, None, E2eOrigin::Direct));
             }
         }
     }
@@ -730,11 +699,6 @@ fn fmt_ratio(v: f64) -> String {
     } else {
         format!("{v:.3}")
     }
-}
-
-/// Default log directory.
-pub fn default_logdir() -> PathBuf {
-    Path::new("target").join("rpc-bench-logs")
 }
 
 #[cfg(test)]

@@ -220,21 +220,13 @@ fn real_main() -> anyhow::Result<()> {
                 t.push(vec![
                     l.name.clone(),
                     l.figures(),
-                    kind_label(l.kind).into(),
+                    l.kind.label().into(),
                     l.source.into(),
                 ]);
             }
             print!("{}", t.markdown());
             Ok(())
         }
-    }
-}
-
-fn kind_label(k: LinkKind) -> &'static str {
-    match k {
-        LinkKind::Native => "native",
-        LinkKind::Emulated => "emulated",
-        LinkKind::ProjectedOnly => "projected only",
     }
 }
 
@@ -260,7 +252,7 @@ fn links_section(links: &[LinkProfile]) -> String {
             "- `{}` ({}, {}): {}\n",
             l.name,
             l.figures(),
-            kind_label(l.kind),
+            l.kind.label(),
             l.source
         ));
     }
@@ -353,12 +345,8 @@ fn latency_chart(
     rows: &[CaseResult],
     cfg: &LatencyConfig,
 ) -> anyhow::Result<()> {
-    let mut cats: Vec<String> = Vec::new();
-    for r in rows {
-        if !cats.contains(&r.link) {
-            cats.push(r.link.clone());
-        }
-    }
+    let cats = chart::distinct(rows.iter().map(|r| &r.link));
+    let servers: Vec<String> = cfg.targets.iter().map(|t| t.label.clone()).collect();
     let mut cases = vec![latency::Case {
         kind: CaseKind::Empty,
         bytes: 0,
@@ -367,40 +355,26 @@ fn latency_chart(
         kind: CaseKind::Get,
         bytes: b,
     }));
-    let mut panels = Vec::new();
-    for case in cases {
-        let mut series = Vec::new();
-        for (ti, t) in cfg.targets.iter().enumerate() {
-            let color = PALETTE[ti % PALETTE.len()];
-            let pick = |f: &dyn Fn(&CaseResult) -> Option<f64>| -> Vec<Option<f64>> {
-                cats.iter()
-                    .map(|l| {
-                        rows.iter()
-                            .find(|r| r.server == t.label && &r.link == l && r.case == case)
-                            .and_then(f)
-                    })
-                    .collect()
-            };
-            series.push(BarSeries {
-                name: format!("{} measured p50", t.label),
-                values: pick(&|r| r.summary.as_ref().map(|s| s.p50.as_secs_f64() * 1e6)),
-                color,
-                hollow: false,
-            });
-            series.push(BarSeries {
-                name: format!("{} projected", t.label),
-                values: pick(&|r| r.projected.map(|p| p.as_secs_f64() * 1e6)),
-                color,
-                hollow: true,
-            });
-        }
-        panels.push(Panel {
+    let panels = cases
+        .into_iter()
+        .map(|case| Panel {
             title: case.name(),
             y_label: "round trip, us".into(),
             categories: cats.clone(),
-            series,
-        });
-    }
+            series: chart::measured_and_projected(
+                &servers,
+                &cats,
+                |s, l| {
+                    rows.iter()
+                        .find(|r| r.server == s && r.link == l && r.case == case)
+                },
+                ("measured p50", &|r: &CaseResult| {
+                    r.summary.as_ref().map(|s| s.p50.as_secs_f64() * 1e6)
+                }),
+                &|r: &CaseResult| r.projected.map(|p| p.as_secs_f64() * 1e6),
+            ),
+        })
+        .collect::<Vec<_>>();
     chart::draw(
         path,
         "rpc-bench latency: p50 round trip per link (solid: measured, light: projected)",
@@ -495,12 +469,8 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
 }
 
 fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<()> {
-    let mut cats: Vec<String> = Vec::new();
-    for r in rows {
-        if !cats.contains(&r.link) {
-            cats.push(r.link.clone());
-        }
-    }
+    let cats = chart::distinct(rows.iter().map(|r| &r.link));
+    let servers: Vec<String> = cfg.targets.iter().map(|t| t.label.clone()).collect();
     let mut panels = Vec::new();
     for (phase, title) in [
         (
@@ -512,42 +482,27 @@ fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow
             format!("prompt processing (pp{}): ms per token", cfg.n_prompt),
         ),
     ] {
-        let mut series = Vec::new();
-        for (ti, t) in cfg.targets.iter().enumerate() {
-            let color = PALETTE[ti % PALETTE.len()];
-            let pick = |f: &dyn Fn(&E2eRow) -> Option<f64>| -> Vec<Option<f64>> {
-                cats.iter()
-                    .map(|l| {
-                        rows.iter()
-                            .find(|r| r.server == t.label && &r.link == l && r.phase == phase)
-                            .and_then(f)
-                    })
-                    .collect()
-            };
-            series.push(BarSeries {
-                name: format!("{} measured", t.label),
-                values: pick(&|r| r.measured_per_token().map(|d| d.as_secs_f64() * 1e3)),
-                color,
-                hollow: false,
-            });
-            series.push(BarSeries {
-                name: format!("{} projected", t.label),
-                values: pick(&|r| {
-                    if r.origin == E2eOrigin::Relay {
-                        None
-                    } else {
-                        r.projected_per_token().map(|d| d.as_secs_f64() * 1e3)
-                    }
-                }),
-                color,
-                hollow: true,
-            });
-        }
         panels.push(Panel {
             title,
             y_label: "ms per token".into(),
             categories: cats.clone(),
-            series,
+            series: chart::measured_and_projected(
+                &servers,
+                &cats,
+                |s, l| {
+                    rows.iter()
+                        .find(|r| r.server == s && r.link == l && r.phase == phase)
+                },
+                ("measured", &|r: &E2eRow| {
+                    r.measured_per_token().map(|d| d.as_secs_f64() * 1e3)
+                }),
+                &|r: &E2eRow| {
+                    (r.origin != E2eOrigin::Relay)
+                        .then(|| r.projected_per_token())
+                        .flatten()
+                        .map(|d| d.as_secs_f64() * 1e3)
+                },
+            ),
         });
     }
     // The link's own share per generated token: deterministic, from the counted traffic.
@@ -593,7 +548,7 @@ fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow
             "{}: {} ({}){}",
             l.name,
             l.figures(),
-            kind_label(l.kind),
+            l.kind.label(),
             if l.name == "tb5-rdma" {
                 "; messages padded to 128 KiB strides (upstream Apple UC flavor)"
             } else {
