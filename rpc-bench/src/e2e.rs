@@ -14,7 +14,7 @@
 
 use std::io::Read;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -210,28 +210,44 @@ fn llama_bench(
     reps: u32,
     tag: &str,
 ) -> anyhow::Result<Vec<BenchResult>> {
+    let mut args: Vec<String> = vec!["-m".into(), cfg.model.display().to_string()];
+    for (k, v) in [
+        ("--rpc", addr.to_string()),
+        ("-ngl", cfg.ngl.clone()),
+        ("-p", p.to_string()),
+        ("-n", n.to_string()),
+        ("-r", reps.to_string()),
+        ("-t", cfg.threads.to_string()),
+        ("-o", "json".into()),
+    ] {
+        args.extend([k.to_string(), v]);
+    }
+    args.extend(cfg.extra.iter().cloned());
     let exe = cfg.bin.join("llama-bench");
-    let mut cmd = Command::new(&exe);
-    cmd.arg("-m").arg(&cfg.model);
-    cmd.args(["--rpc", &addr.to_string(), "-ngl", &cfg.ngl]);
-    cmd.args([
-        "-p",
-        &p.to_string(),
-        "-n",
-        &n.to_string(),
-        "-r",
-        &reps.to_string(),
-    ]);
-    cmd.args(["-t", &cfg.threads.to_string(), "-o", "json"]);
-    cmd.args(&cfg.extra);
-    std::fs::create_dir_all(&cfg.logdir).ok();
-    let err_path = cfg.logdir.join(format!("{tag}.err"));
+    let out = run_tool(&exe, &args, cfg.timeout, &cfg.logdir, tag)?;
+    std::fs::write(cfg.logdir.join(format!("{tag}.json")), &out).ok();
+    parse_llama_bench_json(&out)
+}
+
+/// Runs a stock tool to its end (killed after `timeout`), its stderr in `logdir/{tag}.err`;
+/// returns its stdout, or an error with the log's last lines if it failed.
+pub fn run_tool(
+    exe: &Path,
+    args: &[String],
+    timeout: Duration,
+    logdir: &Path,
+    tag: &str,
+) -> anyhow::Result<String> {
+    let mut cmd = Command::new(exe);
+    cmd.args(args);
+    std::fs::create_dir_all(logdir).ok();
+    let err_path = logdir.join(format!("{tag}.err"));
     let err_file = std::fs::File::create(&err_path)
         .with_context(|| format!("cannot create {}", err_path.display()))?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(err_file);
-    tracing::debug!(?cmd, "llama-bench");
+    tracing::debug!(?cmd, "stock tool");
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", exe.display()))?;
@@ -246,28 +262,28 @@ fn llama_bench(
         if let Some(st) = child.try_wait()? {
             break st;
         }
-        if start.elapsed() > cfg.timeout {
+        if start.elapsed() > timeout {
             let _ = child.kill();
             let _ = child.wait();
             bail!(
-                "llama-bench timed out after {:?} ({tag}); log: {}",
-                cfg.timeout,
+                "{} timed out after {timeout:?} ({tag}); log: {}",
+                exe.display(),
                 err_path.display()
             );
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     };
     let out = reader.join().unwrap_or_default();
-    std::fs::write(cfg.logdir.join(format!("{tag}.json")), &out).ok();
     if !status.success() {
         let log = std::fs::read_to_string(&err_path).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(15).collect();
         bail!(
-            "llama-bench failed ({status}, {tag}):\n{}",
+            "{} failed ({status}, {tag}):\n{}",
+            exe.display(),
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
-    parse_llama_bench_json(&out)
+    Ok(out)
 }
 
 /// Runs `llama-bench` through a relay and returns its results and the traffic it caused.

@@ -7,6 +7,8 @@
 //! - the link emulator is the `link-emu` crate: [`relay`] (the counting relay that also paces
 //!   bytes like a link), [`links`] (the profiles and the projection), [`traffic`], [`stats`] and
 //!   its self-check; re-exported here under the names the benchmark has always used.
+//! - [`load`]: a stock client's model load onto a worker (stock and ours, cold, warm, `--gguf`)
+//!   over plain loopback and emulated links.
 //! - [`echo`]: the floor of a round trip, a do-nothing server measured beside the real ones.
 //! - [`report`] and [`chart`]: markdown, CSV and PNG output.
 
@@ -18,6 +20,7 @@ pub mod conn;
 pub mod e2e;
 pub mod echo;
 pub mod latency;
+pub mod load;
 pub mod report;
 
 pub use link_emu::{links, relay, stats, traffic};

@@ -40,6 +40,11 @@ enum Cmd {
     /// the exact network round trips and bytes per token.
     #[command(after_help = PROFILES_HELP)]
     E2e(E2eArgs),
+    /// How long a stock client (llama-completion) takes to load a model onto a worker: the stock
+    /// server and ours, cold and warm (-c), and ours with --gguf, over plain loopback and
+    /// emulated links.
+    #[command(after_help = PROFILES_HELP)]
+    Load(LoadArgs),
     /// Validates the link emulator against its configured figures (ping RTT, bulk throughput,
     /// timer precision).
     #[command(after_help = PROFILES_HELP)]
@@ -176,6 +181,36 @@ struct E2eArgs {
 }
 
 #[derive(Args, Debug)]
+struct LoadArgs {
+    /// GGUF model (e.g. `python3 tests/e2e/synth_models.py --only synth-llama-load-1g DIR`).
+    #[arg(long)]
+    model: PathBuf,
+    /// Our rpc-server.
+    #[arg(long, default_value = "target/release/rpc-server")]
+    ours: PathBuf,
+    /// Directory of the stock llama.cpp tools (ggml-rpc-server, llama-completion).
+    #[arg(long, default_value = e2e::DEFAULT_BIN)]
+    bin: PathBuf,
+    /// Server threads (-t), both servers.
+    #[arg(short = 't', long, default_value_t = 2)]
+    threads: u32,
+    /// Rounds (each loads the model once per server and link); the median counts.
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
+    /// Timeout per client run, seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout: u64,
+    /// Logs and the servers' cache directories (the caches are removed at the end).
+    #[arg(long, default_value_os_t = rpc_bench::load::default_workdir())]
+    workdir: PathBuf,
+    /// Write a PNG chart (load time and effective GB/s per link and server).
+    #[arg(long, value_name = "FILE")]
+    png: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
 struct CheckArgs {
     /// Ping-pongs per profile.
     #[arg(long, default_value_t = 500)]
@@ -212,6 +247,7 @@ fn real_main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Latency(a) => cmd_latency(a),
         Cmd::E2e(a) => cmd_e2e(a),
+        Cmd::Load(a) => cmd_load(a),
         Cmd::EmulatorCheck(a) => cmd_check(a),
         Cmd::EchoFloor => rpc_bench::echo::run_child(),
         Cmd::Links => {
@@ -562,6 +598,92 @@ fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow
         &panels,
         &footer,
     )
+}
+
+fn cmd_load(a: LoadArgs) -> anyhow::Result<()> {
+    use rpc_bench::load::{self, LoadConfig, Mode};
+    let links = flat(&a.common.links);
+    let cfg = LoadConfig {
+        ours: a.ours.clone(),
+        bin: a.bin.clone(),
+        model: a.model.clone(),
+        links: links.clone(),
+        threads: a.threads,
+        rounds: a.rounds,
+        timeout: Duration::from_secs(a.timeout),
+        workdir: a.workdir.clone(),
+        progress: progress(&a.common),
+    };
+    let model_bytes = std::fs::metadata(&a.model)
+        .with_context(|| format!("model {}", a.model.display()))?
+        .len();
+    let rows = load::run(&cfg)?;
+    let mut md = format!(
+        "## rpc-bench load\n\nModel `{}` ({:.2} GB), loaded by stock `llama-completion -ngl 99 -n 1` ({}); \
+         servers `-t {}` on loopback, each with its own cache directory; warm = `-c` after one untimed load; \
+         `none` = plain loopback, other links through the link emulator. Load s = the client's own `load time` \
+         (its perf summary), median of {} round(s); effective GB/s = model size ÷ load s.\n\n",
+        a.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        model_bytes as f64 / 1e9,
+        cfg.bin.display(),
+        cfg.threads,
+        cfg.rounds.max(1),
+    );
+    let t = load::table(&rows, model_bytes);
+    md.push_str(&t.markdown());
+    let ratio = |link: &str| {
+        let m = |mode| {
+            rows.iter()
+                .find(|r| r.link == link && r.mode == mode)
+                .map(|r| r.median())
+        };
+        Some(m(Mode::OursCold)?.as_secs_f64() / m(Mode::StockCold)?.as_secs_f64())
+    };
+    if let Some(r) = ratio("none") {
+        md.push_str(&format!(
+            "\nCold load over plain loopback, ours/stock: **{r:.2}**.\n"
+        ));
+    }
+    md.push('\n');
+    md.push_str(&links_section(&links));
+    emit(&a.common, &md, &t)?;
+    if let Some(png) = &a.png {
+        let cats = chart::distinct(rows.iter().map(|r| &r.link));
+        let panel = |title: &str, y: &str, f: &dyn Fn(Duration) -> f64| Panel {
+            title: title.into(),
+            y_label: y.into(),
+            categories: cats.clone(),
+            series: Mode::ALL
+                .iter()
+                .enumerate()
+                .map(|(i, &mode)| BarSeries {
+                    name: mode.name().into(),
+                    values: cats
+                        .iter()
+                        .map(|c| {
+                            rows.iter()
+                                .find(|r| &r.link == c && r.mode == mode)
+                                .map(|r| f(r.median()))
+                        })
+                        .collect(),
+                    color: PALETTE[i % PALETTE.len()],
+                    hollow: false,
+                })
+                .collect(),
+        };
+        let gb = model_bytes as f64 / 1e9;
+        chart::draw(
+            png,
+            &format!("rpc-bench load: stock llama-completion loads a {gb:.2} GB model onto one worker"),
+            &[
+                panel("model load time (client's load time)", "seconds", &|d| d.as_secs_f64()),
+                panel("effective GB/s (model size / load time)", "GB/s", &|d| gb / d.as_secs_f64().max(1e-9)),
+            ],
+            &["none: plain loopback; other links: rpc-bench's user-space link emulator (link-bound).".into()],
+        )?;
+        eprintln!("chart written to {}", png.display());
+    }
+    Ok(())
 }
 
 fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
