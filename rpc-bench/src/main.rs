@@ -621,8 +621,8 @@ fn cmd_load(a: LoadArgs) -> anyhow::Result<()> {
     let mut md = format!(
         "## rpc-bench load\n\nModel `{}` ({:.2} GB), loaded by stock `llama-completion -ngl 99 -n 1` ({}); \
          servers `-t {}` on loopback, each with its own cache directory; warm = `-c` after one untimed load; \
-         `none` = plain loopback, other links through the link emulator. Load s = the client's own `load time` \
-         (its perf summary), median of {} round(s); effective GB/s = model size ÷ load s.\n\n",
+         `none` = plain loopback, other links through the link emulator. Load s = the client's load from its own log \
+         (model load start to ready: weights on the worker, context made, warm-up decode done), median of {} round(s); effective GB/s = model size ÷ load s.\n\n",
         a.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
         model_bytes as f64 / 1e9,
         cfg.bin.display(),
@@ -676,7 +676,7 @@ fn cmd_load(a: LoadArgs) -> anyhow::Result<()> {
             png,
             &format!("rpc-bench load: stock llama-completion loads a {gb:.2} GB model onto one worker"),
             &[
-                panel("model load time (client's load time)", "seconds", &|d| d.as_secs_f64()),
+                panel("model load: client's log, load start to ready", "seconds", &|d| d.as_secs_f64()),
                 panel("effective GB/s (model size / load time)", "GB/s", &|d| gb / d.as_secs_f64().max(1e-9)),
             ],
             &["none: plain loopback; other links: rpc-bench's user-space link emulator (link-bound).".into()],
