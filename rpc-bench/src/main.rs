@@ -156,6 +156,11 @@ struct E2eArgs {
     /// llama-bench -ngl.
     #[arg(long, default_value = "99")]
     ngl: String,
+    /// Measure every server twice, with the output layer on the worker (the logits cross the
+    /// link every token) and on the client (`-ot '^(output|token_embd)\.weight$=CPU'`: only the hidden state
+    /// crosses), interleaved, and say per link which is faster, by how much, with its flags.
+    #[arg(long)]
+    compare_output: bool,
     /// Extra llama-bench arguments (one string, split on whitespace), e.g. "-fa 1 -ub 256".
     #[arg(long, default_value = "")]
     bench_args: String,
@@ -421,8 +426,43 @@ fn latency_chart(
 
 fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
     let links = flat(&a.common.links);
+    // --compare-output: every server once per placement, all interleaved in the same rounds.
+    let variants: Vec<(&str, &[&str])> = if a.compare_output {
+        e2e::OUTPUT_PLACEMENTS.to_vec()
+    } else {
+        vec![("", &[])]
+    };
+    let mut targets = Vec::new();
+    let mut placements = Vec::new();
+    for t in &a.server {
+        let mut p = e2e::Placements {
+            server: t.label.clone(),
+            ngl: Vec::new(),
+        };
+        for (name, args) in &variants {
+            let label = if a.compare_output {
+                format!("{} ({name})", t.label)
+            } else {
+                t.label.clone()
+            };
+            let flags = std::iter::once(format!("-ngl {}", a.ngl))
+                .chain(args.iter().map(|x| x.to_string()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            p.ngl.push((name.to_string(), label.clone(), flags));
+            let args: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+            targets.push((
+                Target {
+                    label,
+                    addr: t.addr,
+                },
+                args,
+            ));
+        }
+        placements.push(p);
+    }
     let cfg = E2eConfig {
-        targets: a.server.clone(),
+        targets: targets.iter().map(|t| t.0.clone()).collect(),
         bin: a.bin.clone(),
         model: a.model.clone(),
         links: links.clone(),
@@ -431,6 +471,7 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
         reps: a.reps,
         threads: a.threads,
         ngl: a.ngl.clone(),
+        target_args: targets.iter().map(|t| t.1.clone()).collect(),
         extra: a.bench_args.split_whitespace().map(String::from).collect(),
         direct: a.direct,
         rounds: a.rounds,
@@ -462,6 +503,15 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
         cfg.reps,
     ));
     md.push_str(&e2e::table(&rows).markdown());
+    if a.compare_output {
+        md.push_str(
+            "\nWhere the output layer goes: on the worker the whole logits vector comes back every \
+             token; on the client (its matrix kept in client memory by `-ot`) only the hidden state \
+             does, and the client computes the logits. ms per generated token per placement, the \
+             faster one, what it saves, and the flags to use.\n\n",
+        );
+        md.push_str(&e2e::placement_table(&rows, &placements).markdown());
+    }
     md.push_str("\nCommands on the wire (counted through the relay):\n\n");
     md.push_str(&e2e::commands_table(&rows).markdown());
     let vm_path = a
@@ -679,7 +729,7 @@ fn cmd_load(a: LoadArgs) -> anyhow::Result<()> {
                 panel("model load: client's log, load start to ready", "seconds", &|d| d.as_secs_f64()),
                 panel("effective GB/s (model size / load time)", "GB/s", &|d| gb / d.as_secs_f64().max(1e-9)),
             ],
-            &["none: plain loopback; other links: rpc-bench's user-space link emulator (link-bound).".into()],
+            &["none: plain loopback; other links: rpc-bench's user-space link emulator (on a busy machine the load is bound by the CPU as much as by the link).".into()],
         )?;
         eprintln!("chart written to {}", png.display());
     }
