@@ -64,6 +64,12 @@ suite "metrics: rpc-server --metrics scraped during a stock llama-completion run
   python3 tests/e2e/metrics_e2e.py --stock-bin "$STOCK_BIN" --ours target/release/rpc-server
 suite "weights from the worker's disk: stock llama-completion against rpc-server --gguf (identical output, weights over 10 MiB not uploaded)" -- \
   python3 tests/e2e/gguf_e2e.py --stock-bin "$STOCK_BIN" --ours target/release/rpc-server
+load_bench() {
+  local m
+  m="$(python3 tests/e2e/synth_models.py --only synth-llama-load-64m "${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}/models/synth")"
+  target/release/rpc-bench load --model "$m" --bin "$STOCK_BIN" --links none,2.5gbe --no-progress --workdir target/rpc-bench-load
+}
+suite "model load benchmark, small mode (rpc-bench load: stock and ours, cold, warm, --gguf; 58 MB synthetic model over loopback and emulated 2.5 GbE)" -- load_bench
 suite "RDMA end to end in a soft-RoCE VM (stock llama.cpp RDMA clients, both flavors, Apple's verbs)" "linux:$VM" -- \
   tests/vm/test-rdma.sh
 suite "lean RDMA framing in the soft-RoCE VM (per-token SENDs/packets: stock flavors vs rpc-shim lean; fallbacks)" "linux:$VM" -- \

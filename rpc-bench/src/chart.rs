@@ -64,6 +64,49 @@ fn lighten(c: RGBColor) -> RGBColor {
     RGBColor(l(c.0), l(c.1), l(c.2))
 }
 
+/// Distinct values in first-seen order (the categories of a chart).
+pub fn distinct<'a>(values: impl IntoIterator<Item = &'a String>) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for x in values {
+        if !v.contains(x) {
+            v.push(x.clone());
+        }
+    }
+    v
+}
+
+/// A value of a row for a chart, if it has one.
+pub type Pick<'a, R> = &'a dyn Fn(&R) -> Option<f64>;
+
+/// Per server: a solid `measured` bar series and a hollow `projected` one over `cats`, from the
+/// row `find(server, category)` of each.
+pub fn measured_and_projected<'r, R: 'r>(
+    servers: &[String],
+    cats: &[String],
+    find: impl Fn(&str, &str) -> Option<&'r R>,
+    measured: (&str, Pick<R>),
+    projected: Pick<R>,
+) -> Vec<BarSeries> {
+    let mut series = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        let pick = |f: Pick<R>| -> Vec<Option<f64>> {
+            cats.iter().map(|c| find(server, c).and_then(f)).collect()
+        };
+        for (name, f, hollow) in [
+            (measured.0, measured.1, false),
+            ("projected", projected, true),
+        ] {
+            series.push(BarSeries {
+                name: format!("{server} {name}"),
+                values: pick(f),
+                color: PALETTE[i % PALETTE.len()],
+                hollow,
+            });
+        }
+    }
+    series
+}
+
 /// Draws `panels` (side by side, two per row when more than two) with a title and footer lines
 /// into a PNG.
 pub fn draw(path: &Path, title: &str, panels: &[Panel], footer: &[String]) -> anyhow::Result<()> {

@@ -53,6 +53,9 @@ pub struct E2eConfig {
     pub threads: u32,
     /// `-ngl`.
     pub ngl: String,
+    /// More `llama-bench` arguments per target (same order as `targets`; missing: none), e.g.
+    /// the output-layer placement of `--compare-output`.
+    pub target_args: Vec<Vec<String>>,
     /// Extra `llama-bench` arguments.
     pub extra: Vec<String>,
     /// Also run with the client connected straight to the server.
@@ -204,34 +207,52 @@ pub fn parse_llama_bench_json(s: &str) -> anyhow::Result<Vec<BenchResult>> {
 /// Runs `llama-bench` once against `addr`.
 fn llama_bench(
     cfg: &E2eConfig,
+    ti: usize,
     addr: SocketAddr,
     p: u32,
     n: u32,
     reps: u32,
     tag: &str,
 ) -> anyhow::Result<Vec<BenchResult>> {
+    let mut args: Vec<String> = vec!["-m".into(), cfg.model.display().to_string()];
+    for (k, v) in [
+        ("--rpc", addr.to_string()),
+        ("-ngl", cfg.ngl.clone()),
+        ("-p", p.to_string()),
+        ("-n", n.to_string()),
+        ("-r", reps.to_string()),
+        ("-t", cfg.threads.to_string()),
+        ("-o", "json".into()),
+    ] {
+        args.extend([k.to_string(), v]);
+    }
+    args.extend(cfg.extra.iter().cloned());
+    args.extend(cfg.target_args.get(ti).into_iter().flatten().cloned());
     let exe = cfg.bin.join("llama-bench");
-    let mut cmd = Command::new(&exe);
-    cmd.arg("-m").arg(&cfg.model);
-    cmd.args(["--rpc", &addr.to_string(), "-ngl", &cfg.ngl]);
-    cmd.args([
-        "-p",
-        &p.to_string(),
-        "-n",
-        &n.to_string(),
-        "-r",
-        &reps.to_string(),
-    ]);
-    cmd.args(["-t", &cfg.threads.to_string(), "-o", "json"]);
-    cmd.args(&cfg.extra);
-    std::fs::create_dir_all(&cfg.logdir).ok();
-    let err_path = cfg.logdir.join(format!("{tag}.err"));
+    let out = run_tool(&exe, &args, cfg.timeout, &cfg.logdir, tag)?;
+    std::fs::write(cfg.logdir.join(format!("{tag}.json")), &out).ok();
+    parse_llama_bench_json(&out)
+}
+
+/// Runs a stock tool to its end (killed after `timeout`), its stderr in `logdir/{tag}.err`;
+/// returns its stdout, or an error with the log's last lines if it failed.
+pub fn run_tool(
+    exe: &Path,
+    args: &[String],
+    timeout: Duration,
+    logdir: &Path,
+    tag: &str,
+) -> anyhow::Result<String> {
+    let mut cmd = Command::new(exe);
+    cmd.args(args);
+    std::fs::create_dir_all(logdir).ok();
+    let err_path = logdir.join(format!("{tag}.err"));
     let err_file = std::fs::File::create(&err_path)
         .with_context(|| format!("cannot create {}", err_path.display()))?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(err_file);
-    tracing::debug!(?cmd, "llama-bench");
+    tracing::debug!(?cmd, "stock tool");
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", exe.display()))?;
@@ -246,43 +267,43 @@ fn llama_bench(
         if let Some(st) = child.try_wait()? {
             break st;
         }
-        if start.elapsed() > cfg.timeout {
+        if start.elapsed() > timeout {
             let _ = child.kill();
             let _ = child.wait();
             bail!(
-                "llama-bench timed out after {:?} ({tag}); log: {}",
-                cfg.timeout,
+                "{} timed out after {timeout:?} ({tag}); log: {}",
+                exe.display(),
                 err_path.display()
             );
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     };
     let out = reader.join().unwrap_or_default();
-    std::fs::write(cfg.logdir.join(format!("{tag}.json")), &out).ok();
     if !status.success() {
         let log = std::fs::read_to_string(&err_path).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(15).collect();
         bail!(
-            "llama-bench failed ({status}, {tag}):\n{}",
+            "{} failed ({status}, {tag}):\n{}",
+            exe.display(),
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
-    parse_llama_bench_json(&out)
+    Ok(out)
 }
 
 /// Runs `llama-bench` through a relay and returns its results and the traffic it caused.
 fn through_relay(
     cfg: &E2eConfig,
-    target: &Target,
+    ti: usize,
     wire: Wire,
     p: u32,
     n: u32,
     reps: u32,
     tag: &str,
 ) -> anyhow::Result<(Vec<BenchResult>, Traffic)> {
-    let relay = Relay::start(target.addr, wire, RelayOptions::default())?;
+    let relay = Relay::start(cfg.targets[ti].addr, wire, RelayOptions::default())?;
     let before = relay.counters().snapshot();
-    let res = llama_bench(cfg, relay.addr(), p, n, reps, tag)?;
+    let res = llama_bench(cfg, ti, relay.addr(), p, n, reps, tag)?;
     // The client has exited; let the relay threads forward the last bytes.
     std::thread::sleep(Duration::from_millis(100));
     let traffic = relay.counters().snapshot().since(&before);
@@ -321,27 +342,7 @@ fn find(res: &[BenchResult], phase: Phase) -> anyhow::Result<BenchResult> {
 
 /// Traffic of `reps − 1` repetitions, divided down to one.
 fn differential(one: &Traffic, many: &Traffic, reps: u32) -> Traffic {
-    let d = many.since(one);
-    let k = u64::from(reps - 1);
-    let mut t = Traffic {
-        round_trips: d.round_trips / k,
-        c2s_bytes: d.c2s_bytes / k,
-        s2c_bytes: d.s2c_bytes / k,
-        c2s_msgs: d.c2s_msgs / k,
-        s2c_msgs: d.s2c_msgs / k,
-        c2s_uc: d.c2s_uc / k,
-        s2c_uc: d.s2c_uc / k,
-        connections: d.connections / k,
-        ..Traffic::default()
-    };
-    for i in 0..t.cmd_count.len() {
-        t.cmd_count[i] = d.cmd_count[i] / k;
-        t.cmd_bytes[i] = d.cmd_bytes[i] / k;
-    }
-    for i in 0..t.wire.len() {
-        t.wire[i] = d.wire[i].div_by(k);
-    }
-    t
+    many.since(one).div_by(u64::from(reps - 1))
 }
 
 /// Notes gathered while running (model load traffic, consistency checks).
@@ -405,7 +406,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
                 slug(target),
                 name.replace("rR", &format!("r{}", cfg.reps))
             );
-            counted[ti][si] = through_relay(cfg, target, Wire::transparent(), p, n, r, &tag)?;
+            counted[ti][si] = through_relay(cfg, ti, Wire::transparent(), p, n, r, &tag)?;
             pb.inc(1);
         }
     }
@@ -433,7 +434,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
                 ));
                 let tag = format!("{}-{name}-round{}", slug(target), r + 1);
                 let (res, _) =
-                    through_relay(cfg, target, *wire, cfg.n_prompt, cfg.n_gen, cfg.reps, &tag)?;
+                    through_relay(cfg, ti, *wire, cfg.n_prompt, cfg.n_gen, cfg.reps, &tag)?;
                 timed[ti][li].push(res);
                 pb.inc(1);
             }
@@ -446,6 +447,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
             let tag = format!("{}-direct", slug(target));
             direct[ti] = Some(llama_bench(
                 cfg,
+                ti,
                 target.addr,
                 cfg.n_prompt,
                 cfg.n_gen,
@@ -457,7 +459,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
     }
     for (ti, target) in cfg.targets.iter().enumerate() {
         let label = &target.label;
-        let [(_, pp1), (pp_res, ppr), (_, tg1), (tg_res, tgr)] = &counted[ti];
+        let [(_, pp1), (_, ppr), (_, tg1), (_, tgr)] = &counted[ti];
         let pp_t = differential(pp1, ppr, cfg.reps);
         let tg_t = differential(tg1, tgr, cfg.reps);
         for (name, one, many) in [(pp.name(), pp1, ppr), (tg.name(), tg1, tgr)] {
@@ -490,75 +492,64 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
             human_bytes(tg_t.bytes() as f64),
             tg_t.commands_summary(1.0),
         ));
-        let _ = (pp_res, tg_res);
         let base_pp = averaged(&timed[ti][0], pp)?;
         let base_tg = averaged(&timed[ti][0], tg)?;
         let phases = [(pp, base_pp, pp_t), (tg, base_tg, tg_t)];
+        let row = |link: &str, phase, measured, projected, traffic, link_cost, origin| E2eRow {
+            server: label.clone(),
+            link: link.into(),
+            phase,
+            measured,
+            projected,
+            traffic,
+            link_cost,
+            origin,
+        };
         for &(phase, base, t) in &phases {
-            rows.push(E2eRow {
-                server: label.clone(),
-                link: "none".into(),
+            rows.push(row(
+                "none",
                 phase,
-                measured: Some(base),
-                projected: None,
-                traffic: t,
-                link_cost: None,
-                origin: E2eOrigin::Relay,
-            });
+                Some(base),
+                None,
+                t,
+                None,
+                E2eOrigin::Relay,
+            ));
         }
         let mut emulated_iter = timed[ti][1..].iter();
         for link in &cfg.links {
             let cost = |t: &Traffic| {
                 link.link_cost(t.round_trips as f64, t.bytes() as f64, t.uc_bytes() as f64)
             };
-            let project = |base: &BenchResult, t: &Traffic| base.avg + cost(t);
-            match link.kind {
-                LinkKind::Native => {}
-                LinkKind::Emulated => {
-                    let Some(res) = emulated_iter.next() else {
-                        continue;
-                    };
-                    for &(phase, base, t) in &phases {
-                        rows.push(E2eRow {
-                            server: label.clone(),
-                            link: link.name.clone(),
-                            phase,
-                            measured: Some(averaged(res, phase)?),
-                            projected: Some(project(&base, &t)),
-                            traffic: t,
-                            link_cost: Some(cost(&t)),
-                            origin: E2eOrigin::Emulated,
-                        });
-                    }
-                }
-                LinkKind::ProjectedOnly => {
-                    for &(phase, base, t) in &phases {
-                        rows.push(E2eRow {
-                            server: label.clone(),
-                            link: link.name.clone(),
-                            phase,
-                            measured: None,
-                            projected: Some(project(&base, &t)),
-                            traffic: t,
-                            link_cost: Some(cost(&t)),
-                            origin: E2eOrigin::Projected,
-                        });
-                    }
-                }
+            let res = match link.kind {
+                LinkKind::Native => continue,
+                LinkKind::Emulated => match emulated_iter.next() {
+                    Some(res) => Some(res),
+                    None => continue,
+                },
+                LinkKind::ProjectedOnly => None,
+            };
+            for &(phase, base, t) in &phases {
+                let (measured, origin) = match res {
+                    Some(res) => (Some(averaged(res, phase)?), E2eOrigin::Emulated),
+                    None => (None, E2eOrigin::Projected),
+                };
+                let projected = Some(base.avg + cost(&t));
+                rows.push(row(
+                    &link.name,
+                    phase,
+                    measured,
+                    projected,
+                    t,
+                    Some(cost(&t)),
+                    origin,
+                ));
             }
         }
         if let Some(res) = &direct[ti] {
             for &(phase, _, t) in &phases {
-                rows.push(E2eRow {
-                    server: label.clone(),
-                    link: "direct".into(),
-                    phase,
-                    measured: Some(find(res, phase)?),
-                    projected: None,
-                    traffic: t,
-                    link_cost: None,
-                    origin: E2eOrigin::Direct,
-                });
+                let m = Some(find(res, phase)?);
+                rows.push(row("direct", phase, m, None, t, None, E2eOrigin::Direct));
             }
         }
     }
@@ -600,6 +591,114 @@ pub fn table(rows: &[E2eRow]) -> Table {
             format!("{:.0}", r.traffic.s2c_bytes as f64 / n),
             r.origin.label().into(),
         ]);
+    }
+    t
+}
+
+/// One server measured under several placements of the output layer (`--compare-output`).
+#[derive(Debug, Clone)]
+pub struct Placements {
+    /// The server's own label.
+    pub server: String,
+    /// (placement name, row label, its llama.cpp flags) per placement.
+    pub ngl: Vec<(String, String, String)>,
+}
+
+/// The output-layer placements `--compare-output` measures: (name, extra `llama-bench`
+/// arguments). llama.cpp offloads the output layer with the first layer `-ngl` counts (layer
+/// `n_layer`), so no `-ngl` value keeps it on the client while the blocks are on the worker; an
+/// override of the output matrix's buffer does: `output.weight`, or with tied embeddings (gemma)
+/// `token_embd.weight`, whose duplicate is the output matrix (the input copy is on the client
+/// anyway).
+pub const OUTPUT_PLACEMENTS: [(&str, &[&str]); 2] = [
+    ("output on the worker", &[]),
+    (
+        "output on the client",
+        &["-ot", "^(output|token_embd)\\.weight$=CPU"],
+    ),
+];
+
+/// Per server and link: ms per generated token under each placement (measured, or projected for
+/// projection-only links) with the link's own share of it (round trips × RTT + bytes ÷
+/// bandwidth, from the counted traffic), which is faster and by how much, and its flags.
+pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
+    let mut head = vec!["server".to_string(), "link".to_string()];
+    let ngls: Vec<&str> = placements
+        .first()
+        .map(|p| p.ngl.iter().map(|(n, _, _)| n.as_str()).collect())
+        .unwrap_or_default();
+    head.extend(
+        ngls.iter()
+            .map(|n| format!("{n}: tg ms/token (link share)")),
+    );
+    head.extend([
+        "faster".into(),
+        "saves ms/token".into(),
+        "flags".into(),
+        "numbers".into(),
+    ]);
+    let mut t = Table::new(&head.iter().map(String::as_str).collect::<Vec<_>>());
+    for p in placements {
+        let links = crate::chart::distinct(
+            rows.iter()
+                .filter(|r| p.ngl.iter().any(|(_, l, _)| *l == r.server))
+                .map(|r| &r.link),
+        );
+        for link in links {
+            let found: Vec<Option<&E2eRow>> = p
+                .ngl
+                .iter()
+                .map(|(_, label, _)| {
+                    rows.iter().find(|r| {
+                        &r.server == label && r.link == link && matches!(r.phase, Phase::Tg(_))
+                    })
+                })
+                .collect();
+            let per: Vec<Option<(Duration, E2eOrigin)>> = found
+                .iter()
+                .map(|r| {
+                    let r = (*r)?;
+                    Some((
+                        r.measured_per_token().or(r.projected_per_token())?,
+                        r.origin,
+                    ))
+                })
+                .collect();
+            let mut row = vec![p.server.clone(), link.clone()];
+            row.extend(per.iter().zip(&found).map(|(v, r)| {
+                let share = r
+                    .and_then(E2eRow::link_cost_per_token)
+                    .map_or(String::new(), |c| format!(" (link {})", ms(c)));
+                v.map_or("-".into(), |(d, _)| format!("{}{share}", ms(d)))
+            }));
+            let known: Vec<(usize, Duration)> = per
+                .iter()
+                .enumerate()
+                .filter_map(|(i, v)| v.map(|(d, _)| (i, d)))
+                .collect();
+            let best = known.iter().min_by_key(|(_, d)| *d);
+            let worst = known.iter().max_by_key(|(_, d)| *d);
+            match (best, worst) {
+                (Some(&(bi, b)), Some(&(_, w))) if known.len() > 1 => {
+                    row.push(p.ngl[bi].0.clone());
+                    row.push(format!(
+                        "{} ({:.1} %)",
+                        ms(w - b),
+                        (w - b).as_secs_f64() / w.as_secs_f64().max(1e-12) * 100.0
+                    ));
+                    row.push(format!("`{}`", p.ngl[bi].2));
+                }
+                _ => row.extend(["-".into(), "-".into(), "-".into()]),
+            }
+            row.push(
+                per.iter()
+                    .flatten()
+                    .next()
+                    .map_or("-", |(_, o)| o.label())
+                    .into(),
+            );
+            t.push(row);
+        }
     }
     t
 }
@@ -732,11 +831,6 @@ fn fmt_ratio(v: f64) -> String {
     }
 }
 
-/// Default log directory.
-pub fn default_logdir() -> PathBuf {
-    Path::new("target").join("rpc-bench-logs")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -762,6 +856,55 @@ mod tests {
         assert_eq!(r[1].phase, Phase::Tg(32));
         assert_eq!(r[1].avg, Duration::from_millis(1600));
         assert!(parse_llama_bench_json("nope").is_err());
+    }
+
+    #[test]
+    fn placement_table_names_the_faster_placement() {
+        let row = |server: &str, link: &str, ms_per_run: u64| E2eRow {
+            server: server.into(),
+            link: link.into(),
+            phase: Phase::Tg(4),
+            measured: Some(BenchResult {
+                phase: Phase::Tg(4),
+                avg: Duration::from_millis(ms_per_run),
+                stddev: Duration::ZERO,
+                tps: 0.0,
+                tps_sd: 0.0,
+            }),
+            projected: None,
+            traffic: Traffic::default(),
+            link_cost: (link != "none").then(|| Duration::from_millis(ms_per_run / 10)),
+            origin: E2eOrigin::Emulated,
+        };
+        // Worker: 40 ms per token on 2.5gbe, client: 30; on none the worker wins (8 vs 10).
+        let rows = [
+            row("a (w)", "none", 32),
+            row("a (c)", "none", 40),
+            row("a (w)", "2.5gbe", 160),
+            row("a (c)", "2.5gbe", 120),
+        ];
+        let p = Placements {
+            server: "a".into(),
+            ngl: vec![
+                ("worker".into(), "a (w)".into(), "-ngl 99".into()),
+                ("client".into(), "a (c)".into(), "-ngl 99 -ot x".into()),
+            ],
+        };
+        let t = placement_table(&rows, &[p]);
+        assert_eq!(t.rows.len(), 2);
+        assert_eq!(t.rows[0][1..5], ["none", "8.000", "10.000", "worker"]);
+        assert_eq!(t.rows[0][5], "2.000 (20.0 %)");
+        assert_eq!(
+            t.rows[1][1..5],
+            [
+                "2.5gbe",
+                "40.000 (link 4.000)",
+                "30.000 (link 3.000)",
+                "client"
+            ]
+        );
+        assert_eq!(t.rows[1][5], "10.000 (25.0 %)");
+        assert_eq!(t.rows[1][6], "`-ngl 99 -ot x`");
     }
 
     #[test]

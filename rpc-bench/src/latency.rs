@@ -549,7 +549,8 @@ fn analytic_traffic(case: &Case) -> (f64, f64, f64) {
     }
 }
 
-pub(crate) fn progress_bar(total: u64, show: bool) -> ProgressBar {
+/// A progress bar of `total` steps on stderr, hidden unless `show`.
+pub fn progress_bar(total: u64, show: bool) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
     }

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use link_emu::check::{self as emucheck, CheckConfig, CheckRow};
 use rpc_bench::chart::{self, BarSeries, Panel, PALETTE};
 use rpc_bench::conn::RdmaSettings;
 use rpc_bench::e2e::{self, E2eConfig, E2eOrigin, E2eRow};
-use rpc_bench::emucheck::{self, CheckConfig};
 use rpc_bench::latency::{self, CaseKind, CaseResult, LatencyConfig};
 use rpc_bench::links::{self, fmt_dur, LinkKind, LinkProfile, PROFILES_HELP};
-use rpc_bench::report::{Table, Target};
+use rpc_bench::report::{us, Table, Target};
 use rpc_transport::cli::{RdmaClientArgs, TransportMode};
 
 const ABOUT: &str = "Latency comparison for ggml RPC (protocol 7.0.0) links: per-command round trips, \
@@ -40,6 +40,11 @@ enum Cmd {
     /// the exact network round trips and bytes per token.
     #[command(after_help = PROFILES_HELP)]
     E2e(E2eArgs),
+    /// How long a stock client (llama-completion) takes to load a model onto a worker: the stock
+    /// server and ours, cold and warm (-c), and ours with --gguf, over plain loopback and
+    /// emulated links.
+    #[command(after_help = PROFILES_HELP)]
+    Load(LoadArgs),
     /// Validates the link emulator against its configured figures (ping RTT, bulk throughput,
     /// timer precision).
     #[command(after_help = PROFILES_HELP)]
@@ -151,6 +156,11 @@ struct E2eArgs {
     /// llama-bench -ngl.
     #[arg(long, default_value = "99")]
     ngl: String,
+    /// Measure every server twice, with the output layer on the worker (the logits cross the
+    /// link every token) and on the client (`-ot '^(output|token_embd)\.weight$=CPU'`: only the hidden state
+    /// crosses), interleaved, and say per link which is faster, by how much, with its flags.
+    #[arg(long)]
+    compare_output: bool,
     /// Extra llama-bench arguments (one string, split on whitespace), e.g. "-fa 1 -ub 256".
     #[arg(long, default_value = "")]
     bench_args: String,
@@ -171,6 +181,36 @@ struct E2eArgs {
     /// beside the computed RDMA wire cost (default: target/lean-vm/lean-table.txt if present).
     #[arg(long, value_name = "FILE")]
     vm_wire: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct LoadArgs {
+    /// GGUF model (e.g. `python3 tests/e2e/synth_models.py --only synth-llama-load-1g DIR`).
+    #[arg(long)]
+    model: PathBuf,
+    /// Our rpc-server.
+    #[arg(long, default_value = "target/release/rpc-server")]
+    ours: PathBuf,
+    /// Directory of the stock llama.cpp tools (ggml-rpc-server, llama-completion).
+    #[arg(long, default_value = e2e::DEFAULT_BIN)]
+    bin: PathBuf,
+    /// Server threads (-t), both servers.
+    #[arg(short = 't', long, default_value_t = 2)]
+    threads: u32,
+    /// Rounds (each loads the model once per server and link); the median counts.
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
+    /// Timeout per client run, seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout: u64,
+    /// Logs and the servers' cache directories (the caches are removed at the end).
+    #[arg(long, default_value_os_t = rpc_bench::load::default_workdir())]
+    workdir: PathBuf,
+    /// Write a PNG chart (load time and effective GB/s per link and server).
+    #[arg(long, value_name = "FILE")]
+    png: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -212,6 +252,7 @@ fn real_main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Latency(a) => cmd_latency(a),
         Cmd::E2e(a) => cmd_e2e(a),
+        Cmd::Load(a) => cmd_load(a),
         Cmd::EmulatorCheck(a) => cmd_check(a),
         Cmd::EchoFloor => rpc_bench::echo::run_child(),
         Cmd::Links => {
@@ -220,21 +261,13 @@ fn real_main() -> anyhow::Result<()> {
                 t.push(vec![
                     l.name.clone(),
                     l.figures(),
-                    kind_label(l.kind).into(),
+                    l.kind.label().into(),
                     l.source.into(),
                 ]);
             }
             print!("{}", t.markdown());
             Ok(())
         }
-    }
-}
-
-fn kind_label(k: LinkKind) -> &'static str {
-    match k {
-        LinkKind::Native => "native",
-        LinkKind::Emulated => "emulated",
-        LinkKind::ProjectedOnly => "projected only",
     }
 }
 
@@ -260,7 +293,7 @@ fn links_section(links: &[LinkProfile]) -> String {
             "- `{}` ({}, {}): {}\n",
             l.name,
             l.figures(),
-            kind_label(l.kind),
+            l.kind.label(),
             l.source
         ));
     }
@@ -353,12 +386,8 @@ fn latency_chart(
     rows: &[CaseResult],
     cfg: &LatencyConfig,
 ) -> anyhow::Result<()> {
-    let mut cats: Vec<String> = Vec::new();
-    for r in rows {
-        if !cats.contains(&r.link) {
-            cats.push(r.link.clone());
-        }
-    }
+    let cats = chart::distinct(rows.iter().map(|r| &r.link));
+    let servers: Vec<String> = cfg.targets.iter().map(|t| t.label.clone()).collect();
     let mut cases = vec![latency::Case {
         kind: CaseKind::Empty,
         bytes: 0,
@@ -367,40 +396,26 @@ fn latency_chart(
         kind: CaseKind::Get,
         bytes: b,
     }));
-    let mut panels = Vec::new();
-    for case in cases {
-        let mut series = Vec::new();
-        for (ti, t) in cfg.targets.iter().enumerate() {
-            let color = PALETTE[ti % PALETTE.len()];
-            let pick = |f: &dyn Fn(&CaseResult) -> Option<f64>| -> Vec<Option<f64>> {
-                cats.iter()
-                    .map(|l| {
-                        rows.iter()
-                            .find(|r| r.server == t.label && &r.link == l && r.case == case)
-                            .and_then(f)
-                    })
-                    .collect()
-            };
-            series.push(BarSeries {
-                name: format!("{} measured p50", t.label),
-                values: pick(&|r| r.summary.as_ref().map(|s| s.p50.as_secs_f64() * 1e6)),
-                color,
-                hollow: false,
-            });
-            series.push(BarSeries {
-                name: format!("{} projected", t.label),
-                values: pick(&|r| r.projected.map(|p| p.as_secs_f64() * 1e6)),
-                color,
-                hollow: true,
-            });
-        }
-        panels.push(Panel {
+    let panels = cases
+        .into_iter()
+        .map(|case| Panel {
             title: case.name(),
             y_label: "round trip, us".into(),
             categories: cats.clone(),
-            series,
-        });
-    }
+            series: chart::measured_and_projected(
+                &servers,
+                &cats,
+                |s, l| {
+                    rows.iter()
+                        .find(|r| r.server == s && r.link == l && r.case == case)
+                },
+                ("measured p50", &|r: &CaseResult| {
+                    r.summary.as_ref().map(|s| s.p50.as_secs_f64() * 1e6)
+                }),
+                &|r: &CaseResult| r.projected.map(|p| p.as_secs_f64() * 1e6),
+            ),
+        })
+        .collect::<Vec<_>>();
     chart::draw(
         path,
         "rpc-bench latency: p50 round trip per link (solid: measured, light: projected)",
@@ -411,8 +426,43 @@ fn latency_chart(
 
 fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
     let links = flat(&a.common.links);
+    // --compare-output: every server once per placement, all interleaved in the same rounds.
+    let variants: Vec<(&str, &[&str])> = if a.compare_output {
+        e2e::OUTPUT_PLACEMENTS.to_vec()
+    } else {
+        vec![("", &[])]
+    };
+    let mut targets = Vec::new();
+    let mut placements = Vec::new();
+    for t in &a.server {
+        let mut p = e2e::Placements {
+            server: t.label.clone(),
+            ngl: Vec::new(),
+        };
+        for (name, args) in &variants {
+            let label = if a.compare_output {
+                format!("{} ({name})", t.label)
+            } else {
+                t.label.clone()
+            };
+            let flags = std::iter::once(format!("-ngl {}", a.ngl))
+                .chain(args.iter().map(|x| x.to_string()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            p.ngl.push((name.to_string(), label.clone(), flags));
+            let args: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+            targets.push((
+                Target {
+                    label,
+                    addr: t.addr,
+                },
+                args,
+            ));
+        }
+        placements.push(p);
+    }
     let cfg = E2eConfig {
-        targets: a.server.clone(),
+        targets: targets.iter().map(|t| t.0.clone()).collect(),
         bin: a.bin.clone(),
         model: a.model.clone(),
         links: links.clone(),
@@ -421,6 +471,7 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
         reps: a.reps,
         threads: a.threads,
         ngl: a.ngl.clone(),
+        target_args: targets.iter().map(|t| t.1.clone()).collect(),
         extra: a.bench_args.split_whitespace().map(String::from).collect(),
         direct: a.direct,
         rounds: a.rounds,
@@ -452,6 +503,15 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
         cfg.reps,
     ));
     md.push_str(&e2e::table(&rows).markdown());
+    if a.compare_output {
+        md.push_str(
+            "\nWhere the output layer goes: on the worker the whole logits vector comes back every \
+             token; on the client (its matrix kept in client memory by `-ot`) only the hidden state \
+             does, and the client computes the logits. ms per generated token per placement, the \
+             faster one, what it saves, and the flags to use.\n\n",
+        );
+        md.push_str(&e2e::placement_table(&rows, &placements).markdown());
+    }
     md.push_str("\nCommands on the wire (counted through the relay):\n\n");
     md.push_str(&e2e::commands_table(&rows).markdown());
     let vm_path = a
@@ -495,12 +555,8 @@ fn cmd_e2e(a: E2eArgs) -> anyhow::Result<()> {
 }
 
 fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<()> {
-    let mut cats: Vec<String> = Vec::new();
-    for r in rows {
-        if !cats.contains(&r.link) {
-            cats.push(r.link.clone());
-        }
-    }
+    let cats = chart::distinct(rows.iter().map(|r| &r.link));
+    let servers: Vec<String> = cfg.targets.iter().map(|t| t.label.clone()).collect();
     let mut panels = Vec::new();
     for (phase, title) in [
         (
@@ -512,42 +568,27 @@ fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow
             format!("prompt processing (pp{}): ms per token", cfg.n_prompt),
         ),
     ] {
-        let mut series = Vec::new();
-        for (ti, t) in cfg.targets.iter().enumerate() {
-            let color = PALETTE[ti % PALETTE.len()];
-            let pick = |f: &dyn Fn(&E2eRow) -> Option<f64>| -> Vec<Option<f64>> {
-                cats.iter()
-                    .map(|l| {
-                        rows.iter()
-                            .find(|r| r.server == t.label && &r.link == l && r.phase == phase)
-                            .and_then(f)
-                    })
-                    .collect()
-            };
-            series.push(BarSeries {
-                name: format!("{} measured", t.label),
-                values: pick(&|r| r.measured_per_token().map(|d| d.as_secs_f64() * 1e3)),
-                color,
-                hollow: false,
-            });
-            series.push(BarSeries {
-                name: format!("{} projected", t.label),
-                values: pick(&|r| {
-                    if r.origin == E2eOrigin::Relay {
-                        None
-                    } else {
-                        r.projected_per_token().map(|d| d.as_secs_f64() * 1e3)
-                    }
-                }),
-                color,
-                hollow: true,
-            });
-        }
         panels.push(Panel {
             title,
             y_label: "ms per token".into(),
             categories: cats.clone(),
-            series,
+            series: chart::measured_and_projected(
+                &servers,
+                &cats,
+                |s, l| {
+                    rows.iter()
+                        .find(|r| r.server == s && r.link == l && r.phase == phase)
+                },
+                ("measured", &|r: &E2eRow| {
+                    r.measured_per_token().map(|d| d.as_secs_f64() * 1e3)
+                }),
+                &|r: &E2eRow| {
+                    (r.origin != E2eOrigin::Relay)
+                        .then(|| r.projected_per_token())
+                        .flatten()
+                        .map(|d| d.as_secs_f64() * 1e3)
+                },
+            ),
         });
     }
     // The link's own share per generated token: deterministic, from the counted traffic.
@@ -593,7 +634,7 @@ fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow
             "{}: {} ({}){}",
             l.name,
             l.figures(),
-            kind_label(l.kind),
+            l.kind.label(),
             if l.name == "tb5-rdma" {
                 "; messages padded to 128 KiB strides (upstream Apple UC flavor)"
             } else {
@@ -609,6 +650,92 @@ fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow
     )
 }
 
+fn cmd_load(a: LoadArgs) -> anyhow::Result<()> {
+    use rpc_bench::load::{self, LoadConfig, Mode};
+    let links = flat(&a.common.links);
+    let cfg = LoadConfig {
+        ours: a.ours.clone(),
+        bin: a.bin.clone(),
+        model: a.model.clone(),
+        links: links.clone(),
+        threads: a.threads,
+        rounds: a.rounds,
+        timeout: Duration::from_secs(a.timeout),
+        workdir: a.workdir.clone(),
+        progress: progress(&a.common),
+    };
+    let model_bytes = std::fs::metadata(&a.model)
+        .with_context(|| format!("model {}", a.model.display()))?
+        .len();
+    let rows = load::run(&cfg)?;
+    let mut md = format!(
+        "## rpc-bench load\n\nModel `{}` ({:.2} GB), loaded by stock `llama-completion -ngl 99 -n 1` ({}); \
+         servers `-t {}` on loopback, each with its own cache directory; warm = `-c` after one untimed load; \
+         `none` = plain loopback, other links through the link emulator. Load s = the client's load from its own log \
+         (model load start to ready: weights on the worker, context made, warm-up decode done), median of {} round(s); effective GB/s = model size ÷ load s.\n\n",
+        a.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        model_bytes as f64 / 1e9,
+        cfg.bin.display(),
+        cfg.threads,
+        cfg.rounds.max(1),
+    );
+    let t = load::table(&rows, model_bytes);
+    md.push_str(&t.markdown());
+    let ratio = |link: &str| {
+        let m = |mode| {
+            rows.iter()
+                .find(|r| r.link == link && r.mode == mode)
+                .map(|r| r.median())
+        };
+        Some(m(Mode::OursCold)?.as_secs_f64() / m(Mode::StockCold)?.as_secs_f64())
+    };
+    if let Some(r) = ratio("none") {
+        md.push_str(&format!(
+            "\nCold load over plain loopback, ours/stock: **{r:.2}**.\n"
+        ));
+    }
+    md.push('\n');
+    md.push_str(&links_section(&links));
+    emit(&a.common, &md, &t)?;
+    if let Some(png) = &a.png {
+        let cats = chart::distinct(rows.iter().map(|r| &r.link));
+        let panel = |title: &str, y: &str, f: &dyn Fn(Duration) -> f64| Panel {
+            title: title.into(),
+            y_label: y.into(),
+            categories: cats.clone(),
+            series: Mode::ALL
+                .iter()
+                .enumerate()
+                .map(|(i, &mode)| BarSeries {
+                    name: mode.name().into(),
+                    values: cats
+                        .iter()
+                        .map(|c| {
+                            rows.iter()
+                                .find(|r| &r.link == c && r.mode == mode)
+                                .map(|r| f(r.median()))
+                        })
+                        .collect(),
+                    color: PALETTE[i % PALETTE.len()],
+                    hollow: false,
+                })
+                .collect(),
+        };
+        let gb = model_bytes as f64 / 1e9;
+        chart::draw(
+            png,
+            &format!("rpc-bench load: stock llama-completion loads a {gb:.2} GB model onto one worker"),
+            &[
+                panel("model load: client's log, load start to ready", "seconds", &|d| d.as_secs_f64()),
+                panel("effective GB/s (model size / load time)", "GB/s", &|d| gb / d.as_secs_f64().max(1e-9)),
+            ],
+            &["none: plain loopback; other links: rpc-bench's user-space link emulator (on a busy machine the load is bound by the CPU as much as by the link).".into()],
+        )?;
+        eprintln!("chart written to {}", png.display());
+    }
+    Ok(())
+}
+
 fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
     let links = flat(&a.common.links);
     let cfg = CheckConfig {
@@ -617,9 +744,9 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
         ping_bytes: a.ping_bytes.max(1),
         bulk_time: Duration::from_millis(a.bulk_ms),
         rounds: a.rounds,
-        progress: progress(&a.common),
     };
-    let (rows, timer) = emucheck::run(&cfg)?;
+    let pb = rpc_bench::latency::progress_bar(cfg.steps(), progress(&a.common));
+    let (rows, timer) = emucheck::run(&cfg, &pb)?;
     let mut md = String::from("## rpc-bench emulator-check\n\n");
     md.push_str(&format!(
         "{} rounds; per round and link {} ping-pongs of {} B through the relay (the round with the lowest \
@@ -631,7 +758,7 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
         cfg.ping_bytes,
         a.bulk_ms
     ));
-    let t = emucheck::table(&rows);
+    let t = check_table(&rows);
     md.push_str(&t.markdown());
     md.push_str(&format!(
         "\nTimer (sleep, then spin for the last {}): overshoot of 2000 deadlines 20–1000 us away: p50 {}, p99 {}, max {}.\n",
@@ -642,4 +769,45 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
     ));
     emit(&a.common, &md, &t)?;
     Ok(())
+}
+
+/// The emulator check's results as a table.
+fn check_table(rows: &[CheckRow]) -> Table {
+    let mut t = Table::new(&[
+        "link",
+        "configured RTT us",
+        "ping RTT p50 us",
+        "p99 us",
+        "emulated part us",
+        "configured Gbit/s",
+        "bulk Gbit/s",
+        "bulk MiB",
+        "RTT",
+        "bandwidth",
+        "notes",
+    ]);
+    for r in rows {
+        let verdict = |b: bool| if b { "ok" } else { "OUT OF TOLERANCE" };
+        let native = r.link.kind == LinkKind::Native;
+        t.push(vec![
+            r.link.name.clone(),
+            us(r.link.rtt),
+            us(r.rtt.p50),
+            us(r.rtt.p99),
+            if native { "-".into() } else { us(r.rtt_excess) },
+            r.link
+                .gbps
+                .map_or("unlimited".into(), |g| format!("{g:.3}")),
+            format!("{:.3}", r.gbps),
+            (r.bulk_bytes >> 20).to_string(),
+            if native {
+                "-".into()
+            } else {
+                verdict(r.rtt_ok).into()
+            },
+            r.bw_ok.map_or("-".into(), |b| verdict(b).into()),
+            r.note.clone(),
+        ]);
+    }
+    t
 }

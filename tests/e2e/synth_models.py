@@ -18,6 +18,13 @@ gemma-3-270m Q4_K_M test model does not:
                          IQ2_S/IQ3_XXS/IQ3_S/IQ1_S (crafted blocks), TQ1_0/TQ2_0, Q8_0, BF16
   synth-mamba            mamba (recurrent: SSM_CONV, SSM_SCAN, recurrent state cache), F32/F16
 
+Models for `rpc-bench load` (not part of "all": written only when named with --only), F16 with
+large matrices so that most bytes are in tensors over 10 MiB (the stock client's SET_TENSOR_HASH
+threshold), fast to generate:
+
+  synth-llama-load-1g    llama, 6 layers, n_embd 3072, n_ff 8192: 1.21 GB
+  synth-llama-load-64m   llama, 1 layer, n_embd 1024, n_ff 8192: 58 MB (rpc-bench load --quick)
+
 Each file carries the key `synth.fingerprint` (content version + spec); an existing file with the
 same fingerprint is kept as is. Prints the absolute paths of the models, one per line, on stdout.
 Only stdlib + numpy + gguf (gguf==0.19.0).
@@ -380,6 +387,19 @@ def specs():
     }
 
 
+def load_specs():
+    """Large models for `rpc-bench load`, kept out of specs() (the end-to-end tests load all of those)."""
+    f16 = dict(embd=T.F16, output=T.F16, q=T.F16, k=T.F16, v=T.F16, o=T.F16, gate=T.F16, up=T.F16, down=T.F16)
+    return {
+        "synth-llama-load-1g": dict(
+            arch="llama", builder=build_llama_like, seed=707, vocab=("spm", 512),
+            n_embd=3072, n_head=24, n_head_kv=8, n_ff=8192, n_layer=6, ctx=256, types=f16),
+        "synth-llama-load-64m": dict(
+            arch="llama", builder=build_llama_like, seed=808, vocab=("spm", 512),
+            n_embd=1024, n_head=8, n_head_kv=4, n_ff=8192, n_layer=1, ctx=256, types=f16),
+    }
+
+
 def fingerprint(name, spec):
     s = {k: (v.__name__ if callable(v) else v) for k, v in spec.items()}
     for key in ("types", "types_odd"):
@@ -439,10 +459,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     sp = specs()
     if a.list:
-        for n in sp:
+        for n in list(sp) + list(load_specs()):
             print(n)
         return 0
     names = list(sp) if not a.only else [n.strip() for n in a.only.split(",") if n.strip()]
+    sp.update(load_specs())
     for n in names:
         if n not in sp:
             ap.error("unknown model %r (have: %s)" % (n, ", ".join(sp)))

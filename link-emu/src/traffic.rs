@@ -48,7 +48,7 @@ pub struct WireTraffic {
 }
 
 impl WireTraffic {
-    fn zip(self, o: WireTraffic, f: impl Fn(u64, u64) -> u64) -> WireTraffic {
+    fn zip(self, o: WireTraffic, f: &impl Fn(u64, u64) -> u64) -> WireTraffic {
         let mut packets = [0; WIRE_MTUS.len()];
         for (i, p) in packets.iter_mut().enumerate() {
             *p = f(self.packets[i], o.packets[i]);
@@ -63,7 +63,7 @@ impl WireTraffic {
 
     /// Each counter divided by `k` (per repetition, per token).
     pub fn div_by(self, k: u64) -> WireTraffic {
-        self.zip(self, |a, _| a / k.max(1))
+        self.zip(self, &|a, _| a / k.max(1))
     }
 }
 
@@ -165,50 +165,42 @@ impl Counters {
 }
 
 impl Traffic {
-    /// `self - earlier`, saturating (counters only grow).
-    pub fn since(&self, earlier: &Traffic) -> Traffic {
+    /// Every counter of `self` combined with the same counter of `o` by `f`.
+    fn zip(&self, o: &Traffic, f: impl Fn(u64, u64) -> u64) -> Traffic {
         let mut t = Traffic {
-            round_trips: self.round_trips.saturating_sub(earlier.round_trips),
-            c2s_bytes: self.c2s_bytes.saturating_sub(earlier.c2s_bytes),
-            s2c_bytes: self.s2c_bytes.saturating_sub(earlier.s2c_bytes),
-            c2s_msgs: self.c2s_msgs.saturating_sub(earlier.c2s_msgs),
-            s2c_msgs: self.s2c_msgs.saturating_sub(earlier.s2c_msgs),
-            c2s_uc: self.c2s_uc.saturating_sub(earlier.c2s_uc),
-            s2c_uc: self.s2c_uc.saturating_sub(earlier.s2c_uc),
-            connections: self.connections.saturating_sub(earlier.connections),
+            round_trips: f(self.round_trips, o.round_trips),
+            c2s_bytes: f(self.c2s_bytes, o.c2s_bytes),
+            s2c_bytes: f(self.s2c_bytes, o.s2c_bytes),
+            c2s_msgs: f(self.c2s_msgs, o.c2s_msgs),
+            s2c_msgs: f(self.s2c_msgs, o.s2c_msgs),
+            c2s_uc: f(self.c2s_uc, o.c2s_uc),
+            s2c_uc: f(self.s2c_uc, o.s2c_uc),
+            connections: f(self.connections, o.connections),
             ..Traffic::default()
         };
         for i in 0..CMD_SLOTS {
-            t.cmd_count[i] = self.cmd_count[i].saturating_sub(earlier.cmd_count[i]);
-            t.cmd_bytes[i] = self.cmd_bytes[i].saturating_sub(earlier.cmd_bytes[i]);
+            t.cmd_count[i] = f(self.cmd_count[i], o.cmd_count[i]);
+            t.cmd_bytes[i] = f(self.cmd_bytes[i], o.cmd_bytes[i]);
         }
         for i in 0..t.wire.len() {
-            t.wire[i] = self.wire[i].zip(earlier.wire[i], u64::saturating_sub);
+            t.wire[i] = self.wire[i].zip(o.wire[i], &f);
         }
         t
     }
 
+    /// `self - earlier`, saturating (counters only grow).
+    pub fn since(&self, earlier: &Traffic) -> Traffic {
+        self.zip(earlier, u64::saturating_sub)
+    }
+
     /// `self + other`.
     pub fn plus(&self, other: &Traffic) -> Traffic {
-        let mut t = Traffic {
-            round_trips: self.round_trips + other.round_trips,
-            c2s_bytes: self.c2s_bytes + other.c2s_bytes,
-            s2c_bytes: self.s2c_bytes + other.s2c_bytes,
-            c2s_msgs: self.c2s_msgs + other.c2s_msgs,
-            s2c_msgs: self.s2c_msgs + other.s2c_msgs,
-            c2s_uc: self.c2s_uc + other.c2s_uc,
-            s2c_uc: self.s2c_uc + other.s2c_uc,
-            connections: self.connections + other.connections,
-            ..Traffic::default()
-        };
-        for i in 0..CMD_SLOTS {
-            t.cmd_count[i] = self.cmd_count[i] + other.cmd_count[i];
-            t.cmd_bytes[i] = self.cmd_bytes[i] + other.cmd_bytes[i];
-        }
-        for i in 0..t.wire.len() {
-            t.wire[i] = self.wire[i].zip(other.wire[i], u64::saturating_add);
-        }
-        t
+        self.zip(other, u64::saturating_add)
+    }
+
+    /// Each counter divided by `k` (per repetition, per token).
+    pub fn div_by(&self, k: u64) -> Traffic {
+        self.zip(self, |a, _| a / k.max(1))
     }
 
     /// Bytes in both directions.

@@ -39,6 +39,17 @@ pub enum LinkKind {
     ProjectedOnly,
 }
 
+impl LinkKind {
+    /// `native`, `emulated`, `projected only`.
+    pub fn label(self) -> &'static str {
+        match self {
+            LinkKind::Native => "native",
+            LinkKind::Emulated => "emulated",
+            LinkKind::ProjectedOnly => "projected only",
+        }
+    }
+}
+
 /// A link between client and server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkProfile {

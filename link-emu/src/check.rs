@@ -1,4 +1,5 @@
-//! `rpc-bench emulator-check`: measures the link emulator against its own configured figures.
+//! The emulator's self-check (`rpc-bench emulator-check`): measures the link emulator against its
+//! own configured figures.
 //!
 //! For each profile: the RTT of small ping-pongs through the relay (minus the relay's own RTT
 //! without delay, measured the same way), and the throughput of a bulk one-way transfer (time
@@ -11,10 +12,8 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::latency::progress_bar;
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{wait_until, Relay, RelayOptions, Wire};
-use crate::report::{us, Table};
 use crate::stats::Summary;
 
 /// Settings of the check.
@@ -31,8 +30,18 @@ pub struct CheckConfig {
     /// Rounds over all profiles; per profile the least disturbed round counts (lowest ping
     /// p50, highest bulk throughput), which filters out other load on a shared machine.
     pub rounds: usize,
-    /// Progress bar.
-    pub progress: bool,
+}
+
+impl CheckConfig {
+    /// Progress steps of [`run`]: every ping of every link in every round.
+    pub fn steps(&self) -> u64 {
+        let links = 1 + self
+            .links
+            .iter()
+            .filter(|l| l.kind == LinkKind::Emulated)
+            .count();
+        (self.rounds.max(1) * links * (self.pings + 10)) as u64
+    }
 }
 
 /// Result for one profile.
@@ -163,8 +172,11 @@ fn bulk(addr: SocketAddr, bytes: u64) -> io::Result<Duration> {
     Ok(t.elapsed())
 }
 
-/// Runs the check.
-pub fn run(cfg: &CheckConfig) -> anyhow::Result<(Vec<CheckRow>, Summary)> {
+/// Runs the check, counting every ping on `pb` (length: [`CheckConfig::steps`]).
+pub fn run(
+    cfg: &CheckConfig,
+    pb: &indicatif::ProgressBar,
+) -> anyhow::Result<(Vec<CheckRow>, Summary)> {
     let echo = echo_server()?;
     let sink = sink_server()?;
     let mut links = vec![LinkProfile::none()];
@@ -175,10 +187,6 @@ pub fn run(cfg: &CheckConfig) -> anyhow::Result<(Vec<CheckRow>, Summary)> {
             .cloned(),
     );
     let rounds = cfg.rounds.max(1);
-    let pb = progress_bar(
-        (rounds * links.len() * (cfg.pings + 10)) as u64,
-        cfg.progress,
-    );
     let opts = RelayOptions {
         protocol: false,
         zero_hello_caps: false,
@@ -194,7 +202,7 @@ pub fn run(cfg: &CheckConfig) -> anyhow::Result<(Vec<CheckRow>, Summary)> {
                 Wire::of(link)
             };
             let relay_echo = Relay::start(echo, wire, opts)?;
-            let rtt = pings(relay_echo.addr(), cfg.pings, cfg.ping_bytes, &pb)?;
+            let rtt = pings(relay_echo.addr(), cfg.pings, cfg.ping_bytes, pb)?;
             drop(relay_echo);
             // Bulk size: about `bulk_time` worth at the configured rate (64 MiB when unlimited),
             // between 8 MiB and 512 MiB.
@@ -272,48 +280,4 @@ pub fn run(cfg: &CheckConfig) -> anyhow::Result<(Vec<CheckRow>, Summary)> {
     let timer = timer_precision(2000);
     pb.finish_and_clear();
     Ok((rows, timer))
-}
-
-/// The results as a table.
-pub fn table(rows: &[CheckRow]) -> Table {
-    let mut t = Table::new(&[
-        "link",
-        "configured RTT us",
-        "ping RTT p50 us",
-        "p99 us",
-        "emulated part us",
-        "configured Gbit/s",
-        "bulk Gbit/s",
-        "bulk MiB",
-        "RTT",
-        "bandwidth",
-        "notes",
-    ]);
-    for r in rows {
-        let verdict = |b: bool| if b { "ok" } else { "OUT OF TOLERANCE" };
-        t.push(vec![
-            r.link.name.clone(),
-            us(r.link.rtt),
-            us(r.rtt.p50),
-            us(r.rtt.p99),
-            if r.link.kind == LinkKind::Native {
-                "-".into()
-            } else {
-                us(r.rtt_excess)
-            },
-            r.link
-                .gbps
-                .map_or("unlimited".into(), |g| format!("{g:.3}")),
-            format!("{:.3}", r.gbps),
-            (r.bulk_bytes >> 20).to_string(),
-            if r.link.kind == LinkKind::Native {
-                "-".into()
-            } else {
-                verdict(r.rtt_ok).into()
-            },
-            r.bw_ok.map_or("-".into(), |b| verdict(b).into()),
-            r.note.clone(),
-        ]);
-    }
-    t
 }
