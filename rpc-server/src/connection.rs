@@ -408,27 +408,17 @@ async fn serve_queries(
     let (limits, stats, mut shutdown) = (&ctx.limits, &ctx.stats, ctx.shutdown.clone());
     let (mut payload, mut out) = (Vec::new(), Vec::with_capacity(64));
     loop {
-        let h = tokio::select! {
-            biased;
-            r = read_header(tcp, deadlines.idle, deadlines.stall) => match r {
-                Err(_) if *shutdown.borrow() => None,
-                r => r?,
-            },
-            _ = shutdown.changed() => None,
+        let idle = deadlines.idle;
+        let Some(h) = next_header(tcp, idle, deadlines.stall, &mut shutdown).await? else {
+            return Ok(None);
         };
-        let Some(h) = h else { return Ok(None) };
         let cmd = check_frame(&h, limits)?;
         if !front_answers(cmd, h.size) {
             return Ok(Some(h));
         }
         read_payload(tcp, &mut payload, h.size, deadlines.stall).await?;
         let req = Request::decode(cmd, &payload, limits)?;
-        let reply = session
-            .handle(req)
-            .map_err(|err| ConnectionError::Session {
-                cmd: cmd.name(),
-                err,
-            })?;
+        let reply = answer(&mut session, cmd, req)?;
         let sent = reply.as_ref().map_or(0, |r| encode_response(r, &mut out));
         stats.command(tcp.name(), cmd, h.size, sent);
         if let Some(r) = &reply {
@@ -516,6 +506,43 @@ fn finish_rdma<F: rpc_transport::rdma::Flavored>(rdma: &RdmaConfig, t: &RdmaTran
     );
 }
 
+/// The next request's header, or `None` when the client closed or the server stops (a blocking
+/// transport notices the stop itself and fails the read). `idle`: how long the client may stay
+/// silent before it.
+async fn next_header<T: Transport>(
+    rd: &mut T,
+    idle: Option<Duration>,
+    stall: Option<Duration>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<FrameHeader>, ConnectionError> {
+    tokio::select! {
+        biased;
+        r = read_header(rd, idle, stall) => match r {
+            Err(_) if *shutdown.borrow() => {
+                tracing::debug!("closing connection for shutdown");
+                Ok(None)
+            }
+            r => r,
+        },
+        _ = shutdown.changed() => {
+            tracing::debug!("closing connection for shutdown");
+            Ok(None)
+        }
+    }
+}
+
+/// The session's answer to a decoded request; its error names the command.
+fn answer(
+    session: &mut Session,
+    cmd: Command,
+    req: Request<'_>,
+) -> Result<Option<Response>, ConnectionError> {
+    session.handle(req).map_err(|err| ConnectionError::Session {
+        cmd: cmd.name(),
+        err,
+    })
+}
+
 /// The command loop after HELLO, over any transport.
 pub async fn run<T: Transport>(
     rd: &mut T,
@@ -531,16 +558,14 @@ pub async fn run<T: Transport>(
     // The token under way: when its GRAPH_RECOMPUTE arrived and how long the recompute took.
     let mut token: Option<(Instant, Duration)> = None;
     loop {
-        let h = tokio::select! {
-            biased;
-            r = read_header(rd, if session.holds_state() { None } else { deadlines.idle }, deadlines.stall) => match r {
-                // A blocking transport notices the shutdown itself and fails the read.
-                Err(_) if *shutdown.borrow() => { tracing::debug!("closing connection for shutdown"); None }
-                r => r?,
-            },
-            _ = shutdown.changed() => { tracing::debug!("closing connection for shutdown"); None }
+        let idle = if session.holds_state() {
+            None
+        } else {
+            deadlines.idle
         };
-        let Some(h) = h else { break };
+        let Some(h) = next_header(rd, idle, deadlines.stall, &mut shutdown).await? else {
+            break;
+        };
         let cmd = check_frame(&h, &limits)?;
         // A token's server-side time starts with its GRAPH_RECOMPUTE's header (read just now).
         let arrived = (cmd == Command::GraphRecompute).then(Instant::now);
@@ -592,12 +617,7 @@ pub async fn run<T: Transport>(
         // Computes run right here: the connection's own thread (see `server.rs`).
         let computes = matches!(cmd, Command::GraphCompute | Command::GraphRecompute);
         let started = computes.then(Instant::now);
-        let reply = session
-            .handle(req)
-            .map_err(|err| ConnectionError::Session {
-                cmd: cmd.name(),
-                err,
-            })?;
+        let reply = answer(&mut session, cmd, req)?;
         if let Some(t0) = started {
             let took = t0.elapsed();
             stats.compute.observe(took);
