@@ -66,40 +66,7 @@ pub fn profile(home: Option<&Path>, cache_dir: Option<&Path>) -> String {
 pub fn apply(home: Option<&Path>, cache_dir: Option<&Path>) -> Result<(), String> {
     let text = profile(home, cache_dir);
     let c = std::ffi::CString::new(text).map_err(|_| "a path holds a NUL byte".to_string())?;
-    ffi::init(&c)
-}
-
-#[cfg(target_os = "macos")]
-#[allow(unsafe_code)]
-mod ffi {
-    use std::ffi::{c_char, c_int, CStr, CString};
-
-    extern "C" {
-        // libSystem (libsystem_sandbox): flags 0 = `profile` is the profile's text.
-        fn sandbox_init(profile: *const c_char, flags: u64, errorbuf: *mut *mut c_char) -> c_int;
-        fn sandbox_free_error(errorbuf: *mut c_char);
-    }
-
-    pub fn init(profile: &CString) -> Result<(), String> {
-        let mut err: *mut c_char = std::ptr::null_mut();
-        // SAFETY: `profile` is a valid NUL-terminated string for the call; `err` is a valid
-        // out-pointer that sandbox_init sets to NULL or to a string it allocated.
-        let rc = unsafe { sandbox_init(profile.as_ptr(), 0, &mut err) };
-        if rc == 0 {
-            return Ok(());
-        }
-        if err.is_null() {
-            return Err(format!("sandbox_init failed ({rc})"));
-        }
-        // SAFETY: a non-NULL `err` is a NUL-terminated string owned by libsandbox, read once
-        // and then freed exactly once with its own free function.
-        let msg = unsafe { CStr::from_ptr(err) }
-            .to_string_lossy()
-            .into_owned();
-        // SAFETY: as above.
-        unsafe { sandbox_free_error(err) };
-        Err(msg)
-    }
+    crate::ggml::seatbelt::apply_profile(&c)
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ pub mod abort;
 mod buffer;
 mod device;
 mod graph;
+#[cfg(target_os = "macos")]
+pub mod seatbelt;
 mod tensor;
 
 pub use buffer::{use_huge_pages, Buffer};
