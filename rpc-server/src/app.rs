@@ -142,7 +142,8 @@ fn real_main() -> anyhow::Result<()> {
             .context("cannot determine the cache directory")?;
         Some(
             WeightCache::open(&dir, args.cache_max_size)
-                .with_context(|| format!("cannot create cache directory {}", dir.display()))?,
+                .with_context(|| format!("cannot create cache directory {}", dir.display()))?
+                .verify_every_load(args.verify_loads),
         )
     } else {
         None
@@ -157,12 +158,13 @@ fn real_main() -> anyhow::Result<()> {
             .or_else(default_cache_dir)
             .map(|d| d.join(crate::local_weights::INDEX_FILE));
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if args.session_child.is_some() {
+        let local = if args.session_child.is_some() {
             // A session process: the front hashed and saved the index at start.
-            Some(LocalWeights::from_index(&args.gguf, index)?)
+            LocalWeights::from_index(&args.gguf, index)?
         } else {
-            Some(LocalWeights::build(&args.gguf, index, threads)?)
-        }
+            LocalWeights::build(&args.gguf, index, threads)?
+        };
+        Some(local.verify_every_load(args.verify_loads))
     };
 
     // Default memory limits: what the devices have (a larger ALLOC_BUFFER would only succeed

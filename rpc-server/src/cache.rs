@@ -2,17 +2,32 @@
 //! `%016x`, in the stock server's directory layout, so a cache directory can be shared with it.
 //!
 //! Better than the stock cache: entries are written atomically (temp file + rename), verified
-//! against their hash before use (a corrupt entry is deleted, not served), and the total size can
-//! be bounded (`--cache-max-size`), evicting the least recently used entries.
+//! against their hash before first use (a corrupt entry is deleted, not served), read straight
+//! into tensor memory, and the total size can be bounded (`--cache-max-size`), evicting the
+//! least recently used entries (by access time, which a hit sets).
+//!
+//! Verified once: an entry this server wrote, or hashed on a hit, is recorded with its
+//! [`Stamp`] (size, modification time, inode) in `verified-entries` beside the entries; a later
+//! hit on an entry with the same stamp is read without hashing (FNV-1a costs more than the read).
+//! `--verify-loads` hashes every hit.
 
-use std::fs;
-use std::io::Write;
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use rpc_proto::fnv1a64;
+use rpc_proto::{fnv1a64, Fnv1a};
+
+use crate::disk_read::{read_into, Destination, Stamp};
+
+/// The record of verified entries, in the cache directory (not 16 hex digits: never an entry).
+pub const VERIFIED_FILE: &str = "verified-entries";
+const VERIFIED_MAGIC: &str = "rpc-server verified-entries 1";
+/// Largest record read back (a line per entry).
+const MAX_VERIFIED_BYTES: u64 = 16 << 20;
 
 /// A directory of cached tensor payloads.
 pub struct WeightCache {
@@ -21,6 +36,10 @@ pub struct WeightCache {
     /// Serializes eviction scans; reads and writes are atomic file operations.
     evict_lock: Mutex<()>,
     counters: CacheCounters,
+    /// Entries known to hash right while their stamp is unchanged (see the module comment).
+    verified: Mutex<HashMap<u64, Stamp>>,
+    /// `--verify-loads`: hash every hit.
+    verify_always: bool,
 }
 
 /// What the cache did since start (for `--metrics`).
@@ -79,16 +98,79 @@ fn entry_name(hash: u64) -> String {
     format!("{hash:016x}")
 }
 
+fn verified_line(hash: u64, s: &Stamp) -> String {
+    format!("{hash:016x}\t{}\t{}\t{}\n", s.len, s.mtime_ns, s.ino)
+}
+
+/// The verified-entries record of `dir`: the last line per entry whose file still has the
+/// recorded stamp. Rewritten (atomically) when it holds many stale lines.
+fn read_verified(dir: &Path) -> HashMap<u64, Stamp> {
+    let path = dir.join(VERIFIED_FILE);
+    let mut text = String::new();
+    let read = File::open(&path).and_then(|f| f.take(MAX_VERIFIED_BYTES).read_to_string(&mut text));
+    let mut map = HashMap::new();
+    if read.is_err() {
+        return map;
+    }
+    let mut lines = text.lines();
+    if lines.next() != Some(VERIFIED_MAGIC) {
+        return map;
+    }
+    let mut count = 0usize;
+    for line in lines {
+        count += 1;
+        let f: Vec<&str> = line.split('\t').collect();
+        let [h, len, mtime, ino] = f[..] else {
+            continue;
+        };
+        let (Ok(h), Ok(len), Ok(mtime_ns), Ok(ino)) = (
+            u64::from_str_radix(h, 16),
+            len.parse(),
+            mtime.parse(),
+            ino.parse(),
+        ) else {
+            continue;
+        };
+        map.insert(h, Stamp { len, mtime_ns, ino });
+    }
+    map.retain(|h, s| {
+        fs::metadata(dir.join(entry_name(*h))).is_ok_and(|m| m.is_file() && Stamp::of(&m) == *s)
+    });
+    if count > 2 * map.len() + 64 {
+        let mut out = format!("{VERIFIED_MAGIC}\n");
+        for (h, s) in &map {
+            out.push_str(&verified_line(*h, s));
+        }
+        let tmp = dir.join(format!(".{VERIFIED_FILE}.tmp.{}", std::process::id()));
+        if fs::write(&tmp, out)
+            .and_then(|()| fs::rename(&tmp, &path))
+            .is_err()
+        {
+            let _ = fs::remove_file(&tmp);
+        }
+    }
+    map
+}
+
 impl WeightCache {
     /// Opens (creating it with its parents) the cache directory.
     pub fn open(dir: &Path, max_size: Option<u64>) -> std::io::Result<WeightCache> {
         fs::create_dir_all(dir)?;
+        let verified = read_verified(dir);
         Ok(WeightCache {
             dir: dir.to_path_buf(),
             max_size,
             evict_lock: Mutex::new(()),
             counters: CacheCounters::default(),
+            verified: Mutex::new(verified),
+            verify_always: false,
         })
+    }
+
+    /// Hash every hit, not only an entry's first (`--verify-loads`).
+    pub fn verify_every_load(mut self, on: bool) -> WeightCache {
+        self.verify_always = on;
+        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -123,21 +205,74 @@ impl WeightCache {
         }
     }
 
-    /// Reads and verifies the entry for `hash`. A file whose content does not hash to its name
-    /// (truncated, corrupted) is deleted and reported as missing.
-    pub fn load(&self, hash: u64) -> Option<Vec<u8>> {
+    /// Reads the `len`-byte entry for `hash` into `dst[offset..offset+len]` (through staging
+    /// chunks granted by `stage` when `dst` is not host memory). True when the region now holds
+    /// the entry's bytes. An entry not verified before (or with `--verify-loads`) is hashed on
+    /// the way, and one that does not hash to its name (truncated, corrupted) is deleted; on
+    /// false the region may hold part of the bytes and the client must upload.
+    pub fn load_into<G>(
+        &self,
+        hash: u64,
+        len: u64,
+        dst: &impl Destination,
+        offset: u64,
+        stage: impl FnOnce(u64) -> Option<G>,
+    ) -> bool {
         let path = self.dir.join(entry_name(hash));
-        let data = fs::read(&path).ok()?;
-        if fnv1a64(&data) != hash {
-            tracing::warn!(path = %path.display(), "cache entry does not match its hash; deleting it");
-            let _ = fs::remove_file(&path);
-            return None;
+        let Ok(file) = File::open(&path) else {
+            return false;
+        };
+        let Ok(meta) = file.metadata() else {
+            return false;
+        };
+        if meta.len() != len {
+            return false;
         }
-        // Mark as recently used for LRU eviction.
-        if let Ok(f) = fs::File::options().write(true).open(&path) {
-            let _ = f.set_modified(SystemTime::now());
+        let stamp = Stamp::of(&meta);
+        let trusted = !self.verify_always && self.lock_verified().get(&hash) == Some(&stamp);
+        let mut h = Fnv1a::new();
+        let hasher = (!trusted).then_some(&mut h);
+        if let Err(e) = read_into(&file, 0, len, dst, offset, stage, hasher) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read cache entry");
+            return false;
         }
-        Some(data)
+        if !trusted {
+            if h.finish() != hash {
+                tracing::warn!(path = %path.display(), "cache entry does not match its hash; deleting it");
+                self.lock_verified().remove(&hash);
+                let _ = fs::remove_file(&path);
+                return false;
+            }
+            self.remember(hash, stamp);
+        }
+        // Mark as recently used for LRU eviction: the access time, so the stamp stays.
+        let now = fs::FileTimes::new().set_accessed(SystemTime::now());
+        let _ = file.set_times(now);
+        true
+    }
+
+    fn lock_verified(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Stamp>> {
+        self.verified.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that the entry for `hash` with `stamp` hashes right, here and in the record file
+    /// (one appended line; concurrent session processes may each append).
+    fn remember(&self, hash: u64, stamp: Stamp) {
+        self.lock_verified().insert(hash, stamp);
+        let path = self.dir.join(VERIFIED_FILE);
+        let res = (|| {
+            let mut f = File::options().create(true).append(true).open(&path)?;
+            let mut line = String::new();
+            if f.metadata()?.len() == 0 {
+                line.push_str(VERIFIED_MAGIC);
+                line.push('\n');
+            }
+            line.push_str(&verified_line(hash, &stamp));
+            f.write_all(line.as_bytes())
+        })();
+        if let Err(e) = res {
+            tracing::debug!(path = %path.display(), error = %e, "cannot record a verified cache entry");
+        }
     }
 
     /// Stores `data` under its hash, atomically. Errors (e.g. a full disk) are logged and leave
@@ -152,13 +287,15 @@ impl WeightCache {
             .dir
             .join(format!(".{}.tmp.{}", entry_name(hash), std::process::id()));
         let res = (|| {
-            let mut f = fs::File::create(&tmp)?;
+            let mut f = File::create(&tmp)?;
             f.write_all(data)?;
             f.sync_all()?;
-            fs::rename(&tmp, &path)
+            fs::rename(&tmp, &path)?;
+            f.metadata()
         })();
         match res {
-            Ok(()) => {
+            Ok(meta) => {
+                self.remember(hash, Stamp::of(&meta));
                 tracing::info!(path = %path.display(), bytes = data.len(), "saved to cache");
                 self.counters.stores.fetch_add(1, Relaxed);
                 self.counters
@@ -189,11 +326,8 @@ impl WeightCache {
             })
             .filter_map(|e| {
                 let m = e.metadata().ok()?;
-                Some((
-                    m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                    m.len(),
-                    e.path(),
-                ))
+                let used = m.accessed().or_else(|_| m.modified());
+                Some((used.unwrap_or(SystemTime::UNIX_EPOCH), m.len(), e.path()))
             })
             .collect();
         let mut total: u64 = entries.iter().map(|e| e.1).sum();
@@ -213,6 +347,7 @@ impl WeightCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::disk_read::test_util::VecDest;
 
     #[test]
     fn cache_dir_as_the_stock_tool_per_os() {
@@ -252,6 +387,14 @@ mod tests {
         assert_eq!(cache_dir_for(false, env(&[])), None);
     }
 
+    /// Loads the entry for `hash` (if any) through the staging path, as for device memory.
+    fn load(c: &WeightCache, hash: u64) -> Option<Vec<u8>> {
+        let len = c.entry_len(hash)?;
+        let dst = VecDest::new(len as usize);
+        c.load_into(hash, len, &dst, 0, |_| Some(()))
+            .then(|| dst.bytes())
+    }
+
     fn tmpdir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("rpc-cache-test-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
@@ -267,7 +410,7 @@ mod tests {
         let h = fnv1a64(&data);
         assert!(d.join(format!("{h:016x}")).is_file());
         assert_eq!(c.entry_len(h), Some(1000));
-        assert_eq!(c.load(h).unwrap(), data);
+        assert_eq!(load(&c, h).unwrap(), data);
         let _ = fs::remove_dir_all(&d);
     }
 
@@ -279,8 +422,68 @@ mod tests {
         c.store(&data);
         let h = fnv1a64(&data);
         fs::write(d.join(format!("{h:016x}")), &data[..10]).unwrap(); // truncated, as after a full disk
-        assert!(c.load(h).is_none());
+        assert!(load(&c, h).is_none());
         assert!(c.entry_len(h).is_none());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn verified_once_then_trusted_while_the_stamp_holds() {
+        let d = tmpdir("verified");
+        fs::create_dir_all(&d).unwrap();
+        let data = vec![9u8; 4096];
+        let h = fnv1a64(&data);
+        let path = d.join(entry_name(h));
+        // An entry another tool wrote (e.g. the stock server): not verified yet.
+        fs::write(&path, &data).unwrap();
+        let c = WeightCache::open(&d, None).unwrap();
+        assert!(!c.lock_verified().contains_key(&h));
+        assert_eq!(load(&c, h).unwrap(), data, "hashed on its first hit");
+        assert!(c.lock_verified().contains_key(&h));
+        // A restart reads the record back.
+        let c2 = WeightCache::open(&d, None).unwrap();
+        assert!(c2.lock_verified().contains_key(&h));
+        // Same size, other bytes, another modification time: the stamp no longer holds, the
+        // entry is hashed again, found corrupt and deleted.
+        let t = fs::metadata(&path).unwrap().modified().unwrap();
+        fs::write(&path, vec![8u8; 4096]).unwrap();
+        let later = t + std::time::Duration::from_secs(1);
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        assert!(load(&c2, h).is_none());
+        assert!(!path.exists());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_forged_stamp_is_trusted_unless_every_load_is_verified() {
+        let d = tmpdir("forged");
+        let c = WeightCache::open(&d, None).unwrap();
+        let data = vec![3u8; 4096];
+        c.store(&data);
+        let h = fnv1a64(&data);
+        let path = d.join(entry_name(h));
+        // Rewritten in place with the same size, its modification time put back by hand.
+        let t = fs::metadata(&path).unwrap().modified().unwrap();
+        fs::write(&path, vec![4u8; 4096]).unwrap();
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+        assert_eq!(
+            load(&c, h).unwrap(),
+            vec![4u8; 4096],
+            "trusted by its stamp (the documented limit)"
+        );
+        let strict = WeightCache::open(&d, None).unwrap().verify_every_load(true);
+        assert!(load(&strict, h).is_none(), "--verify-loads hashes the hit");
+        assert!(!path.exists());
         let _ = fs::remove_dir_all(&d);
     }
 
@@ -295,7 +498,7 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         c.store(&b);
         std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(c.load(fnv1a64(&a)).is_some()); // a is now more recent than b
+        assert!(load(&c, fnv1a64(&a)).is_some()); // a is now more recent than b
         std::thread::sleep(std::time::Duration::from_millis(20));
         c.store(&e);
         assert!(c.entry_len(fnv1a64(&a)).is_some());

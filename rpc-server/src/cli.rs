@@ -94,6 +94,12 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub gguf: Vec<PathBuf>,
 
+    /// Hash every tensor read from the cache or a --gguf file. By default bytes are hashed once
+    /// (when indexed, written or first read) and trusted while the file keeps its size,
+    /// modification time and inode: hashing costs more than the read (~1.6 s per GB).
+    #[arg(long)]
+    pub verify_loads: bool,
+
     /// List the available devices and exit.
     #[arg(long)]
     pub list_devices: bool,

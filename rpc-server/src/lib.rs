@@ -15,6 +15,7 @@ pub mod app;
 pub mod cache;
 pub mod cli;
 pub mod connection;
+pub mod disk_read;
 pub mod doctor;
 #[allow(unsafe_code)]
 pub mod ggml;

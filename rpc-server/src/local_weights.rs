@@ -12,9 +12,11 @@
 //! sandboxed session process may not open files, and a file replaced under its name keeps
 //! serving the inode that was indexed. Hashing runs at start on parallel threads; the result is persisted (`gguf-index` in the
 //! cache directory) keyed by path, size and modification time, so a restart rehashes only files
-//! that changed. Serving is safe against files changing underneath: the size and modification
-//! time are checked before each use (a changed file is dropped from the index) and the bytes
-//! read must hash to the requested value, else the answer is "not found" and the client uploads.
+//! that changed. Serving is safe against files changing underneath: the size, modification
+//! time and (within one run) change time are checked before each use, and a changed file is
+//! dropped from the index, so the client uploads. An unchanged file's bytes are not hashed again
+//! (they were at indexing; FNV-1a costs more than the read, see `disk_read`); with
+//! `--verify-loads` every read must hash to the requested value.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File};
@@ -22,11 +24,11 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use rpc_proto::Fnv1a;
 
-use crate::ggml::Buffer;
+use crate::disk_read::{ctime_ns, mtime_ns, read_into, Destination, CHUNK};
 use crate::gguf;
 
 /// The client asks SET_TENSOR_HASH only for writes of more than this (upstream `HASH_THRESHOLD`).
@@ -36,8 +38,6 @@ pub const INDEX_FILE: &str = "gguf-index";
 const INDEX_MAGIC: &str = "rpc-server gguf-index 1";
 /// Largest persisted index read back (it holds a line per tensor over 10 MiB).
 const MAX_INDEX_BYTES: u64 = 64 << 20;
-/// Read granularity (hashing, serving, staging for device buffers).
-const CHUNK: usize = 8 << 20;
 /// How deep directories given to `--gguf` are searched for `*.gguf`.
 const MAX_DEPTH: u32 = 8;
 
@@ -70,6 +70,9 @@ struct LocalFile {
     size: u64,
     mtime_ns: u128,
     entries: Vec<Entry>,
+    /// Change time when opened: any later write or `utime` changes it (unlike the
+    /// modification time, it cannot be set back by hand).
+    ctime_ns: i128,
     /// Set when the file changed since it was indexed: its entries are no longer served.
     dropped: AtomicBool,
 }
@@ -118,13 +121,8 @@ pub struct LocalWeights {
     save_lock: Mutex<()>,
     counters: LocalCounters,
     summary: IndexSummary,
-}
-
-fn mtime_ns(m: &fs::Metadata) -> u128 {
-    m.modified()
-        .ok()
-        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos())
+    /// `--verify-loads`: hash every read.
+    verify_always: bool,
 }
 
 impl LocalWeights {
@@ -180,6 +178,7 @@ impl LocalWeights {
                     file,
                     size,
                     mtime_ns: mtime,
+                    ctime_ns: ctime_ns(&meta),
                     entries: f.entries.clone(),
                     dropped: AtomicBool::new(false),
                 });
@@ -213,6 +212,7 @@ impl LocalWeights {
                 file,
                 size,
                 mtime_ns: mtime,
+                ctime_ns: ctime_ns(&meta),
                 entries,
                 dropped: AtomicBool::new(false),
             });
@@ -258,11 +258,18 @@ impl LocalWeights {
             save_lock: Mutex::new(()),
             counters: LocalCounters::default(),
             summary,
+            verify_always: false,
         };
         if files_hashed > 0 {
             lw.save();
         }
         Ok(lw)
+    }
+
+    /// Hash every read, not only at indexing (`--verify-loads`).
+    pub fn verify_every_load(mut self, on: bool) -> LocalWeights {
+        self.verify_always = on;
+        self
     }
 
     /// How the index was built.
@@ -286,14 +293,15 @@ impl LocalWeights {
     /// Reads the `len`-byte tensor with content `hash` from its local file into
     /// `buf[offset..offset+len]`: directly into host memory, through staging chunks of at most
     /// 8 MiB for device memory (`stage(n)` must grant them: it returns a guard held while the
-    /// staging buffer lives, e.g. a memory-budget charge). True only when the bytes read hash
-    /// to `hash`; otherwise the region may hold partial data and the caller must answer "not
-    /// found" (the client then uploads the tensor over it).
+    /// staging buffer lives, e.g. a memory-budget charge). True when the file is unchanged
+    /// since indexing (and, with `--verify-loads`, the bytes read hash to `hash`); otherwise the
+    /// region may hold partial data and the caller must answer "not found" (the client then
+    /// uploads the tensor over it).
     pub fn load_into<G>(
         &self,
         hash: u64,
         len: u64,
-        buf: &Buffer,
+        dst: &impl Destination,
         offset: u64,
         stage: impl FnOnce(u64) -> Option<G>,
     ) -> bool {
@@ -307,7 +315,7 @@ impl LocalWeights {
         };
         let f = &self.files[fi];
         let e = &f.entries[ei];
-        let ok = match self.read_verified(fi, e, buf, offset, stage) {
+        let ok = match self.read_verified(fi, e, dst, offset, stage) {
             Ok(true) => true,
             Ok(false) => {
                 tracing::warn!(path = %f.path.display(), tensor = %e.name,
@@ -336,49 +344,25 @@ impl LocalWeights {
         &self,
         fi: usize,
         e: &Entry,
-        buf: &Buffer,
+        dst: &impl Destination,
         offset: u64,
         stage: impl FnOnce(u64) -> Option<G>,
     ) -> io::Result<bool> {
         let f = &self.files[fi];
         let meta = f.file.metadata()?;
-        if meta.len() != f.size || mtime_ns(&meta) != f.mtime_ns {
+        if meta.len() != f.size || mtime_ns(&meta) != f.mtime_ns || ctime_ns(&meta) != f.ctime_ns {
             tracing::warn!(path = %f.path.display(),
                 "local GGUF file changed since it was indexed; dropping it from the index (restart to re-index)");
             self.drop_file(fi);
             return Err(io::Error::other("file changed since it was indexed"));
         }
-        let len = usize::try_from(e.len).map_err(|_| io::Error::other("tensor too large"))?;
-        let mut h = Fnv1a::new();
-        let mut pos = e.offset;
-        if let Some(dst) = buf.host_slice_mut(offset, len) {
-            for chunk in dst.chunks_mut(CHUNK) {
-                read_exact_at(&f.file, chunk, pos)?;
-                h.update(chunk);
-                pos += chunk.len() as u64;
-            }
-        } else {
-            let n = len.min(CHUNK);
-            let Some(_guard) = stage(n as u64) else {
-                return Err(io::Error::other("no memory budget for staging"));
-            };
-            let mut staged = Vec::new();
-            staged
-                .try_reserve_exact(n)
-                .map_err(|_| io::Error::other("cannot allocate staging memory"))?;
-            staged.resize(n, 0);
-            let mut done = 0usize;
-            while done < len {
-                let k = (len - done).min(n);
-                read_exact_at(&f.file, &mut staged[..k], pos)?;
-                pos += k as u64;
-                h.update(&staged[..k]);
-                if !buf.write(offset + done as u64, &staged[..k]) {
-                    return Err(io::Error::other("destination out of bounds"));
-                }
-                done += k;
-            }
+        if !self.verify_always {
+            // Hashed at indexing, and the file is unchanged since.
+            read_into(&f.file, e.offset, e.len, dst, offset, stage, None)?;
+            return Ok(true);
         }
+        let mut h = Fnv1a::new();
+        read_into(&f.file, e.offset, e.len, dst, offset, stage, Some(&mut h))?;
         Ok(h.finish() == e.hash)
     }
 
@@ -439,29 +423,6 @@ impl LocalWeights {
         if let Err(e) = res {
             tracing::warn!(path = %path.display(), error = %e, "cannot save the GGUF index");
         }
-    }
-}
-
-/// Reads exactly `buf.len()` bytes at `pos` of `f`: a positioned read, since sessions share the
-/// handle.
-fn read_exact_at(f: &File, buf: &mut [u8], pos: u64) -> io::Result<()> {
-    #[cfg(unix)]
-    {
-        std::os::unix::fs::FileExt::read_exact_at(f, buf, pos)
-    }
-    #[cfg(windows)]
-    {
-        let (mut done, mut buf) = (0u64, buf);
-        while !buf.is_empty() {
-            match std::os::windows::fs::FileExt::seek_read(f, buf, pos + done)? {
-                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                n => {
-                    buf = &mut buf[n..];
-                    done += n as u64;
-                }
-            }
-        }
-        Ok(())
     }
 }
 
@@ -719,6 +680,7 @@ mod tests {
     use super::*;
     use crate::gguf::write_test_file;
     use rpc_proto::{fnv1a64, ggml_type};
+    use std::time::SystemTime;
 
     fn tmpdir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("rpc-gguf-{name}-{}", std::process::id()));

@@ -96,8 +96,9 @@ async fn set_tensor_hash_is_served_from_a_local_gguf_and_never_stale() {
     assert!(!c.set_tensor_hash(&tt, 0, fnv1a64(&a)).await.unwrap());
     assert!(c.set_tensor_hash(&ta, 0, fnv1a64(&a)).await.unwrap());
 
-    // The file is rewritten in place (same size) and its modification time put back: only the
-    // bytes tell. They no longer hash to `b`: "not found", the client uploads.
+    // The file is rewritten in place (same size) and its modification time put back: its
+    // change time tells (the kernel sets it on every write and `utime`): "not found", the
+    // client uploads.
     let b2 = pattern(len, 34);
     {
         use std::io::{Seek, SeekFrom, Write};

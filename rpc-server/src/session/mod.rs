@@ -350,17 +350,13 @@ impl Session {
             return Ok(Response::SetTensorHash { result: 0 });
         };
         let (buf, off) = self.resolve_region("SET_TENSOR_HASH", tensor, offset, len)?;
-        match cache.load(hash) {
-            Some(data) if data.len() as u64 == len => {
-                buf.write(off, &data);
-                cache.record_lookup(Some(len));
-                Ok(Response::SetTensorHash { result: 1 })
-            }
-            _ => {
-                cache.record_lookup(None);
-                Ok(Response::SetTensorHash { result: 0 })
-            }
-        }
+        // Device memory is staged through host memory, charged to the budget like a body.
+        let held = self.held;
+        let hit = cache.load_into(hash, len, &*buf, off, |n| self.budget.charge(held, n));
+        cache.record_lookup(hit.then_some(len));
+        Ok(Response::SetTensorHash {
+            result: u8::from(hit),
+        })
     }
 
     /// SET_TENSOR_HASH from a local GGUF file (`--gguf`): true when the tensor now holds the
@@ -378,7 +374,7 @@ impl Session {
         };
         // Device memory is staged through host memory, charged to the budget like a body.
         let held = self.held;
-        local.load_into(hash, len, &buf, off, |n| self.budget.charge(held, n))
+        local.load_into(hash, len, &*buf, off, |n| self.budget.charge(held, n))
     }
 
     fn copy_tensor(&mut self, src: &RpcTensor, dst: &RpcTensor) -> Result<Response, SessionError> {
