@@ -12,25 +12,22 @@
 //! llama.cpp built with RDMA on two machines. Projections: `base + round trips × RTT + bytes ÷
 //! bandwidth`, where `base` is the measured `none` time (compute + loopback + relay).
 
-use std::io::Read;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
 use rpc_transport::rdma::wire::Framing;
 
-use crate::latency::progress_bar;
+use bench_report::{human_bytes, ms, progress_bar, Table};
+
+use crate::conn::Target;
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
-use crate::report::{human_bytes, ms, Table, Target};
-use crate::traffic::Traffic;
-
-/// Default directory of the stock tools (the project's cached stock build).
-pub const DEFAULT_BIN: &str =
-    "/root/.cache/ggml-rpc-rs/llama-cpp-python-0.3.36/src-rdma-OFF/build/bin";
+use crate::tools::run_tool;
+use crate::traffic::{Traffic, WireTraffic};
+use crate::Origin;
 
 /// Settings of an end-to-end run.
 #[derive(Debug, Clone)]
@@ -111,31 +108,6 @@ pub struct BenchResult {
     pub tps_sd: f64,
 }
 
-/// Where an e2e row comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum E2eOrigin {
-    /// Through the counting relay, no delay.
-    Relay,
-    /// Through the link emulator.
-    Emulated,
-    /// Client straight to the server (real link).
-    Direct,
-    /// Computed.
-    Projected,
-}
-
-impl E2eOrigin {
-    /// Label for tables.
-    pub fn label(self) -> &'static str {
-        match self {
-            E2eOrigin::Relay => "measured (relay, no delay)",
-            E2eOrigin::Emulated => "measured (emulated link)",
-            E2eOrigin::Direct => "measured (direct, real link)",
-            E2eOrigin::Projected => "projected",
-        }
-    }
-}
-
 /// One row of results.
 #[derive(Debug, Clone)]
 pub struct E2eRow {
@@ -154,7 +126,7 @@ pub struct E2eRow {
     /// Link share of one run (projected), for rows with a link profile.
     pub link_cost: Option<Duration>,
     /// Origin of the measured numbers.
-    pub origin: E2eOrigin,
+    pub origin: Origin,
 }
 
 impl E2eRow {
@@ -232,63 +204,6 @@ fn llama_bench(
     let out = run_tool(&exe, &args, cfg.timeout, &cfg.logdir, tag)?;
     std::fs::write(cfg.logdir.join(format!("{tag}.json")), &out).ok();
     parse_llama_bench_json(&out)
-}
-
-/// Runs a stock tool to its end (killed after `timeout`), its stderr in `logdir/{tag}.err`;
-/// returns its stdout, or an error with the log's last lines if it failed.
-pub fn run_tool(
-    exe: &Path,
-    args: &[String],
-    timeout: Duration,
-    logdir: &Path,
-    tag: &str,
-) -> anyhow::Result<String> {
-    let mut cmd = Command::new(exe);
-    cmd.args(args);
-    std::fs::create_dir_all(logdir).ok();
-    let err_path = logdir.join(format!("{tag}.err"));
-    let err_file = std::fs::File::create(&err_path)
-        .with_context(|| format!("cannot create {}", err_path.display()))?;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(err_file);
-    tracing::debug!(?cmd, "stock tool");
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start {}", exe.display()))?;
-    let mut stdout = child.stdout.take().context("no stdout")?;
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait()? {
-            break st;
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!(
-                "{} timed out after {timeout:?} ({tag}); log: {}",
-                exe.display(),
-                err_path.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let out = reader.join().unwrap_or_default();
-    if !status.success() {
-        let log = std::fs::read_to_string(&err_path).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(15).collect();
-        bail!(
-            "{} failed ({status}, {tag}):\n{}",
-            exe.display(),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
-    }
-    Ok(out)
 }
 
 /// Runs `llama-bench` through a relay and returns its results and the traffic it caused.
@@ -513,7 +428,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
                 None,
                 t,
                 None,
-                E2eOrigin::Relay,
+                Origin::MeasuredRelay,
             ));
         }
         let mut emulated_iter = timed[ti][1..].iter();
@@ -531,8 +446,8 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
             };
             for &(phase, base, t) in &phases {
                 let (measured, origin) = match res {
-                    Some(res) => (Some(averaged(res, phase)?), E2eOrigin::Emulated),
-                    None => (None, E2eOrigin::Projected),
+                    Some(res) => (Some(averaged(res, phase)?), Origin::MeasuredEmulated),
+                    None => (None, Origin::Projected),
                 };
                 let projected = Some(base.avg + cost(&t));
                 rows.push(row(
@@ -549,7 +464,15 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
         if let Some(res) = &direct[ti] {
             for &(phase, _, t) in &phases {
                 let m = Some(find(res, phase)?);
-                rows.push(row("direct", phase, m, None, t, None, E2eOrigin::Direct));
+                rows.push(row(
+                    "direct",
+                    phase,
+                    m,
+                    None,
+                    t,
+                    None,
+                    Origin::MeasuredDirect,
+                ));
             }
         }
     }
@@ -559,40 +482,36 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
 
 /// The results as a table (times per token; traffic per token).
 pub fn table(rows: &[E2eRow]) -> Table {
-    let mut t = Table::new(&[
-        "server",
-        "link",
-        "test",
-        "t/s",
-        "ms/token measured",
-        "ms/token projected",
-        "link ms/token",
-        "round trips/token",
-        "bytes/token up",
-        "bytes/token down",
-        "numbers",
-    ]);
-    for r in rows {
-        let n = f64::from(r.phase.tokens().max(1));
-        t.push(vec![
-            r.server.clone(),
-            r.link.clone(),
-            r.phase.name(),
-            match (r.measured, r.projected) {
+    let n = |r: &E2eRow| f64::from(r.phase.tokens().max(1));
+    let per_token = |d: Option<Duration>| d.map_or("-".into(), ms);
+    Table::of(
+        rows,
+        &[
+            ("server", &|r| r.server.clone()),
+            ("link", &|r| r.link.clone()),
+            ("test", &|r| r.phase.name()),
+            ("t/s", &|r| match (r.measured, r.projected) {
                 (Some(m), _) => format!("{:.2} ± {:.2}", m.tps, m.tps_sd),
-                (None, Some(p)) => format!("({:.2})", n / p.as_secs_f64().max(1e-12)),
+                (None, Some(p)) => format!("({:.2})", n(r) / p.as_secs_f64().max(1e-12)),
                 _ => "-".into(),
-            },
-            r.measured_per_token().map_or("-".into(), ms),
-            r.projected_per_token().map_or("-".into(), ms),
-            r.link_cost_per_token().map_or("-".into(), ms),
-            fmt_ratio(r.traffic.round_trips as f64 / n),
-            format!("{:.0}", r.traffic.c2s_bytes as f64 / n),
-            format!("{:.0}", r.traffic.s2c_bytes as f64 / n),
-            r.origin.label().into(),
-        ]);
-    }
-    t
+            }),
+            ("ms/token measured", &|r| per_token(r.measured_per_token())),
+            ("ms/token projected", &|r| {
+                per_token(r.projected_per_token())
+            }),
+            ("link ms/token", &|r| per_token(r.link_cost_per_token())),
+            ("round trips/token", &|r| {
+                fmt_ratio(r.traffic.round_trips as f64 / n(r))
+            }),
+            ("bytes/token up", &|r| {
+                format!("{:.0}", r.traffic.c2s_bytes as f64 / n(r))
+            }),
+            ("bytes/token down", &|r| {
+                format!("{:.0}", r.traffic.s2c_bytes as f64 / n(r))
+            }),
+            ("numbers", &|r| r.origin.label().into()),
+        ],
+    )
 }
 
 /// One server measured under several placements of the output layer (`--compare-output`).
@@ -639,7 +558,7 @@ pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
     ]);
     let mut t = Table::new(&head.iter().map(String::as_str).collect::<Vec<_>>());
     for p in placements {
-        let links = crate::chart::distinct(
+        let links = bench_report::chart::distinct(
             rows.iter()
                 .filter(|r| p.ngl.iter().any(|(_, l, _)| *l == r.server))
                 .map(|r| &r.link),
@@ -654,7 +573,7 @@ pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
                     })
                 })
                 .collect();
-            let per: Vec<Option<(Duration, E2eOrigin)>> = found
+            let per: Vec<Option<(Duration, Origin)>> = found
                 .iter()
                 .map(|r| {
                     let r = (*r)?;
@@ -705,84 +624,97 @@ pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
 
 /// Commands of each server per generated token and per prompt batch (from the `none` rows).
 pub fn commands_table(rows: &[E2eRow]) -> Table {
-    let mut t = Table::new(&[
-        "server",
-        "unit",
-        "commands",
-        "round trips",
-        "bytes up",
-        "bytes down",
-    ]);
-    for r in rows.iter().filter(|r| r.link == "none") {
-        let (unit, n) = match r.phase {
-            Phase::Tg(n) => ("per generated token".to_string(), f64::from(n.max(1))),
-            Phase::Pp(n) => (format!("per prompt batch of {n} tokens"), 1.0),
-        };
-        t.push(vec![
-            r.server.clone(),
-            unit,
-            r.traffic.commands_summary(n),
-            fmt_ratio(r.traffic.round_trips as f64 / n),
-            human_bytes(r.traffic.c2s_bytes as f64 / n),
-            human_bytes(r.traffic.s2c_bytes as f64 / n),
-        ]);
-    }
-    t
+    // Per generated token, or per prompt batch (one run).
+    let unit = |r: &E2eRow| match r.phase {
+        Phase::Tg(n) => ("per generated token".to_string(), f64::from(n.max(1))),
+        Phase::Pp(n) => (format!("per prompt batch of {n} tokens"), 1.0),
+    };
+    let n = |r: &E2eRow| unit(r).1;
+    Table::of(
+        rows.iter().filter(|r| r.link == "none"),
+        &[
+            ("server", &|r| r.server.clone()),
+            ("unit", &|r| unit(r).0),
+            ("commands", &|r| r.traffic.commands_summary(n(r))),
+            ("round trips", &|r| {
+                fmt_ratio(r.traffic.round_trips as f64 / n(r))
+            }),
+            ("bytes up", &|r| {
+                human_bytes(r.traffic.c2s_bytes as f64 / n(r))
+            }),
+            ("bytes down", &|r| {
+                human_bytes(r.traffic.s2c_bytes as f64 / n(r))
+            }),
+        ],
+    )
 }
 
 /// RDMA wire cost per generated token under each framing, computed from the captured traffic
 /// with [`rpc_transport::rdma::wire`] (the `none` tg rows), beside what `tests/vm/test-lean.sh`
 /// measured in the soft-RoCE VM (rxe counters; another model, so compare ratios) when given.
 pub fn wire_table(rows: &[E2eRow], measured: Option<&VmWireTable>) -> Table {
-    let mut t = Table::new(&[
-        "server",
-        "framing",
-        "SENDs/token",
-        "packets/token (MTU 1024)",
-        "packets/token (MTU 4096)",
-        "bytes on the wire/token",
-        "vs upstream UC packets",
-        "VM measured SENDs/token",
-        "VM measured packets/token (MTU 1024)",
-        "source",
-    ]);
-    for r in rows
+    // One row per server and framing.
+    let cells: Vec<(&E2eRow, usize, Framing)> = rows
         .iter()
         .filter(|r| r.link == "none" && matches!(r.phase, Phase::Tg(_)))
-    {
-        let n = f64::from(r.phase.tokens().max(1));
-        let apple = r.traffic.wire[1].packets[0] as f64 / n;
-        for (i, f) in Framing::ALL.iter().enumerate() {
-            let w = r.traffic.wire[i];
-            let m = measured.and_then(|m| m.get(*f));
-            let credits = if w.credit_sends > 0 {
-                format!(" (≤ {:.1} credit-only)", w.credit_sends as f64 / n)
-            } else {
-                String::new()
-            };
-            t.push(vec![
-                r.server.clone(),
-                f.name().into(),
-                format!("{:.1}{credits}", w.sends as f64 / n),
-                format!("{:.1}", w.packets[0] as f64 / n),
-                format!("{:.1}", w.packets[1] as f64 / n),
-                human_bytes(w.bytes as f64 / n),
+        .flat_map(|r| {
+            Framing::ALL
+                .iter()
+                .enumerate()
+                .map(move |(i, f)| (r, i, *f))
+        })
+        .collect();
+    let n = |r: &E2eRow| f64::from(r.phase.tokens().max(1));
+    let per = |(r, i, _): &(&E2eRow, usize, Framing), f: fn(&WireTraffic) -> u64| {
+        f(&r.traffic.wire[*i]) as f64 / n(r)
+    };
+    let vm = |&(_, _, f): &(&E2eRow, usize, Framing), pick: fn((f64, f64)) -> f64| {
+        measured
+            .and_then(|m| m.get(f))
+            .map_or("-".into(), |m| format!("{:.1}", pick(m)))
+    };
+    Table::of(
+        cells,
+        &[
+            ("server", &|c| c.0.server.clone()),
+            ("framing", &|c| c.2.name().into()),
+            ("SENDs/token", &|c| {
+                let credits = per(c, |w| w.credit_sends);
+                let credits = if credits > 0.0 {
+                    format!(" (≤ {credits:.1} credit-only)")
+                } else {
+                    String::new()
+                };
+                format!("{:.1}{credits}", per(c, |w| w.sends))
+            }),
+            ("packets/token (MTU 1024)", &|c| {
+                format!("{:.1}", per(c, |w| w.packets[0]))
+            }),
+            ("packets/token (MTU 4096)", &|c| {
+                format!("{:.1}", per(c, |w| w.packets[1]))
+            }),
+            ("bytes on the wire/token", &|c| {
+                human_bytes(per(c, |w| w.bytes))
+            }),
+            ("vs upstream UC packets", &|c| {
+                let apple = c.0.traffic.wire[1].packets[0] as f64 / n(c.0);
                 if apple > 0.0 {
-                    format!("1/{:.0}", apple / (w.packets[0] as f64 / n).max(1e-9))
+                    format!("1/{:.0}", apple / per(c, |w| w.packets[0]).max(1e-9))
                 } else {
                     "-".into()
-                },
-                m.map_or("-".into(), |m| format!("{:.1}", m.0)),
-                m.map_or("-".into(), |m| format!("{:.1}", m.1)),
-                if f.is_lean() {
+                }
+            }),
+            ("VM measured SENDs/token", &|c| vm(c, |m| m.0)),
+            ("VM measured packets/token (MTU 1024)", &|c| vm(c, |m| m.1)),
+            ("source", &|c| {
+                if c.2.is_lean() {
                     "computed: no-response requests coalesced into the next round trip".into()
                 } else {
                     "computed: upstream's framing of each message".into()
-                },
-            ]);
-        }
-    }
-    t
+                }
+            }),
+        ],
+    )
 }
 
 /// The per-token table `tests/vm/test-lean.sh` writes (`target/lean-vm/lean-table.txt`):
@@ -874,7 +806,7 @@ mod tests {
             projected: None,
             traffic: Traffic::default(),
             link_cost: (link != "none").then(|| Duration::from_millis(ms_per_run / 10)),
-            origin: E2eOrigin::Emulated,
+            origin: Origin::MeasuredEmulated,
         };
         // Worker: 40 ms per token on 2.5gbe, client: 30; on none the worker wins (8 vs 10).
         let rows = [

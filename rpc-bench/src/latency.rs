@@ -18,18 +18,17 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
-
+use bench_report::{human_bytes, progress_bar, us, ProgressBar, Table};
 use rpc_client::Client;
 use rpc_proto::{Command, Request, CONN_CAPS_SIZE};
 use rpc_transport::Transport;
 
-use crate::conn::{self, alloc, bench_tensor, BenchConn, ConnError, RdmaSettings};
+use crate::conn::{self, alloc, bench_tensor, BenchConn, ConnError, RdmaSettings, Target};
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
-use crate::report::{human_bytes, us, Table, Target};
 use crate::stats::Summary;
 use crate::traffic::Traffic;
+pub use crate::Origin;
 
 /// What one iteration does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,31 +104,6 @@ pub struct LatencyConfig {
     pub rounds: usize,
     /// Show a progress bar.
     pub progress: bool,
-}
-
-/// Where a row's numbers come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// Measured directly against the server.
-    Measured,
-    /// Measured through the counting relay without delay.
-    MeasuredRelay,
-    /// Measured through the user-space link emulator.
-    MeasuredEmulated,
-    /// Computed from published figures.
-    Projected,
-}
-
-impl Origin {
-    /// Label for tables.
-    pub fn label(self) -> &'static str {
-        match self {
-            Origin::Measured => "measured",
-            Origin::MeasuredRelay => "measured (relay, no delay)",
-            Origin::MeasuredEmulated => "measured (emulated link)",
-            Origin::Projected => "projected",
-        }
-    }
 }
 
 /// One row of results.
@@ -549,52 +523,29 @@ fn analytic_traffic(case: &Case) -> (f64, f64, f64) {
     }
 }
 
-/// A progress bar of `total` steps on stderr, hidden unless `show`.
-pub fn progress_bar(total: u64, show: bool) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    pb
-}
-
 /// The results as a table.
 pub fn table(rows: &[CaseResult]) -> Table {
-    let mut t = Table::new(&[
-        "server",
-        "link",
-        "transport",
-        "case",
-        "wire bytes",
-        "p50 us",
-        "p99 us",
-        "mean us",
-        "min us",
-        "projected us",
-        "numbers",
-    ]);
-    for r in rows {
-        let s = r.summary.as_ref();
-        let f = |g: fn(&Summary) -> Duration| s.map_or("-".to_string(), |s| us(g(s)));
-        t.push(vec![
-            r.server.clone(),
-            r.link.clone(),
-            r.transport.clone(),
-            r.case.name(),
-            r.bytes.map_or("-".into(), |b| b.to_string()),
-            f(|s| s.p50),
-            f(|s| s.p99),
-            f(|s| s.mean),
-            f(|s| s.min),
-            r.projected.map_or("-".into(), us),
-            r.origin.label().into(),
-        ]);
-    }
-    t
+    let stat = |r: &CaseResult, g: fn(&Summary) -> Duration| {
+        r.summary.as_ref().map_or("-".to_string(), |s| us(g(s)))
+    };
+    Table::of(
+        rows,
+        &[
+            ("server", &|r| r.server.clone()),
+            ("link", &|r| r.link.clone()),
+            ("transport", &|r| r.transport.clone()),
+            ("case", &|r| r.case.name()),
+            ("wire bytes", &|r| {
+                r.bytes.map_or("-".into(), |b| b.to_string())
+            }),
+            ("p50 us", &|r| stat(r, |s| s.p50)),
+            ("p99 us", &|r| stat(r, |s| s.p99)),
+            ("mean us", &|r| stat(r, |s| s.mean)),
+            ("min us", &|r| stat(r, |s| s.min)),
+            ("projected us", &|r| r.projected.map_or("-".into(), us)),
+            ("numbers", &|r| r.origin.label().into()),
+        ],
+    )
 }
 
 /// CSV with the histogram of each measured row.

@@ -11,18 +11,18 @@
 //! the bytes it sent (counted by the relay). Effective GB/s = model file size ÷ load time. Rounds
 //! visit every link and server in turn; the median of the rounds is reported.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use crate::e2e::run_tool;
-use crate::latency::progress_bar;
+use bench_report::{human_bytes, progress_bar, Table};
+
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
-use crate::report::{human_bytes, Table};
+use crate::tools::{run_tool, ServerProcess};
 
 /// Server set-ups compared, in table order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,65 +113,34 @@ impl LoadRow {
     }
 }
 
-/// A server process, killed on drop.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// Starts the server of `mode` on a free loopback port, with its own cache directory.
+fn start_server(cfg: &LoadConfig, mode: Mode) -> anyhow::Result<ServerProcess> {
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let ours = !matches!(mode, Mode::StockCold | Mode::StockWarm);
+    let exe = if ours {
+        cfg.ours.clone()
+    } else {
+        cfg.bin.join("ggml-rpc-server")
+    };
+    let mut cmd = Command::new(&exe);
+    cmd.args(["-p", &port.to_string(), "-t", &cfg.threads.to_string()]);
+    if mode.warm() {
+        cmd.arg("-c");
     }
-}
-
-impl Server {
-    fn start(cfg: &LoadConfig, mode: Mode) -> anyhow::Result<Server> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let ours = !matches!(mode, Mode::StockCold | Mode::StockWarm);
-        let exe = if ours {
-            cfg.ours.clone()
-        } else {
-            cfg.bin.join("ggml-rpc-server")
-        };
-        let mut cmd = Command::new(&exe);
-        cmd.args(["-p", &port.to_string(), "-t", &cfg.threads.to_string()]);
-        if mode.warm() {
-            cmd.arg("-c");
-        }
-        if mode == Mode::OursGguf {
-            cmd.arg("--gguf").arg(&cfg.model);
-        }
-        let slug = slug(mode);
-        let cache = cfg.workdir.join(format!("cache-{slug}"));
-        std::fs::create_dir_all(&cache)?;
-        let log = std::fs::File::create(cfg.workdir.join(format!("server-{slug}.log")))?;
-        cmd.env("LLAMA_CACHE", &cache)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {}", exe.display()))?;
-        let server = Server {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-        };
-        // Ours listens once its --gguf index is built (hashing the model): allow for that.
-        let t = Instant::now();
-        while TcpStream::connect(server.addr).is_err() {
-            if t.elapsed() > Duration::from_secs(300) {
-                bail!(
-                    "{} did not listen on {} within 300 s",
-                    mode.name(),
-                    server.addr
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(server)
+    if mode == Mode::OursGguf {
+        cmd.arg("--gguf").arg(&cfg.model);
     }
+    let slug = slug(mode);
+    let cache = cfg.workdir.join(format!("cache-{slug}"));
+    std::fs::create_dir_all(&cache)?;
+    let log = std::fs::File::create(cfg.workdir.join(format!("server-{slug}.log")))?;
+    cmd.env("LLAMA_CACHE", &cache)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // Ours listens once its --gguf index is built (hashing the model): allow for that.
+    ServerProcess::start(cmd, port, Duration::from_secs(300))
+        .with_context(|| mode.name().to_string())
 }
 
 /// Loads the model with the stock client against `addr`; how long it took (see
@@ -260,7 +229,7 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
     let mut servers = Vec::new();
     for mode in Mode::ALL {
         pb.set_message(format!("starting {}", mode.name()));
-        let s = Server::start(cfg, mode)?;
+        let s = start_server(cfg, mode)?;
         if mode.warm() {
             pb.set_message(format!("{}: filling the cache", mode.name()));
             load_once(cfg, s.addr, &format!("{}-fill", slug(mode)))?;
@@ -316,36 +285,37 @@ fn slug(mode: Mode) -> String {
 
 /// The results: per link and mode, the median load time, effective GB/s and bytes sent.
 pub fn table(rows: &[LoadRow], model_bytes: u64) -> Table {
-    let mut t = Table::new(&[
-        "link",
-        "server",
-        "load s (median)",
-        "effective GB/s",
-        "vs stock cold",
-        "bytes sent",
-        "rounds (s)",
-    ]);
-    for r in rows {
-        let secs = r.median().as_secs_f64();
-        let stock = rows
-            .iter()
+    let secs = |r: &LoadRow| r.median().as_secs_f64();
+    let stock = |r: &LoadRow| {
+        rows.iter()
             .find(|s| s.link == r.link && s.mode == Mode::StockCold)
-            .map(|s| s.median().as_secs_f64());
-        t.push(vec![
-            r.link.clone(),
-            r.mode.name().into(),
-            format!("{secs:.2}"),
-            format!("{:.2}", model_bytes as f64 / 1e9 / secs.max(1e-9)),
-            stock.map_or("-".into(), |s| format!("{:.2}", secs / s.max(1e-9))),
-            r.sent.map_or("-".into(), |b| human_bytes(b as f64)),
-            r.loads
-                .iter()
-                .map(|d| format!("{:.2}", d.as_secs_f64()))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ]);
-    }
-    t
+            .map(secs)
+    };
+    Table::of(
+        rows,
+        &[
+            ("link", &|r| r.link.clone()),
+            ("server", &|r| r.mode.name().into()),
+            ("load s (median)", &|r| format!("{:.2}", secs(r))),
+            ("effective GB/s", &|r| {
+                format!("{:.2}", model_bytes as f64 / 1e9 / secs(r).max(1e-9))
+            }),
+            ("vs stock cold", &|r| {
+                stock(r).map_or("-".into(), |s| format!("{:.2}", secs(r) / s.max(1e-9)))
+            }),
+            ("bytes sent", &|r| {
+                r.sent.map_or("-".into(), |b| human_bytes(b as f64))
+            }),
+            ("rounds (s)", &|r| {
+                let each: Vec<String> = r
+                    .loads
+                    .iter()
+                    .map(|d| format!("{:.2}", d.as_secs_f64()))
+                    .collect();
+                each.join(", ")
+            }),
+        ],
+    )
 }
 
 /// The default work directory.

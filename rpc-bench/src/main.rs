@@ -8,14 +8,16 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use bench_report::chart::{self, Panel};
+use bench_report::{progress_bar, us, Table};
 use clap::{Args, Parser, Subcommand};
 use link_emu::check::{self as emucheck, CheckConfig, CheckRow};
-use rpc_bench::chart::{self, BarSeries, Panel, PALETTE};
-use rpc_bench::conn::RdmaSettings;
-use rpc_bench::e2e::{self, E2eConfig, E2eOrigin, E2eRow};
+use rpc_bench::conn::{RdmaSettings, Target};
+use rpc_bench::e2e::{self, E2eConfig, E2eRow};
 use rpc_bench::latency::{self, CaseKind, CaseResult, LatencyConfig};
 use rpc_bench::links::{self, fmt_dur, LinkKind, LinkProfile, PROFILES_HELP};
-use rpc_bench::report::{us, Table, Target};
+use rpc_bench::tools::DEFAULT_BIN;
+use rpc_bench::Origin;
 use rpc_transport::cli::{RdmaClientArgs, TransportMode};
 
 const ABOUT: &str = "Latency comparison for ggml RPC (protocol 7.0.0) links: per-command round trips, \
@@ -135,7 +137,7 @@ struct E2eArgs {
     #[arg(long)]
     model: PathBuf,
     /// Directory of the stock llama.cpp tools (llama-bench).
-    #[arg(long, default_value = e2e::DEFAULT_BIN)]
+    #[arg(long, default_value = DEFAULT_BIN)]
     bin: PathBuf,
     /// Prompt tokens (llama-bench -p).
     #[arg(short = 'p', long, default_value_t = 64)]
@@ -194,7 +196,7 @@ struct LoadArgs {
     #[arg(long, default_value = "target/release/rpc-server")]
     ours: PathBuf,
     /// Directory of the stock llama.cpp tools (ggml-rpc-server, llama-completion).
-    #[arg(long, default_value = e2e::DEFAULT_BIN)]
+    #[arg(long, default_value = DEFAULT_BIN)]
     bin: PathBuf,
     /// Server threads (-t), both servers.
     #[arg(short = 't', long, default_value_t = 2)]
@@ -256,15 +258,15 @@ fn real_main() -> anyhow::Result<()> {
         Cmd::EmulatorCheck(a) => cmd_check(a),
         Cmd::EchoFloor => rpc_bench::echo::run_child(),
         Cmd::Links => {
-            let mut t = Table::new(&["link", "figures", "kind", "source"]);
-            for l in LinkProfile::all_named() {
-                t.push(vec![
-                    l.name.clone(),
-                    l.figures(),
-                    l.kind.label().into(),
-                    l.source.into(),
-                ]);
-            }
+            let t = Table::of(
+                LinkProfile::all_named(),
+                &[
+                    ("link", &|l| l.name.clone()),
+                    ("figures", &|l| l.figures()),
+                    ("kind", &|l| l.kind.label().into()),
+                    ("source", &|l| l.source.into()),
+                ],
+            );
             print!("{}", t.markdown());
             Ok(())
         }
@@ -301,17 +303,7 @@ fn links_section(links: &[LinkProfile]) -> String {
 }
 
 fn emit(common: &Common, md: &str, csv: &Table) -> anyhow::Result<()> {
-    print!("{md}");
-    if let Some(p) = &common.csv {
-        csv.write_csv(p)
-            .with_context(|| format!("cannot write {}", p.display()))?;
-        eprintln!("CSV written to {}", p.display());
-    }
-    if let Some(p) = &common.md {
-        std::fs::write(p, md).with_context(|| format!("cannot write {}", p.display()))?;
-        eprintln!("markdown written to {}", p.display());
-    }
-    Ok(())
+    bench_report::emit(md, csv, common.md.as_deref(), common.csv.as_deref())
 }
 
 fn cmd_latency(a: LatencyArgs) -> anyhow::Result<()> {
@@ -329,9 +321,9 @@ fn cmd_latency(a: LatencyArgs) -> anyhow::Result<()> {
             "--echo-floor measures TCP over loopback; leave out --transport rdma"
         );
         let child = rpc_bench::echo::spawn_child()?;
-        targets.push(rpc_bench::report::Target {
+        targets.push(Target {
             label: "echo floor".into(),
-            addr: child.addr(),
+            addr: child.addr,
         });
         floor = Some(child);
     }
@@ -583,7 +575,7 @@ fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow
                     r.measured_per_token().map(|d| d.as_secs_f64() * 1e3)
                 }),
                 &|r: &E2eRow| {
-                    (r.origin != E2eOrigin::Relay)
+                    (r.origin != Origin::MeasuredRelay)
                         .then(|| r.projected_per_token())
                         .flatten()
                         .map(|d| d.as_secs_f64() * 1e3)
@@ -598,23 +590,13 @@ fn e2e_chart(path: &std::path::Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow
         .cloned()
         .collect();
     let tg = e2e::Phase::Tg(cfg.n_gen);
-    let mut series = Vec::new();
-    for (ti, t) in cfg.targets.iter().enumerate() {
-        series.push(BarSeries {
-            name: format!("{} projected", t.label),
-            values: link_cats
-                .iter()
-                .map(|l| {
-                    rows.iter()
-                        .find(|r| r.server == t.label && &r.link == l && r.phase == tg)
-                        .and_then(E2eRow::link_cost_per_token)
-                        .map(|d| d.as_secs_f64() * 1e3)
-                })
-                .collect(),
-            color: PALETTE[ti % PALETTE.len()],
-            hollow: true,
-        });
-    }
+    let names: Vec<String> = servers.iter().map(|s| format!("{s} projected")).collect();
+    let series = chart::series(&names, &link_cats, true, |ti, l| {
+        rows.iter()
+            .find(|r| r.server == servers[ti] && r.link == l && r.phase == tg)
+            .and_then(E2eRow::link_cost_per_token)
+            .map(|d| d.as_secs_f64() * 1e3)
+    });
     panels.push(Panel {
         title: format!(
             "link share of a generated token (tg{}): round trips x RTT + bytes / bandwidth",
@@ -699,27 +681,16 @@ fn cmd_load(a: LoadArgs) -> anyhow::Result<()> {
     emit(&a.common, &md, &t)?;
     if let Some(png) = &a.png {
         let cats = chart::distinct(rows.iter().map(|r| &r.link));
+        let modes: Vec<String> = Mode::ALL.iter().map(|m| m.name().to_string()).collect();
         let panel = |title: &str, y: &str, f: &dyn Fn(Duration) -> f64| Panel {
             title: title.into(),
             y_label: y.into(),
             categories: cats.clone(),
-            series: Mode::ALL
-                .iter()
-                .enumerate()
-                .map(|(i, &mode)| BarSeries {
-                    name: mode.name().into(),
-                    values: cats
-                        .iter()
-                        .map(|c| {
-                            rows.iter()
-                                .find(|r| &r.link == c && r.mode == mode)
-                                .map(|r| f(r.median()))
-                        })
-                        .collect(),
-                    color: PALETTE[i % PALETTE.len()],
-                    hollow: false,
-                })
-                .collect(),
+            series: chart::series(&modes, &cats, false, |i, c| {
+                rows.iter()
+                    .find(|r| r.link == c && r.mode == Mode::ALL[i])
+                    .map(|r| f(r.median()))
+            }),
         };
         let gb = model_bytes as f64 / 1e9;
         chart::draw(
@@ -745,7 +716,7 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
         bulk_time: Duration::from_millis(a.bulk_ms),
         rounds: a.rounds,
     };
-    let pb = rpc_bench::latency::progress_bar(cfg.steps(), progress(&a.common));
+    let pb = progress_bar(cfg.steps(), progress(&a.common));
     let (rows, timer) = emucheck::run(&cfg, &pb)?;
     let mut md = String::from("## rpc-bench emulator-check\n\n");
     md.push_str(&format!(
@@ -773,41 +744,35 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
 
 /// The emulator check's results as a table.
 fn check_table(rows: &[CheckRow]) -> Table {
-    let mut t = Table::new(&[
-        "link",
-        "configured RTT us",
-        "ping RTT p50 us",
-        "p99 us",
-        "emulated part us",
-        "configured Gbit/s",
-        "bulk Gbit/s",
-        "bulk MiB",
-        "RTT",
-        "bandwidth",
-        "notes",
-    ]);
-    for r in rows {
-        let verdict = |b: bool| if b { "ok" } else { "OUT OF TOLERANCE" };
-        let native = r.link.kind == LinkKind::Native;
-        t.push(vec![
-            r.link.name.clone(),
-            us(r.link.rtt),
-            us(r.rtt.p50),
-            us(r.rtt.p99),
-            if native { "-".into() } else { us(r.rtt_excess) },
-            r.link
-                .gbps
-                .map_or("unlimited".into(), |g| format!("{g:.3}")),
-            format!("{:.3}", r.gbps),
-            (r.bulk_bytes >> 20).to_string(),
-            if native {
-                "-".into()
-            } else {
-                verdict(r.rtt_ok).into()
-            },
-            r.bw_ok.map_or("-".into(), |b| verdict(b).into()),
-            r.note.clone(),
-        ]);
-    }
-    t
+    let verdict = |b: bool| if b { "ok" } else { "OUT OF TOLERANCE" };
+    // Emulated-only figures are `-` on the native link.
+    let emulated = |r: &CheckRow, v: String| {
+        if r.link.kind == LinkKind::Native {
+            "-".into()
+        } else {
+            v
+        }
+    };
+    Table::of(
+        rows,
+        &[
+            ("link", &|r| r.link.name.clone()),
+            ("configured RTT us", &|r| us(r.link.rtt)),
+            ("ping RTT p50 us", &|r| us(r.rtt.p50)),
+            ("p99 us", &|r| us(r.rtt.p99)),
+            ("emulated part us", &|r| emulated(r, us(r.rtt_excess))),
+            ("configured Gbit/s", &|r| {
+                r.link
+                    .gbps
+                    .map_or("unlimited".into(), |g| format!("{g:.3}"))
+            }),
+            ("bulk Gbit/s", &|r| format!("{:.3}", r.gbps)),
+            ("bulk MiB", &|r| (r.bulk_bytes >> 20).to_string()),
+            ("RTT", &|r| emulated(r, verdict(r.rtt_ok).into())),
+            ("bandwidth", &|r| {
+                r.bw_ok.map_or("-".into(), |b| verdict(b).into())
+            }),
+            ("notes", &|r| r.note.clone()),
+        ],
+    )
 }

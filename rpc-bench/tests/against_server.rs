@@ -7,7 +7,7 @@ use std::time::Duration;
 use rpc_bench::latency::{self, CaseKind, LatencyConfig, Origin};
 use rpc_bench::links::{parse_links, LinkKind};
 use rpc_bench::relay::{Relay, RelayOptions, Wire};
-use rpc_bench::report::Target;
+use rpc_bench::conn::Target;
 use rpc_client::{Client, Command, TensorBuilder};
 use rpc_tests::TestServer;
 

@@ -75,6 +75,26 @@ pub fn distinct<'a>(values: impl IntoIterator<Item = &'a String>) -> Vec<String>
     v
 }
 
+/// One series per name over `cats`, coloured in palette order: the bar of name `i` over a
+/// category is `value(i, category)`.
+pub fn series(
+    names: &[String],
+    cats: &[String],
+    hollow: bool,
+    value: impl Fn(usize, &str) -> Option<f64>,
+) -> Vec<BarSeries> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| BarSeries {
+            name: name.clone(),
+            values: cats.iter().map(|c| value(i, c)).collect(),
+            color: PALETTE[i % PALETTE.len()],
+            hollow,
+        })
+        .collect()
+}
+
 /// A value of a row for a chart, if it has one.
 pub type Pick<'a, R> = &'a dyn Fn(&R) -> Option<f64>;
 
