@@ -13,58 +13,91 @@
 //! bandwidth`, where `base` is the measured `none` time (compute + loopback + relay).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 
 use rpc_transport::rdma::wire::Framing;
 
+use bench_report::chart::{self, Panel};
 use bench_report::{human_bytes, ms, progress_bar, Table};
+use clap::Args;
 
+use crate::cli::Common;
 use crate::conn::Target;
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
-use crate::tools::run_tool;
+use crate::tools::{run_tool, DEFAULT_BIN};
 use crate::traffic::{Traffic, WireTraffic};
 use crate::Origin;
 
-/// Settings of an end-to-end run.
-#[derive(Debug, Clone)]
+/// Settings of an end-to-end run: its command line.
+#[derive(Args, Debug, Clone)]
 pub struct E2eConfig {
-    /// Servers.
-    pub targets: Vec<Target>,
-    /// Directory holding `llama-bench`.
-    pub bin: PathBuf,
-    /// GGUF model.
+    /// Server (worker) to measure, `[LABEL=]HOST:PORT`; repeat for several.
+    #[arg(long, required = true, value_name = "[LABEL=]HOST:PORT")]
+    pub server: Vec<Target>,
+    /// GGUF model (e.g. the output of scripts/test-model.sh).
+    #[arg(long)]
     pub model: PathBuf,
-    /// Links (emulated ones are measured, projection-only ones projected).
-    pub links: Vec<LinkProfile>,
-    /// `-p`.
+    /// Directory of the stock llama.cpp tools (llama-bench).
+    #[arg(long, default_value = DEFAULT_BIN)]
+    pub bin: PathBuf,
+    /// Prompt tokens (llama-bench -p).
+    #[arg(short = 'p', long, default_value_t = 64)]
     pub n_prompt: u32,
-    /// `-n`.
+    /// Generated tokens (llama-bench -n).
+    #[arg(short = 'n', long, default_value_t = 32)]
     pub n_gen: u32,
-    /// `-r` (at least 2: the counting needs two repetition counts).
+    /// Repetitions (llama-bench -r, at least 2).
+    #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: u32,
-    /// `-t` of the client.
-    pub threads: u32,
-    /// `-ngl`.
-    pub ngl: String,
-    /// More `llama-bench` arguments per target (same order as `targets`; missing: none), e.g.
-    /// the output-layer placement of `--compare-output`.
-    pub target_args: Vec<Vec<String>>,
-    /// Extra `llama-bench` arguments.
-    pub extra: Vec<String>,
-    /// Also run with the client connected straight to the server.
-    pub direct: bool,
-    /// Per `llama-bench` run.
-    pub timeout: Duration,
-    /// Raw outputs and logs.
-    pub logdir: PathBuf,
-    /// Timing rounds: each round runs `none` and every emulated link for every server in turn.
+    /// Timing rounds: each runs none and every emulated link for every server in turn (results
+    /// are averaged), so load from elsewhere on the machine spreads over all of them.
+    #[arg(long, default_value_t = 2)]
     pub rounds: u32,
-    /// Progress bar.
-    pub progress: bool,
+    /// Client threads (llama-bench -t).
+    #[arg(short = 't', long, default_value_t = 1)]
+    pub threads: u32,
+    /// llama-bench -ngl.
+    #[arg(long, default_value = "99")]
+    pub ngl: String,
+    /// Measure every server twice, with the output layer on the worker (the logits cross the
+    /// link every token) and on the client (`-ot '^(output|token_embd)\.weight$=CPU'`: only the hidden state
+    /// crosses), interleaved, and say per link which is faster, by how much, with its flags.
+    #[arg(long)]
+    pub compare_output: bool,
+    /// Extra llama-bench arguments (one string, split on whitespace), e.g. "-fa 1 -ub 256".
+    #[arg(long, default_value = "")]
+    pub bench_args: String,
+    /// Also run with llama-bench connected straight to the server (no relay): the real link,
+    /// e.g. RDMA with a llama.cpp built with GGML_RPC_RDMA between two machines.
+    #[arg(long)]
+    pub direct: bool,
+    /// Timeout per llama-bench run, seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+    /// Where llama-bench's raw JSON and logs go.
+    #[arg(long, default_value = "target/rpc-bench-logs")]
+    pub logdir: PathBuf,
+    /// Write a PNG chart of per-token latency per link.
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    /// Per-token SENDs/packets measured in the soft-RoCE VM by tests/vm/test-lean.sh, shown
+    /// beside the computed RDMA wire cost (default: target/lean-vm/lean-table.txt if present).
+    #[arg(long, value_name = "FILE")]
+    pub vm_wire: Option<PathBuf>,
+    /// `--links`, `--csv`, `--md`, `--no-progress`.
+    #[command(flatten)]
+    pub common: Common,
+    /// The servers as measured: each `--server`, once per output placement with
+    /// `--compare-output` (filled by [`command`]).
+    #[arg(skip)]
+    pub targets: Vec<Target>,
+    /// More `llama-bench` arguments per entry of `targets` (the placement's flags).
+    #[arg(skip)]
+    pub target_args: Vec<Vec<String>>,
 }
 
 /// Prompt processing or generation.
@@ -198,10 +231,11 @@ fn llama_bench(
     ] {
         args.extend([k.to_string(), v]);
     }
-    args.extend(cfg.extra.iter().cloned());
+    args.extend(cfg.bench_args.split_whitespace().map(String::from));
     args.extend(cfg.target_args.get(ti).into_iter().flatten().cloned());
     let exe = cfg.bin.join("llama-bench");
-    let out = run_tool(&exe, &args, cfg.timeout, &cfg.logdir, tag)?;
+    let timeout = Duration::from_secs(cfg.timeout);
+    let out = run_tool(&exe, &args, timeout, &cfg.logdir, tag)?;
     std::fs::write(cfg.logdir.join(format!("{tag}.json")), &out).ok();
     parse_llama_bench_json(&out)
 }
@@ -283,13 +317,14 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
         bail!("model {} not found", cfg.model.display());
     }
     let n_emulated = cfg
-        .links
+        .common
+        .links()
         .iter()
         .filter(|l| l.kind == LinkKind::Emulated)
         .count() as u64;
     let runs = cfg.targets.len() as u64
         * (4 + u64::from(cfg.rounds.max(1)) * (1 + n_emulated) + u64::from(cfg.direct));
-    let pb = progress_bar(runs, cfg.progress);
+    let pb = progress_bar(runs, cfg.common.progress());
     let (pp, tg) = (Phase::Pp(cfg.n_prompt), Phase::Tg(cfg.n_gen));
     let mut rows = Vec::new();
     let mut notes = E2eNotes::default();
@@ -326,7 +361,8 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
         }
     }
     let emulated_links: Vec<&LinkProfile> = cfg
-        .links
+        .common
+        .links()
         .iter()
         .filter(|l| l.kind == LinkKind::Emulated)
         .collect();
@@ -432,7 +468,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
             ));
         }
         let mut emulated_iter = timed[ti][1..].iter();
-        for link in &cfg.links {
+        for link in cfg.common.links() {
             let cost = |t: &Traffic| {
                 link.link_cost(t.round_trips as f64, t.bytes() as f64, t.uc_bytes() as f64)
             };
@@ -558,7 +594,7 @@ pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
     ]);
     let mut t = Table::new(&head.iter().map(String::as_str).collect::<Vec<_>>());
     for p in placements {
-        let links = bench_report::chart::distinct(
+        let links = chart::distinct(
             rows.iter()
                 .filter(|r| p.ngl.iter().any(|(_, l, _)| *l == r.server))
                 .map(|r| &r.link),
@@ -753,6 +789,211 @@ impl VmWireTable {
         };
         self.rows.iter().find(|r| r.0 == key).map(|r| (r.1, r.2))
     }
+}
+
+/// `rpc-bench e2e`: runs the benchmark and writes its report.
+pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
+    // --compare-output: every server once per placement, all interleaved in the same rounds.
+    let variants: Vec<(&str, &[&str])> = if cfg.compare_output {
+        OUTPUT_PLACEMENTS.to_vec()
+    } else {
+        vec![("", &[])]
+    };
+    let mut targets = Vec::new();
+    let mut placements = Vec::new();
+    for t in &cfg.server {
+        let mut p = Placements {
+            server: t.label.clone(),
+            ngl: Vec::new(),
+        };
+        for (name, args) in &variants {
+            let label = if cfg.compare_output {
+                format!("{} ({name})", t.label)
+            } else {
+                t.label.clone()
+            };
+            let flags = std::iter::once(format!("-ngl {}", cfg.ngl))
+                .chain(args.iter().map(|x| x.to_string()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            p.ngl.push((name.to_string(), label.clone(), flags));
+            let args: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+            targets.push((
+                Target {
+                    label,
+                    addr: t.addr,
+                },
+                args,
+            ));
+        }
+        placements.push(p);
+    }
+    (cfg.targets, cfg.target_args) = targets.into_iter().unzip();
+    let cfg = cfg;
+    let (rows, notes) = run(&cfg)?;
+    let mut md = String::new();
+    md.push_str(&format!(
+        "## rpc-bench e2e\n\nClient: stock `llama-bench -ngl {} -p {} -n {} -r {} -t {} {}` ({}), model `{}`; servers: {}; \
+         timings averaged over {} rounds (each round runs every link for every server in turn).\n\
+         Per token: pp = one {}-token batch ÷ {}, tg = one generated token. Round trips and bytes are counted \
+         exactly by the relay (difference between -r 1 and -r {} runs). `numbers`: *measured (relay, no delay)* \
+         is the base; *measured (emulated link)* ran through the user-space link emulator; *projected* = base + \
+         round trips × RTT + bytes ÷ bandwidth (t/s in parentheses are projected).\n\n",
+        cfg.ngl,
+        cfg.n_prompt,
+        cfg.n_gen,
+        cfg.reps,
+        cfg.threads,
+        cfg.bench_args,
+        cfg.bin.display(),
+        cfg.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        cfg.targets.iter().map(|t| format!("{} ({})", t.label, t.addr)).collect::<Vec<_>>().join(", "),
+        cfg.rounds,
+        cfg.n_prompt,
+        cfg.n_prompt,
+        cfg.reps,
+    ));
+    md.push_str(&table(&rows).markdown());
+    if cfg.compare_output {
+        md.push_str(
+            "\nWhere the output layer goes: on the worker the whole logits vector comes back every \
+             token; on the client (its matrix kept in client memory by `-ot`) only the hidden state \
+             does, and the client computes the logits. ms per generated token per placement, the \
+             faster one, what it saves, and the flags to use.\n\n",
+        );
+        md.push_str(&placement_table(&rows, &placements).markdown());
+    }
+    md.push_str("\nCommands on the wire (counted through the relay):\n\n");
+    md.push_str(&commands_table(&rows).markdown());
+    let vm_path = cfg
+        .vm_wire
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/lean-vm/lean-table.txt"));
+    let vm = match std::fs::read_to_string(&vm_path) {
+        Ok(text) => Some(VmWireTable::parse(&text)),
+        Err(e) if cfg.vm_wire.is_some() => anyhow::bail!("--vm-wire {}: {e}", vm_path.display()),
+        Err(_) => None,
+    };
+    md.push_str(
+        "\nRDMA wire cost per generated token: the traffic above framed by each RDMA flavor \
+         (`rpc_transport::rdma::wire`, checked SEND by SEND against the framings on the fake fabric). \
+         Upstream RC: every `send_data()` part is a SEND; upstream UC (Apple): every message is whole \
+         128 KiB strides; lean (ours, rpc-shim or rpc-client to rpc-server): no-response requests \
+         coalesced into the next round trip, frames sized to the data.",
+    );
+    if vm.is_some() {
+        md.push_str(&format!(
+            " The VM columns come from `{}` (tests/vm/test-lean.sh: rxe counters in the soft-RoCE VM, \
+             synthetic llama model, stock client, through the real rpc-shim for lean): a different model, \
+             so compare ratios between framings.",
+            vm_path.display()
+        ));
+    }
+    md.push_str("\n\n");
+    md.push_str(&wire_table(&rows, vm.as_ref()).markdown());
+    md.push('\n');
+    for l in &notes.lines {
+        md.push_str(&format!("- {l}\n"));
+    }
+    md.push('\n');
+    md.push_str(&cfg.common.links_section());
+    cfg.common.emit(&md, &table(&rows))?;
+    if let Some(png) = &cfg.png {
+        draw_chart(png, &rows, &cfg)?;
+        eprintln!("chart written to {}", png.display());
+    }
+    Ok(())
+}
+
+fn draw_chart(path: &Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<()> {
+    let cats = chart::distinct(rows.iter().map(|r| &r.link));
+    let servers: Vec<String> = cfg.targets.iter().map(|t| t.label.clone()).collect();
+    let mut panels = Vec::new();
+    for (phase, title) in [
+        (
+            Phase::Tg(cfg.n_gen),
+            format!("generation (tg{}): ms per token", cfg.n_gen),
+        ),
+        (
+            Phase::Pp(cfg.n_prompt),
+            format!("prompt processing (pp{}): ms per token", cfg.n_prompt),
+        ),
+    ] {
+        panels.push(Panel {
+            title,
+            y_label: "ms per token".into(),
+            categories: cats.clone(),
+            series: chart::measured_and_projected(
+                &servers,
+                &cats,
+                |s, l| {
+                    rows.iter()
+                        .find(|r| r.server == s && r.link == l && r.phase == phase)
+                },
+                ("measured", &|r: &E2eRow| {
+                    r.measured_per_token().map(|d| d.as_secs_f64() * 1e3)
+                }),
+                &|r: &E2eRow| {
+                    (r.origin != Origin::MeasuredRelay)
+                        .then(|| r.projected_per_token())
+                        .flatten()
+                        .map(|d| d.as_secs_f64() * 1e3)
+                },
+            ),
+        });
+    }
+    // The link's own share per generated token: deterministic, from the counted traffic.
+    let link_cats: Vec<String> = cats
+        .iter()
+        .filter(|c| c.as_str() != "none" && c.as_str() != "direct")
+        .cloned()
+        .collect();
+    let tg = Phase::Tg(cfg.n_gen);
+    let names: Vec<String> = servers.iter().map(|s| format!("{s} projected")).collect();
+    let series = chart::series(&names, &link_cats, true, |ti, l| {
+        rows.iter()
+            .find(|r| r.server == servers[ti] && r.link == l && r.phase == tg)
+            .and_then(E2eRow::link_cost_per_token)
+            .map(|d| d.as_secs_f64() * 1e3)
+    });
+    panels.push(Panel {
+        title: format!(
+            "link share of a generated token (tg{}): round trips x RTT + bytes / bandwidth",
+            cfg.n_gen
+        ),
+        y_label: "ms per token".into(),
+        categories: link_cats,
+        series,
+    });
+    let mut footer = vec![format!(
+        "Stock llama-bench -ngl {} through each link to the worker; solid = measured (none: loopback + counting relay; \
+         others: user-space link emulator), light = projected.",
+        cfg.ngl
+    )];
+    for l in cfg
+        .common
+        .links()
+        .iter()
+        .filter(|l| l.kind != LinkKind::Native)
+    {
+        footer.push(format!(
+            "{}: {} ({}){}",
+            l.name,
+            l.figures(),
+            l.kind.label(),
+            if l.name == "tb5-rdma" {
+                "; messages padded to 128 KiB strides (upstream Apple UC flavor)"
+            } else {
+                ""
+            }
+        ));
+    }
+    chart::draw(
+        path,
+        "rpc-bench e2e: per-token latency per link",
+        &panels,
+        &footer,
+    )
 }
 
 fn fmt_ratio(v: f64) -> String {
