@@ -533,16 +533,10 @@ pub fn command(mut cfg: LatencyConfig) -> anyhow::Result<()> {
 fn draw_chart(path: &Path, rows: &[CaseResult], cfg: &LatencyConfig) -> anyhow::Result<()> {
     let cats = chart::distinct(rows.iter().map(|r| &r.link));
     let servers: Vec<String> = cfg.server.iter().map(|t| t.label.clone()).collect();
-    let mut cases = vec![Case {
-        kind: CaseKind::Empty,
-        bytes: 0,
-    }];
-    cases.extend(cfg.sizes.iter().map(|&b| Case {
-        kind: CaseKind::Get,
-        bytes: b,
-    }));
-    let panels = cases
+    // The empty round trip and GET_TENSOR of each size.
+    let panels = Case::all(&cfg.sizes)
         .into_iter()
+        .filter(|c| c.kind != CaseKind::Set)
         .map(|case| Panel {
             title: case.name(),
             y_label: "round trip, us".into(),
