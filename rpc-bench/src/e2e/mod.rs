@@ -23,7 +23,7 @@ use clap::Args;
 
 use crate::cli::Common;
 use crate::conn::Target;
-use crate::links::{LinkKind, LinkProfile};
+use crate::links::LinkKind;
 use crate::relay::{Relay, RelayOptions, Wire};
 use crate::tools::{run_tool, DEFAULT_BIN};
 use crate::traffic::Traffic;
@@ -319,101 +319,83 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
     if !cfg.model.is_file() {
         bail!("model {} not found", cfg.model.display());
     }
-    let n_emulated = cfg
-        .common
-        .links()
-        .iter()
-        .filter(|l| l.kind == LinkKind::Emulated)
-        .count() as u64;
-    let runs = cfg.targets.len() as u64
-        * (4 + u64::from(cfg.rounds.max(1)) * (1 + n_emulated) + u64::from(cfg.direct));
-    let pb = progress_bar(runs, cfg.common.progress());
     let (pp, tg) = (Phase::Pp(cfg.n_prompt), Phase::Tg(cfg.n_gen));
-    let mut rows = Vec::new();
-    let mut notes = E2eNotes::default();
-    // Every step runs for each server in turn (ours, stock, ours, stock, ...), so load from
-    // elsewhere on a shared machine spreads over all servers alike.
+    let (np, ng, reps, rounds) = (cfg.n_prompt, cfg.n_gen, cfg.reps, cfg.rounds.max(1));
+    // The schedule, each step run for every server in turn (ours, stock, ours, stock, ...), so
+    // load from elsewhere on a shared machine spreads over all servers alike: (log tag, progress
+    // message, route (`None`: straight to the server), -p, -n, -r). First the four counting runs
+    // through the relay without delay; then the timing rounds, each over `none` (the relay
+    // without delay) and every emulated link (averaged over the rounds); then `--direct`.
+    let timing: Vec<(String, Wire)> = std::iter::once(("none".to_string(), Wire::transparent()))
+        .chain(
+            cfg.common
+                .links()
+                .iter()
+                .filter(|l| l.kind == LinkKind::Emulated)
+                .map(|l| (l.name.clone(), Wire::of(l))),
+        )
+        .collect();
+    let count = |ph: Phase, r: u32| {
+        let (short, p, n) = match ph {
+            Phase::Pp(_) => ("pp", np, 0),
+            Phase::Tg(_) => ("tg", 0, ng),
+        };
+        let (tag, msg) = (
+            format!("{short}-r{r}"),
+            format!("counting {} -r {r}", ph.name()),
+        );
+        (tag, msg, Some(Wire::transparent()), p, n, r)
+    };
+    let mut steps = vec![count(pp, 1), count(pp, reps), count(tg, 1), count(tg, reps)];
+    for r in 1..=rounds {
+        steps.extend(timing.iter().map(|(name, wire)| {
+            let msg = format!("{name} (round {r}/{rounds})");
+            (format!("{name}-round{r}"), msg, Some(*wire), np, ng, reps)
+        }));
+    }
+    if cfg.direct {
+        steps.push(("direct".into(), "direct".into(), None, np, ng, reps));
+    }
+    let pb = progress_bar(
+        (steps.len() * cfg.targets.len()) as u64,
+        cfg.common.progress(),
+    );
     let slug = |t: &Target| -> String {
         t.label
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect()
     };
-    let mut counted: Vec<[(Vec<BenchResult>, Traffic); 4]> =
-        vec![Default::default(); cfg.targets.len()];
-    let count_steps = [
-        (cfg.n_prompt, 0, 1u32, "pp-r1"),
-        (cfg.n_prompt, 0, cfg.reps, "pp-rR"),
-        (0, cfg.n_gen, 1, "tg-r1"),
-        (0, cfg.n_gen, cfg.reps, "tg-rR"),
-    ];
-    for (si, &(p, n, r, name)) in count_steps.iter().enumerate() {
+    // [step][target] -> results and traffic (none when straight to the server)
+    let mut done: Vec<Vec<(Vec<BenchResult>, Traffic)>> = Vec::new();
+    for (tag, msg, wire, p, n, r) in &steps {
+        let mut per_target = Vec::new();
         for (ti, target) in cfg.targets.iter().enumerate() {
-            pb.set_message(format!(
-                "{}: counting {} -r {r}",
-                target.label,
-                if p > 0 { pp.name() } else { tg.name() }
-            ));
-            let tag = format!(
-                "{}-{}",
-                slug(target),
-                name.replace("rR", &format!("r{}", cfg.reps))
-            );
-            counted[ti][si] = through_relay(cfg, ti, Wire::transparent(), p, n, r, &tag)?;
+            pb.set_message(format!("{}: {msg}", target.label));
+            let tag = format!("{}-{tag}", slug(target));
+            per_target.push(match wire {
+                Some(w) => through_relay(cfg, ti, *w, *p, *n, *r, &tag)?,
+                None => (
+                    llama_bench(cfg, ti, target.addr, *p, *n, *r, &tag)?,
+                    Traffic::default(),
+                ),
+            });
             pb.inc(1);
         }
+        done.push(per_target);
     }
-    let emulated_links: Vec<&LinkProfile> = cfg
-        .common
-        .links()
-        .iter()
-        .filter(|l| l.kind == LinkKind::Emulated)
-        .collect();
-    // Timing: `none` (the relay without delay) and every emulated link, in rounds that visit
-    // every link and server in turn; results are averaged over the rounds.
-    let timing: Vec<(String, Wire)> = std::iter::once(("none".to_string(), Wire::transparent()))
-        .chain(emulated_links.iter().map(|l| (l.name.clone(), Wire::of(l))))
-        .collect();
-    let rounds = cfg.rounds.max(1);
-    // [target][timing link] -> results of each round
-    let mut timed: Vec<Vec<Vec<Vec<BenchResult>>>> =
-        vec![vec![Vec::new(); timing.len()]; cfg.targets.len()];
-    for r in 0..rounds {
-        for (li, (name, wire)) in timing.iter().enumerate() {
-            for (ti, target) in cfg.targets.iter().enumerate() {
-                pb.set_message(format!(
-                    "{}: {name} (round {}/{rounds})",
-                    target.label,
-                    r + 1
-                ));
-                let tag = format!("{}-{name}-round{}", slug(target), r + 1);
-                let (res, _) =
-                    through_relay(cfg, ti, *wire, cfg.n_prompt, cfg.n_gen, cfg.reps, &tag)?;
-                timed[ti][li].push(res);
-                pb.inc(1);
-            }
-        }
-    }
-    let mut direct: Vec<Option<Vec<BenchResult>>> = vec![None; cfg.targets.len()];
-    if cfg.direct {
-        for (ti, target) in cfg.targets.iter().enumerate() {
-            pb.set_message(format!("{}: direct", target.label));
-            let tag = format!("{}-direct", slug(target));
-            direct[ti] = Some(llama_bench(
-                cfg,
-                ti,
-                target.addr,
-                cfg.n_prompt,
-                cfg.n_gen,
-                cfg.reps,
-                &tag,
-            )?);
-            pb.inc(1);
-        }
-    }
+    // Timing link `li` over the rounds, and the direct run, of target `ti`.
+    let timed = |ti: usize, li: usize| -> Vec<Vec<BenchResult>> {
+        (0..rounds as usize)
+            .map(|r| done[4 + r * timing.len() + li][ti].0.clone())
+            .collect()
+    };
+    let direct = |ti: usize| cfg.direct.then(|| &done[steps.len() - 1][ti].0);
+    let mut rows = Vec::new();
+    let mut notes = E2eNotes::default();
     for (ti, target) in cfg.targets.iter().enumerate() {
         let label = &target.label;
-        let [(_, pp1), (_, ppr), (_, tg1), (_, tgr)] = &counted[ti];
+        let [pp1, ppr, tg1, tgr] = [0, 1, 2, 3].map(|si| &done[si][ti].1);
         let pp_t = differential(pp1, ppr, cfg.reps);
         let tg_t = differential(tg1, tgr, cfg.reps);
         for (name, one, many) in [(pp.name(), pp1, ppr), (tg.name(), tg1, tgr)] {
@@ -446,8 +428,8 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
             human_bytes(tg_t.bytes() as f64),
             tg_t.commands_summary(1.0),
         ));
-        let base_pp = averaged(&timed[ti][0], pp)?;
-        let base_tg = averaged(&timed[ti][0], tg)?;
+        let base = timed(ti, 0);
+        let (base_pp, base_tg) = (averaged(&base, pp)?, averaged(&base, tg)?);
         let phases = [(pp, base_pp, pp_t), (tg, base_tg, tg_t)];
         let row = |link: &str, phase, measured, projected, traffic, link_cost, origin| E2eRow {
             server: label.clone(),
@@ -470,7 +452,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
                 Origin::MeasuredRelay,
             ));
         }
-        let mut emulated_iter = timed[ti][1..].iter();
+        let mut emulated_iter = (1..timing.len()).map(|li| timed(ti, li));
         for link in cfg.common.links() {
             let cost = |t: &Traffic| {
                 link.link_cost(t.round_trips as f64, t.bytes() as f64, t.uc_bytes() as f64)
@@ -484,7 +466,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
                 LinkKind::ProjectedOnly => None,
             };
             for &(phase, base, t) in &phases {
-                let (measured, origin) = match res {
+                let (measured, origin) = match &res {
                     Some(res) => (Some(averaged(res, phase)?), Origin::MeasuredEmulated),
                     None => (None, Origin::Projected),
                 };
@@ -500,7 +482,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
                 ));
             }
         }
-        if let Some(res) = &direct[ti] {
+        if let Some(res) = direct(ti) {
             for &(phase, _, t) in &phases {
                 let m = Some(find(res, phase)?);
                 rows.push(row(
