@@ -128,7 +128,7 @@ pub fn measured_and_projected<'r, R: 'r>(
 }
 
 /// Draws `panels` (side by side, two per row when more than two) with a title and footer lines
-/// into a PNG.
+/// into a PNG, and says so on stderr.
 pub fn draw(path: &Path, title: &str, panels: &[Panel], footer: &[String]) -> anyhow::Result<()> {
     ensure_font()?;
     let cols = panels.len().clamp(1, 2);
@@ -156,6 +156,7 @@ pub fn draw(path: &Path, title: &str, panels: &[Panel], footer: &[String]) -> an
     }
     root.present()
         .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
+    eprintln!("chart written to {}", path.display());
     Ok(())
 }
 

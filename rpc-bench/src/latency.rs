@@ -525,7 +525,6 @@ pub fn command(mut cfg: LatencyConfig) -> anyhow::Result<()> {
     cfg.common.emit(&md, &csv_table(&rows))?;
     if let Some(png) = &cfg.png {
         draw_chart(png, &rows, &cfg)?;
-        eprintln!("chart written to {}", png.display());
     }
     Ok(())
 }

@@ -13,6 +13,11 @@
 //! - [`tools`]: the processes they drive (stock tools run to their end with their logs, servers
 //!   killed on drop); [`conn`]: the benchmark's connection (TCP or RDMA) and server targets.
 //! - the output (markdown, CSV, PNG charts, progress) is the `bench-report` crate.
+//!
+//! Each benchmark's module holds its config, which is its command line (`LatencyConfig`,
+//! `E2eConfig`, `LoadConfig` derive clap `Args`; [`cli::Common`] has the flags all share), its
+//! run (`run`), and its report (`command`: runs, then prose, tables and chart); the binary only
+//! dispatches.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -394,7 +394,6 @@ pub fn command(cfg: LoadConfig) -> anyhow::Result<()> {
             ],
             &["none: plain loopback; other links: rpc-bench's user-space link emulator (on a busy machine the load is bound by the CPU as much as by the link).".into()],
         )?;
-        eprintln!("chart written to {}", png.display());
     }
     Ok(())
 }

@@ -399,7 +399,6 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
     cfg.common.emit(&md, &table(&rows))?;
     if let Some(png) = &cfg.png {
         draw_chart(png, &rows, &cfg)?;
-        eprintln!("chart written to {}", png.display());
     }
     Ok(())
 }
