@@ -25,8 +25,8 @@ use clap::Args;
 use crate::cli::Common;
 
 use crate::links::{LinkKind, LinkProfile};
-use crate::relay::{Relay, RelayOptions, Wire};
-use crate::tools::{run_tool, ServerProcess, DEFAULT_BIN};
+use crate::relay::Wire;
+use crate::tools::{run_tool, through_relay, ServerProcess, DEFAULT_BIN};
 
 /// Server set-ups compared, in table order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,10 +275,11 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
                 if link.kind == LinkKind::Native {
                     row.loads.push(load_once(cfg, server.addr, &tag)?);
                 } else {
-                    let relay = Relay::start(server.addr, Wire::of(link), RelayOptions::default())?;
-                    row.loads.push(load_once(cfg, relay.addr(), &tag)?);
-                    std::thread::sleep(Duration::from_millis(100));
-                    row.sent = Some(relay.counters().snapshot().c2s_bytes);
+                    let (load, traffic) = through_relay(server.addr, Wire::of(link), |addr| {
+                        load_once(cfg, addr, &tag)
+                    })?;
+                    row.loads.push(load);
+                    row.sent = Some(traffic.c2s_bytes);
                 }
                 pb.inc(1);
             }

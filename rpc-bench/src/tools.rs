@@ -1,7 +1,8 @@
 //! Processes the benchmarks drive: a stock llama.cpp tool run to its end against a server with
 //! its log captured ([`run_tool`]), and a server process that listens on a loopback port and is
 //! killed on drop ([`ServerProcess`]: the stock and our `rpc-server` in `load`, the echo floor
-//! in `latency`).
+//! in `latency`); [`through_relay`]: a run through `link-emu`'s counting relay, with the traffic
+//! it caused.
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
@@ -10,6 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+
+use crate::relay::{Relay, RelayOptions, Wire};
+use crate::traffic::Traffic;
 
 /// Default directory of the stock tools (the project's cached stock build).
 pub const DEFAULT_BIN: &str =
@@ -116,4 +120,19 @@ impl ServerProcess {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
         }
     }
+}
+
+/// Runs `f` against a relay to `server` over `wire` (`f` gets the relay's address) and returns
+/// its result and the traffic it caused.
+pub fn through_relay<T>(
+    server: SocketAddr,
+    wire: Wire,
+    f: impl FnOnce(SocketAddr) -> anyhow::Result<T>,
+) -> anyhow::Result<(T, Traffic)> {
+    let relay = Relay::start(server, wire, RelayOptions::default())?;
+    let before = relay.counters().snapshot();
+    let out = f(relay.addr())?;
+    // The client has exited; let the relay threads forward the last bytes.
+    std::thread::sleep(Duration::from_millis(100));
+    Ok((out, relay.counters().snapshot().since(&before)))
 }

@@ -24,8 +24,8 @@ use clap::Args;
 use crate::cli::Common;
 use crate::conn::Target;
 use crate::links::LinkKind;
-use crate::relay::{Relay, RelayOptions, Wire};
-use crate::tools::{run_tool, DEFAULT_BIN};
+use crate::relay::Wire;
+use crate::tools::{run_tool, through_relay, DEFAULT_BIN};
 use crate::traffic::Traffic;
 use crate::Origin;
 
@@ -243,25 +243,6 @@ fn llama_bench(
     parse_llama_bench_json(&out)
 }
 
-/// Runs `llama-bench` through a relay and returns its results and the traffic it caused.
-fn through_relay(
-    cfg: &E2eConfig,
-    ti: usize,
-    wire: Wire,
-    p: u32,
-    n: u32,
-    reps: u32,
-    tag: &str,
-) -> anyhow::Result<(Vec<BenchResult>, Traffic)> {
-    let relay = Relay::start(cfg.targets[ti].addr, wire, RelayOptions::default())?;
-    let before = relay.counters().snapshot();
-    let res = llama_bench(cfg, ti, relay.addr(), p, n, reps, tag)?;
-    // The client has exited; let the relay threads forward the last bytes.
-    std::thread::sleep(Duration::from_millis(100));
-    let traffic = relay.counters().snapshot().since(&before);
-    Ok((res, traffic))
-}
-
 /// The mean of one phase over several `llama-bench` runs (standard deviations combine the
 /// within-run spread and the spread between runs).
 fn averaged(runs: &[Vec<BenchResult>], phase: Phase) -> anyhow::Result<BenchResult> {
@@ -374,7 +355,9 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
             pb.set_message(format!("{}: {msg}", target.label));
             let tag = format!("{}-{tag}", slug(target));
             per_target.push(match wire {
-                Some(w) => through_relay(cfg, ti, *w, *p, *n, *r, &tag)?,
+                Some(w) => through_relay(target.addr, *w, |addr| {
+                    llama_bench(cfg, ti, addr, *p, *n, *r, &tag)
+                })?,
                 None => (
                     llama_bench(cfg, ti, target.addr, *p, *n, *r, &tag)?,
                     Traffic::default(),
