@@ -16,8 +16,8 @@
 //!
 //! Each benchmark's module holds its config, which is its command line (`LatencyConfig`,
 //! `E2eConfig`, `LoadConfig` derive clap `Args`; [`cli::Common`] has the flags all share), its
-//! run (`run`), and its report (`command`: runs, then prose, tables and chart); the binary only
-//! dispatches.
+//! run (`run`), and its report (`command`: runs, then prose, tables and chart); the binary
+//! dispatches (and reports `link-emu`'s own `emulator-check` and `links`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
