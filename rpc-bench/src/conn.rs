@@ -5,13 +5,40 @@
 //! (no lean marker), and with `--transport rdma` fails instead of falling back to TCP when RDMA
 //! does not engage (the transport column says what was measured either way).
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::str::FromStr;
 
 use rpc_client::{negotiate_client, Client, ClientError, RpcTensor, TensorBuilder};
 use rpc_transport::rdma::negotiate::{ClientConfig, ClientConn};
 use rpc_transport::rdma::real::RdmaOptions;
 use rpc_transport::rdma::Flavor;
 use tokio::net::TcpStream;
+
+/// A server to measure: `[LABEL=]HOST:PORT`.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Name in tables and charts (default: the address).
+    pub label: String,
+    /// Resolved address.
+    pub addr: SocketAddr,
+}
+
+impl FromStr for Target {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (label, hostport) = match s.split_once('=') {
+            Some((l, h)) => (l.to_string(), h),
+            None => (s.to_string(), s),
+        };
+        let addr = hostport
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {hostport:?}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{hostport:?} resolves to no address"))?;
+        Ok(Target { label, addr })
+    }
+}
 
 /// RDMA settings.
 #[derive(Debug, Clone)]
@@ -94,4 +121,17 @@ pub fn bench_tensor(id: u64, handle: u64, base: u64, bytes: usize) -> RpcTensor 
         .ne(&[(bytes / 4).max(1) as u32])
         .data(handle, base)
         .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_targets() {
+        let tg: Target = "ours=127.0.0.1:5".parse().unwrap();
+        assert_eq!((tg.label.as_str(), tg.addr.port()), ("ours", 5));
+        let tg: Target = "127.0.0.1:6".parse().unwrap();
+        assert_eq!(tg.label, "127.0.0.1:6");
+    }
 }

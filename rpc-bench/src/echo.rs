@@ -12,31 +12,13 @@ use std::time::Duration;
 use rpc_proto::{check_frame, FrameHeader, Limits, Request, Response};
 use rpc_transport::{BlockingTcpTransport, Transport};
 
+use crate::tools::ServerProcess;
+
 /// Largest GET_TENSOR the floor answers (the latency cases go up to a few MiB).
 const MAX_GET: u64 = 256 << 20;
 
-/// The floor server running as a child process (`rpc-bench echo-floor`); killed on drop.
-pub struct FloorChild {
-    child: std::process::Child,
-    addr: SocketAddr,
-}
-
-impl FloorChild {
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for FloorChild {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Starts this executable as `rpc-bench echo-floor` and reads the port it listens on.
-pub fn spawn_child() -> anyhow::Result<FloorChild> {
+pub fn spawn_child() -> anyhow::Result<ServerProcess> {
     use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .arg("echo-floor")
@@ -48,17 +30,14 @@ pub fn spawn_child() -> anyhow::Result<FloorChild> {
         .take()
         .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
     std::io::BufReader::new(stdout).read_line(&mut line)?;
-    let port: u16 = match line.trim().parse() {
-        Ok(p) => p,
-        Err(_) => {
-            let _ = child.kill();
-            anyhow::bail!("echo floor did not report its port (got {line:?})");
-        }
-    };
-    Ok(FloorChild {
-        child,
-        addr: SocketAddr::from(([127, 0, 0, 1], port)),
-    })
+    let port = line.trim().parse::<u16>().ok();
+    // Adopted first, so that it is killed on every way out.
+    let floor = ServerProcess::adopt(child, port.unwrap_or(0));
+    anyhow::ensure!(
+        port.is_some(),
+        "echo floor did not report its port (got {line:?})"
+    );
+    Ok(floor)
 }
 
 /// `rpc-bench echo-floor`: serve on an ephemeral loopback port, print it, run until killed.

@@ -16,20 +16,25 @@
 //! `ggml-rpc-server`) gets its lanes one after another within a round.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
-
+use bench_report::chart::{self, Panel};
+use bench_report::{human_bytes, progress_bar, us, ProgressBar, Table};
+use clap::Args;
 use rpc_client::Client;
 use rpc_proto::{Command, Request, CONN_CAPS_SIZE};
+use rpc_transport::cli::{RdmaClientArgs, TransportMode};
 use rpc_transport::Transport;
 
-use crate::conn::{self, alloc, bench_tensor, BenchConn, ConnError, RdmaSettings};
+use crate::cli::Common;
+
+use crate::conn::{self, alloc, bench_tensor, BenchConn, ConnError, RdmaSettings, Target};
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
-use crate::report::{human_bytes, us, Table, Target};
 use crate::stats::Summary;
 use crate::traffic::Traffic;
+pub use crate::Origin;
 
 /// What one iteration does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,51 +89,59 @@ impl Case {
     }
 }
 
-/// Settings of a latency run.
-#[derive(Debug, Clone)]
+/// Settings of a latency run: its command line.
+#[derive(Args, Debug, Clone)]
 pub struct LatencyConfig {
-    /// Servers to measure.
-    pub targets: Vec<Target>,
-    /// Links (see module docs).
-    pub links: Vec<LinkProfile>,
-    /// Payload sizes.
+    /// Server to measure, `[LABEL=]HOST:PORT` (repeat for several: `--server ours=127.0.0.1:50052
+    /// --server stock=127.0.0.1:50053`).
+    #[arg(long, required = true, value_name = "[LABEL=]HOST:PORT")]
+    pub server: Vec<Target>,
+    /// Transport. rdma negotiates upstream's RDMA inside HELLO (fails if it does not engage);
+    /// auto falls back to TCP.
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub transport: TransportMode,
+    /// The RDMA flavor and device flags.
+    #[command(flatten)]
+    pub rdma: RdmaClientArgs,
+    /// Payload sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "4096,28672,1048576")]
     pub sizes: Vec<usize>,
     /// Measured iterations per case.
+    #[arg(long, default_value_t = 300)]
     pub iterations: usize,
-    /// Unmeasured iterations before them.
+    /// Warm-up iterations per case (not measured), spread over the rounds.
+    #[arg(long, default_value_t = 30)]
     pub warmup: usize,
-    /// Device index on the server.
-    pub device: u32,
-    /// `Some`: connect over RDMA.
-    pub rdma: Option<RdmaSettings>,
-    /// Rounds the iterations are split into (each round visits every server and link).
+    /// Rounds the iterations are split into; each round visits every server and link in turn.
+    #[arg(long, default_value_t = 5)]
     pub rounds: usize,
-    /// Show a progress bar.
-    pub progress: bool,
+    /// Server device index.
+    #[arg(long, default_value_t = 0)]
+    pub device: u32,
+    /// Print a text histogram of every measured case.
+    #[arg(long)]
+    pub histograms: bool,
+    /// Also measure the floor: a server in this process that reads each request and answers it
+    /// with zeros, doing no work, over the same TCP code and poll window as rpc-server (row
+    /// "echo floor"; loopback only).
+    #[arg(long)]
+    pub echo_floor: bool,
+    /// Write a PNG chart (p50 per link: empty command and GET_TENSOR of each size).
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    /// `--links`, `--csv`, `--md`, `--no-progress`.
+    #[command(flatten)]
+    pub common: Common,
 }
 
-/// Where a row's numbers come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// Measured directly against the server.
-    Measured,
-    /// Measured through the counting relay without delay.
-    MeasuredRelay,
-    /// Measured through the user-space link emulator.
-    MeasuredEmulated,
-    /// Computed from published figures.
-    Projected,
-}
-
-impl Origin {
-    /// Label for tables.
-    pub fn label(self) -> &'static str {
-        match self {
-            Origin::Measured => "measured",
-            Origin::MeasuredRelay => "measured (relay, no delay)",
-            Origin::MeasuredEmulated => "measured (emulated link)",
-            Origin::Projected => "projected",
-        }
+impl LatencyConfig {
+    /// How to negotiate RDMA (`None`: TCP).
+    pub fn rdma_settings(&self) -> Option<RdmaSettings> {
+        (self.transport != TransportMode::Tcp).then(|| RdmaSettings {
+            flavor: self.rdma.rdma_flavor.flavor(),
+            opts: self.rdma.rdma.options(),
+            tcp_fallback: self.transport == TransportMode::Auto,
+        })
     }
 }
 
@@ -207,7 +220,10 @@ impl Lane {
                 let relay = Relay::start(target, w, RelayOptions::default())?;
                 (conn::connect(relay.addr(), None).await?, Some(relay))
             }
-            None => (conn::connect(target, cfg.rdma.as_ref()).await?, None),
+            None => (
+                conn::connect(target, cfg.rdma_settings().as_ref()).await?,
+                None,
+            ),
         };
         let max = cfg.sizes.iter().copied().max().unwrap_or(4).max(4);
         let (handle, base) = alloc(&mut conn, cfg.device, max as u64).await?;
@@ -347,19 +363,22 @@ async fn concurrent_probe(target: SocketAddr, first: Lane) -> anyhow::Result<Opt
 /// next opens.
 pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
     let cases = Case::all(&cfg.sizes);
-    let needs_relay = cfg.links.iter().any(|l| l.kind != LinkKind::Native) && cfg.rdma.is_none();
+    let rdma = cfg.transport != TransportMode::Tcp;
+    let links = cfg.common.links();
+    let needs_relay = links.iter().any(|l| l.kind != LinkKind::Native) && !rdma;
     let emulated: Vec<&LinkProfile> = cfg
-        .links
+        .common
+        .links()
         .iter()
         .filter(|l| l.kind == LinkKind::Emulated)
         .collect();
-    if cfg.rdma.is_some() && !emulated.is_empty() {
+    if rdma && !emulated.is_empty() {
         anyhow::bail!(
             "link emulation is a TCP relay: with --transport rdma use --links none (plus projected profiles such as tb5-rdma)"
         );
     }
     let mut specs = Vec::new();
-    if cfg.links.iter().any(|l| l.kind == LinkKind::Native) {
+    if links.iter().any(|l| l.kind == LinkKind::Native) {
         specs.push(LaneSpec {
             link: "none".into(),
             origin: Origin::Measured,
@@ -395,11 +414,11 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
         cfg.warmup.div_ceil(rounds).max(cfg.warmup.min(3))
     };
     let total =
-        (cfg.targets.len() * specs.len() * cases.len() * (cfg.iterations + rounds * warmup)) as u64;
-    let pb = progress_bar(total, cfg.progress);
+        (cfg.server.len() * specs.len() * cases.len() * (cfg.iterations + rounds * warmup)) as u64;
+    let pb = progress_bar(total, cfg.common.progress());
     // Which servers take concurrent connections.
     let mut concurrent = Vec::new();
-    for target in &cfg.targets {
+    for target in &cfg.server {
         pb.set_message(format!("{}: connecting", target.label));
         let first = Lane::open(&specs[0], target.addr, cfg, cases.len()).await?;
         let c = specs.len() == 1 || concurrent_probe(target.addr, first).await?.is_some();
@@ -412,13 +431,13 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
         concurrent.push(c);
     }
     let mut results: Vec<Vec<Option<LaneResult>>> = cfg
-        .targets
+        .server
         .iter()
         .map(|_| specs.iter().map(|_| None).collect())
         .collect();
     for r in 0..rounds {
         let iters = cfg.iterations / rounds + usize::from(r < cfg.iterations % rounds);
-        for (ti, target) in cfg.targets.iter().enumerate() {
+        for (ti, target) in cfg.server.iter().enumerate() {
             let mut done: Vec<(usize, LaneResult)> = Vec::new();
             if concurrent[ti] {
                 let mut lanes = Vec::new();
@@ -451,12 +470,96 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
         }
     }
     let mut rows = Vec::new();
-    for (target, res) in cfg.targets.iter().zip(results) {
+    for (target, res) in cfg.server.iter().zip(results) {
         let res: Vec<LaneResult> = res.into_iter().flatten().collect();
         rows.extend(rows_for(target, &res, &cases, cfg));
     }
     pb.finish_and_clear();
     Ok(rows)
+}
+
+/// `rpc-bench latency`: runs the benchmark and writes its report.
+pub fn command(mut cfg: LatencyConfig) -> anyhow::Result<()> {
+    cfg.iterations = cfg.iterations.max(1);
+    let mut floor = None;
+    if cfg.echo_floor {
+        anyhow::ensure!(
+            cfg.transport == TransportMode::Tcp,
+            "--echo-floor measures TCP over loopback; leave out --transport rdma"
+        );
+        let child = crate::echo::spawn_child()?;
+        cfg.server.push(Target {
+            label: "echo floor".into(),
+            addr: child.addr,
+        });
+        floor = Some(child);
+    }
+    let cfg = cfg;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let rows = rt.block_on(run(&cfg))?;
+    drop(floor);
+    let mut md = String::new();
+    md.push_str(&format!(
+        "## rpc-bench latency\n\n{} measured iterations per case in {} rounds (each round visits every server and \
+         link in turn), after {} warm-up; servers: {}.\n\
+         `numbers`: *measured* = client straight to the server; *measured (relay, no delay)* = through the \
+         counting relay, the base of the projections; *measured (emulated link)* = through the user-space \
+         link emulator; *projected* = relay p50 (direct p50 for projection-only links) + round trips × RTT + \
+         wire bytes ÷ bandwidth.\n\n",
+        cfg.iterations,
+        cfg.rounds,
+        cfg.warmup,
+        cfg.server.iter().map(|t| format!("{} ({})", t.label, t.addr)).collect::<Vec<_>>().join(", ")
+    ));
+    md.push_str(&table(&rows).markdown());
+    md.push('\n');
+    md.push_str(&cfg.common.links_section());
+    if cfg.histograms {
+        md.push_str("\nHistograms:\n\n```\n");
+        md.push_str(&histograms(&rows));
+        md.push_str("```\n");
+    }
+    cfg.common.emit(&md, &csv_table(&rows))?;
+    if let Some(png) = &cfg.png {
+        draw_chart(png, &rows, &cfg)?;
+    }
+    Ok(())
+}
+
+fn draw_chart(path: &Path, rows: &[CaseResult], cfg: &LatencyConfig) -> anyhow::Result<()> {
+    let cats = chart::distinct(rows.iter().map(|r| &r.link));
+    let servers: Vec<String> = cfg.server.iter().map(|t| t.label.clone()).collect();
+    // The empty round trip and GET_TENSOR of each size.
+    let panels = Case::all(&cfg.sizes)
+        .into_iter()
+        .filter(|c| c.kind != CaseKind::Set)
+        .map(|case| Panel {
+            title: case.name(),
+            y_label: "round trip, us".into(),
+            categories: cats.clone(),
+            series: chart::measured_and_projected(
+                &servers,
+                &cats,
+                |s, l| {
+                    rows.iter()
+                        .find(|r| r.server == s && r.link == l && r.case == case)
+                },
+                ("measured p50", &|r: &CaseResult| {
+                    r.summary.as_ref().map(|s| s.p50.as_secs_f64() * 1e6)
+                }),
+                &|r: &CaseResult| r.projected.map(|p| p.as_secs_f64() * 1e6),
+            ),
+        })
+        .collect::<Vec<_>>();
+    chart::draw(
+        path,
+        "rpc-bench latency: p50 round trip per link (solid: measured, light: projected)",
+        &panels,
+        &["Emulated links run through rpc-bench's user-space link emulator; tb5-rdma is projected from published figures.".into()],
+    )
 }
 
 /// Result rows of one server (measured lanes, then projection-only links).
@@ -499,7 +602,8 @@ fn rows_for(
         }
     }
     for link in cfg
-        .links
+        .common
+        .links()
         .iter()
         .filter(|l| l.kind == LinkKind::ProjectedOnly)
     {
@@ -549,52 +653,29 @@ fn analytic_traffic(case: &Case) -> (f64, f64, f64) {
     }
 }
 
-/// A progress bar of `total` steps on stderr, hidden unless `show`.
-pub fn progress_bar(total: u64, show: bool) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    pb
-}
-
 /// The results as a table.
 pub fn table(rows: &[CaseResult]) -> Table {
-    let mut t = Table::new(&[
-        "server",
-        "link",
-        "transport",
-        "case",
-        "wire bytes",
-        "p50 us",
-        "p99 us",
-        "mean us",
-        "min us",
-        "projected us",
-        "numbers",
-    ]);
-    for r in rows {
-        let s = r.summary.as_ref();
-        let f = |g: fn(&Summary) -> Duration| s.map_or("-".to_string(), |s| us(g(s)));
-        t.push(vec![
-            r.server.clone(),
-            r.link.clone(),
-            r.transport.clone(),
-            r.case.name(),
-            r.bytes.map_or("-".into(), |b| b.to_string()),
-            f(|s| s.p50),
-            f(|s| s.p99),
-            f(|s| s.mean),
-            f(|s| s.min),
-            r.projected.map_or("-".into(), us),
-            r.origin.label().into(),
-        ]);
-    }
-    t
+    let stat = |r: &CaseResult, g: fn(&Summary) -> Duration| {
+        r.summary.as_ref().map_or("-".to_string(), |s| us(g(s)))
+    };
+    Table::of(
+        rows,
+        &[
+            ("server", &|r| r.server.clone()),
+            ("link", &|r| r.link.clone()),
+            ("transport", &|r| r.transport.clone()),
+            ("case", &|r| r.case.name()),
+            ("wire bytes", &|r| {
+                r.bytes.map_or("-".into(), |b| b.to_string())
+            }),
+            ("p50 us", &|r| stat(r, |s| s.p50)),
+            ("p99 us", &|r| stat(r, |s| s.p99)),
+            ("mean us", &|r| stat(r, |s| s.mean)),
+            ("min us", &|r| stat(r, |s| s.min)),
+            ("projected us", &|r| r.projected.map_or("-".into(), us)),
+            ("numbers", &|r| r.origin.label().into()),
+        ],
+    )
 }
 
 /// CSV with the histogram of each measured row.

@@ -10,17 +10,52 @@
 //! - [`load`]: a stock client's model load onto a worker (stock and ours, cold, warm, `--gguf`)
 //!   over plain loopback and emulated links.
 //! - [`echo`]: the floor of a round trip, a do-nothing server measured beside the real ones.
-//! - [`report`] and [`chart`]: markdown, CSV and PNG output.
+//! - [`tools`]: the processes they drive (stock tools run to their end with their logs, servers
+//!   killed on drop); [`conn`]: the benchmark's connection (TCP or RDMA) and server targets.
+//! - the output (markdown, CSV, PNG charts, progress) is the `bench-report` crate.
+//!
+//! Each benchmark's module holds its config, which is its command line (`LatencyConfig`,
+//! `E2eConfig`, `LoadConfig` derive clap `Args`; [`cli::Common`] has the flags all share), its
+//! run (`run`), and its report (`command`: runs, then prose, tables and chart); the binary
+//! dispatches (and reports `link-emu`'s own `emulator-check` and `links`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod chart;
+pub mod cli;
 pub mod conn;
 pub mod e2e;
 pub mod echo;
 pub mod latency;
 pub mod load;
-pub mod report;
+pub mod tools;
 
 pub use link_emu::{links, relay, stats, traffic};
+
+/// Where a row's numbers come from (the `numbers` column of every table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Measured with the client straight to the server (`latency`).
+    Measured,
+    /// Measured with the client straight to the server over a real link (`e2e --direct`).
+    MeasuredDirect,
+    /// Measured through the counting relay without delay.
+    MeasuredRelay,
+    /// Measured through the user-space link emulator.
+    MeasuredEmulated,
+    /// Computed from the measured base and the link's published figures.
+    Projected,
+}
+
+impl Origin {
+    /// Label for tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Origin::Measured => "measured",
+            Origin::MeasuredDirect => "measured (direct, real link)",
+            Origin::MeasuredRelay => "measured (relay, no delay)",
+            Origin::MeasuredEmulated => "measured (emulated link)",
+            Origin::Projected => "projected",
+        }
+    }
+}

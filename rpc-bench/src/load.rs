@@ -11,18 +11,22 @@
 //! the bytes it sent (counted by the relay). Effective GB/s = model file size ÷ load time. Rounds
 //! visit every link and server in turn; the median of the rounds is reported.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use crate::e2e::run_tool;
-use crate::latency::progress_bar;
+use bench_report::chart::{self, Panel};
+use bench_report::{human_bytes, progress_bar, Table};
+use clap::Args;
+
+use crate::cli::Common;
+
 use crate::links::{LinkKind, LinkProfile};
-use crate::relay::{Relay, RelayOptions, Wire};
-use crate::report::{human_bytes, Table};
+use crate::relay::Wire;
+use crate::tools::{run_tool, through_relay, ServerProcess, DEFAULT_BIN};
 
 /// Server set-ups compared, in table order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,28 +69,36 @@ impl Mode {
     }
 }
 
-/// Settings of a load benchmark.
-#[derive(Debug, Clone)]
+/// Settings of a load benchmark: its command line.
+#[derive(Args, Debug, Clone)]
 pub struct LoadConfig {
-    /// Our `rpc-server`.
-    pub ours: PathBuf,
-    /// Directory of the stock tools (`ggml-rpc-server`, `llama-completion`).
-    pub bin: PathBuf,
-    /// The model.
+    /// GGUF model (e.g. `python3 tests/e2e/synth_models.py --only synth-llama-load-1g DIR`).
+    #[arg(long)]
     pub model: PathBuf,
-    /// Links: `none` is plain loopback, emulated ones run through the relay (projection-only
-    /// ones are skipped: a load cannot be projected from one round trip).
-    pub links: Vec<LinkProfile>,
-    /// Server threads (`-t`).
+    /// Our rpc-server.
+    #[arg(long, default_value = "target/release/rpc-server")]
+    pub ours: PathBuf,
+    /// Directory of the stock llama.cpp tools (ggml-rpc-server, llama-completion).
+    #[arg(long, default_value = DEFAULT_BIN)]
+    pub bin: PathBuf,
+    /// Server threads (-t), both servers.
+    #[arg(short = 't', long, default_value_t = 2)]
     pub threads: u32,
-    /// Rounds.
+    /// Rounds (each loads the model once per server and link); the median counts.
+    #[arg(long, default_value_t = 1)]
     pub rounds: u32,
-    /// Per client run.
-    pub timeout: Duration,
-    /// Logs and the servers' cache directories (removed at the end).
+    /// Timeout per client run, seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+    /// Logs and the servers' cache directories (the caches are removed at the end).
+    #[arg(long, default_value_os_t = default_workdir())]
     pub workdir: PathBuf,
-    /// Progress bar.
-    pub progress: bool,
+    /// Write a PNG chart (load time and effective GB/s per link and server).
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    /// `--links`, `--csv`, `--md`, `--no-progress`.
+    #[command(flatten)]
+    pub common: Common,
 }
 
 /// One mode over one link.
@@ -113,65 +125,34 @@ impl LoadRow {
     }
 }
 
-/// A server process, killed on drop.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// Starts the server of `mode` on a free loopback port, with its own cache directory.
+fn start_server(cfg: &LoadConfig, mode: Mode) -> anyhow::Result<ServerProcess> {
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let ours = !matches!(mode, Mode::StockCold | Mode::StockWarm);
+    let exe = if ours {
+        cfg.ours.clone()
+    } else {
+        cfg.bin.join("ggml-rpc-server")
+    };
+    let mut cmd = Command::new(&exe);
+    cmd.args(["-p", &port.to_string(), "-t", &cfg.threads.to_string()]);
+    if mode.warm() {
+        cmd.arg("-c");
     }
-}
-
-impl Server {
-    fn start(cfg: &LoadConfig, mode: Mode) -> anyhow::Result<Server> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let ours = !matches!(mode, Mode::StockCold | Mode::StockWarm);
-        let exe = if ours {
-            cfg.ours.clone()
-        } else {
-            cfg.bin.join("ggml-rpc-server")
-        };
-        let mut cmd = Command::new(&exe);
-        cmd.args(["-p", &port.to_string(), "-t", &cfg.threads.to_string()]);
-        if mode.warm() {
-            cmd.arg("-c");
-        }
-        if mode == Mode::OursGguf {
-            cmd.arg("--gguf").arg(&cfg.model);
-        }
-        let slug = slug(mode);
-        let cache = cfg.workdir.join(format!("cache-{slug}"));
-        std::fs::create_dir_all(&cache)?;
-        let log = std::fs::File::create(cfg.workdir.join(format!("server-{slug}.log")))?;
-        cmd.env("LLAMA_CACHE", &cache)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {}", exe.display()))?;
-        let server = Server {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-        };
-        // Ours listens once its --gguf index is built (hashing the model): allow for that.
-        let t = Instant::now();
-        while TcpStream::connect(server.addr).is_err() {
-            if t.elapsed() > Duration::from_secs(300) {
-                bail!(
-                    "{} did not listen on {} within 300 s",
-                    mode.name(),
-                    server.addr
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(server)
+    if mode == Mode::OursGguf {
+        cmd.arg("--gguf").arg(&cfg.model);
     }
+    let slug = slug(mode);
+    let cache = cfg.workdir.join(format!("cache-{slug}"));
+    std::fs::create_dir_all(&cache)?;
+    let log = std::fs::File::create(cfg.workdir.join(format!("server-{slug}.log")))?;
+    cmd.env("LLAMA_CACHE", &cache)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // Ours listens once its --gguf index is built (hashing the model): allow for that.
+    ServerProcess::start(cmd, port, Duration::from_secs(300))
+        .with_context(|| mode.name().to_string())
 }
 
 /// Loads the model with the stock client against `addr`; how long it took (see
@@ -205,7 +186,8 @@ fn load_once(cfg: &LoadConfig, addr: SocketAddr, tag: &str) -> anyhow::Result<Du
     .map(|s| s.to_string())
     .collect();
     let exe = cfg.bin.join("llama-completion");
-    run_tool(&exe, &args, cfg.timeout, &cfg.workdir, tag)?;
+    let timeout = Duration::from_secs(cfg.timeout);
+    run_tool(&exe, &args, timeout, &cfg.workdir, tag)?;
     let log = std::fs::read_to_string(cfg.workdir.join(format!("{tag}.err")))?;
     parse_load_time(&log).with_context(|| format!("no load span in the client's log ({tag})"))
 }
@@ -249,18 +231,18 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
             bail!("{} not found", f.display());
         }
     }
-    let links: Vec<&LinkProfile> = cfg.links.iter().filter(|l| l.runnable()).collect();
+    let links: Vec<&LinkProfile> = cfg.common.links().iter().filter(|l| l.runnable()).collect();
     if links.is_empty() {
         bail!("no link to measure: give none and/or emulated links");
     }
     std::fs::create_dir_all(&cfg.workdir)?;
     let rounds = cfg.rounds.max(1);
     let steps = Mode::ALL.len() as u64 * (1 + u64::from(rounds) * links.len() as u64);
-    let pb = progress_bar(steps, cfg.progress);
+    let pb = progress_bar(steps, cfg.common.progress());
     let mut servers = Vec::new();
     for mode in Mode::ALL {
         pb.set_message(format!("starting {}", mode.name()));
-        let s = Server::start(cfg, mode)?;
+        let s = start_server(cfg, mode)?;
         if mode.warm() {
             pb.set_message(format!("{}: filling the cache", mode.name()));
             load_once(cfg, s.addr, &format!("{}-fill", slug(mode)))?;
@@ -293,10 +275,11 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
                 if link.kind == LinkKind::Native {
                     row.loads.push(load_once(cfg, server.addr, &tag)?);
                 } else {
-                    let relay = Relay::start(server.addr, Wire::of(link), RelayOptions::default())?;
-                    row.loads.push(load_once(cfg, relay.addr(), &tag)?);
-                    std::thread::sleep(Duration::from_millis(100));
-                    row.sent = Some(relay.counters().snapshot().c2s_bytes);
+                    let (load, traffic) = through_relay(server.addr, Wire::of(link), |addr| {
+                        load_once(cfg, addr, &tag)
+                    })?;
+                    row.loads.push(load);
+                    row.sent = Some(traffic.c2s_bytes);
                 }
                 pb.inc(1);
             }
@@ -316,41 +299,104 @@ fn slug(mode: Mode) -> String {
 
 /// The results: per link and mode, the median load time, effective GB/s and bytes sent.
 pub fn table(rows: &[LoadRow], model_bytes: u64) -> Table {
-    let mut t = Table::new(&[
-        "link",
-        "server",
-        "load s (median)",
-        "effective GB/s",
-        "vs stock cold",
-        "bytes sent",
-        "rounds (s)",
-    ]);
-    for r in rows {
-        let secs = r.median().as_secs_f64();
-        let stock = rows
-            .iter()
+    let secs = |r: &LoadRow| r.median().as_secs_f64();
+    let stock = |r: &LoadRow| {
+        rows.iter()
             .find(|s| s.link == r.link && s.mode == Mode::StockCold)
-            .map(|s| s.median().as_secs_f64());
-        t.push(vec![
-            r.link.clone(),
-            r.mode.name().into(),
-            format!("{secs:.2}"),
-            format!("{:.2}", model_bytes as f64 / 1e9 / secs.max(1e-9)),
-            stock.map_or("-".into(), |s| format!("{:.2}", secs / s.max(1e-9))),
-            r.sent.map_or("-".into(), |b| human_bytes(b as f64)),
-            r.loads
-                .iter()
-                .map(|d| format!("{:.2}", d.as_secs_f64()))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ]);
-    }
-    t
+            .map(secs)
+    };
+    Table::of(
+        rows,
+        &[
+            ("link", &|r| r.link.clone()),
+            ("server", &|r| r.mode.name().into()),
+            ("load s (median)", &|r| format!("{:.2}", secs(r))),
+            ("effective GB/s", &|r| {
+                format!("{:.2}", model_bytes as f64 / 1e9 / secs(r).max(1e-9))
+            }),
+            ("vs stock cold", &|r| {
+                stock(r).map_or("-".into(), |s| format!("{:.2}", secs(r) / s.max(1e-9)))
+            }),
+            ("bytes sent", &|r| {
+                r.sent.map_or("-".into(), |b| human_bytes(b as f64))
+            }),
+            ("rounds (s)", &|r| {
+                let each: Vec<String> = r
+                    .loads
+                    .iter()
+                    .map(|d| format!("{:.2}", d.as_secs_f64()))
+                    .collect();
+                each.join(", ")
+            }),
+        ],
+    )
 }
 
 /// The default work directory.
 pub fn default_workdir() -> PathBuf {
     Path::new("target").join("rpc-bench-load")
+}
+
+/// `rpc-bench load`: runs the benchmark and writes its report.
+pub fn command(cfg: LoadConfig) -> anyhow::Result<()> {
+    let model_bytes = std::fs::metadata(&cfg.model)
+        .with_context(|| format!("model {}", cfg.model.display()))?
+        .len();
+    let rows = run(&cfg)?;
+    let mut md = format!(
+        "## rpc-bench load\n\nModel `{}` ({:.2} GB), loaded by stock `llama-completion -ngl 99 -n 1` ({}); \
+         servers `-t {}` on loopback, each with its own cache directory; warm = `-c` after one untimed load; \
+         `none` = plain loopback, other links through the link emulator. Load s = the client's load from its own log \
+         (model load start to ready: weights on the worker, context made, warm-up decode done), median of {} round(s); effective GB/s = model size ÷ load s.\n\n",
+        cfg.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        model_bytes as f64 / 1e9,
+        cfg.bin.display(),
+        cfg.threads,
+        cfg.rounds.max(1),
+    );
+    let t = table(&rows, model_bytes);
+    md.push_str(&t.markdown());
+    let ratio = |link: &str| {
+        let m = |mode| {
+            rows.iter()
+                .find(|r| r.link == link && r.mode == mode)
+                .map(|r| r.median())
+        };
+        Some(m(Mode::OursCold)?.as_secs_f64() / m(Mode::StockCold)?.as_secs_f64())
+    };
+    if let Some(r) = ratio("none") {
+        md.push_str(&format!(
+            "\nCold load over plain loopback, ours/stock: **{r:.2}**.\n"
+        ));
+    }
+    md.push('\n');
+    md.push_str(&cfg.common.links_section());
+    cfg.common.emit(&md, &t)?;
+    if let Some(png) = &cfg.png {
+        let cats = chart::distinct(rows.iter().map(|r| &r.link));
+        let modes: Vec<String> = Mode::ALL.iter().map(|m| m.name().to_string()).collect();
+        let panel = |title: &str, y: &str, f: &dyn Fn(Duration) -> f64| Panel {
+            title: title.into(),
+            y_label: y.into(),
+            categories: cats.clone(),
+            series: chart::series(&modes, &cats, false, |i, c| {
+                rows.iter()
+                    .find(|r| r.link == c && r.mode == Mode::ALL[i])
+                    .map(|r| f(r.median()))
+            }),
+        };
+        let gb = model_bytes as f64 / 1e9;
+        chart::draw(
+            png,
+            &format!("rpc-bench load: stock llama-completion loads a {gb:.2} GB model onto one worker"),
+            &[
+                panel("model load: client's log, load start to ready", "seconds", &|d| d.as_secs_f64()),
+                panel("effective GB/s (model size / load time)", "GB/s", &|d| gb / d.as_secs_f64().max(1e-9)),
+            ],
+            &["none: plain loopback; other links: rpc-bench's user-space link emulator (on a busy machine the load is bound by the CPU as much as by the link).".into()],
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

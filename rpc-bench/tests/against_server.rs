@@ -5,9 +5,8 @@
 use std::time::Duration;
 
 use rpc_bench::latency::{self, CaseKind, LatencyConfig, Origin};
-use rpc_bench::links::{parse_links, LinkKind};
+use rpc_bench::links::LinkKind;
 use rpc_bench::relay::{Relay, RelayOptions, Wire};
-use rpc_bench::report::Target;
 use rpc_client::{Client, Command, TensorBuilder};
 use rpc_tests::TestServer;
 
@@ -47,20 +46,30 @@ async fn relay_counts_round_trips_and_bytes_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_benchmark_runs_all_lane_kinds() {
     let server = TestServer::start();
-    let cfg = LatencyConfig {
-        targets: vec![Target {
-            label: "ours".into(),
-            addr: server.addr,
-        }],
-        links: parse_links("none,custom:300:0,tb5-rdma").unwrap(),
-        sizes: vec![4096],
-        iterations: 5,
-        warmup: 1,
-        rounds: 2,
-        device: 0,
-        rdma: None,
-        progress: false,
-    };
+    // The settings are the command line.
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        cfg: LatencyConfig,
+    }
+    let server_arg = format!("ours={}", server.addr);
+    let cfg = <Cli as clap::Parser>::parse_from([
+        "latency",
+        "--server",
+        &server_arg,
+        "--links",
+        "none,custom:300:0,tb5-rdma",
+        "--sizes",
+        "4096",
+        "--iterations",
+        "5",
+        "--warmup",
+        "1",
+        "--rounds",
+        "2",
+        "--no-progress",
+    ])
+    .cfg;
     let rows = latency::run(&cfg).await.unwrap();
     // 3 cases × (direct, relay, emulated, projected).
     assert_eq!(rows.len(), 12);
@@ -91,7 +100,11 @@ async fn latency_benchmark_runs_all_lane_kinds() {
     let rdma = find("tb5-rdma", CaseKind::Get);
     assert_eq!(rdma.origin, Origin::Projected);
     assert!(rdma.summary.is_none() && rdma.projected.is_some());
-    assert!(cfg.links.iter().any(|l| l.kind == LinkKind::ProjectedOnly));
+    assert!(cfg
+        .common
+        .links()
+        .iter()
+        .any(|l| l.kind == LinkKind::ProjectedOnly));
     let md = latency::table(&rows).markdown();
     assert!(md.contains("projected") && md.contains("measured (emulated link)"));
 }

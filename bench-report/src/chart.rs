@@ -75,6 +75,26 @@ pub fn distinct<'a>(values: impl IntoIterator<Item = &'a String>) -> Vec<String>
     v
 }
 
+/// One series per name over `cats`, coloured in palette order: the bar of name `i` over a
+/// category is `value(i, category)`.
+pub fn series(
+    names: &[String],
+    cats: &[String],
+    hollow: bool,
+    value: impl Fn(usize, &str) -> Option<f64>,
+) -> Vec<BarSeries> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| BarSeries {
+            name: name.clone(),
+            values: cats.iter().map(|c| value(i, c)).collect(),
+            color: PALETTE[i % PALETTE.len()],
+            hollow,
+        })
+        .collect()
+}
+
 /// A value of a row for a chart, if it has one.
 pub type Pick<'a, R> = &'a dyn Fn(&R) -> Option<f64>;
 
@@ -108,7 +128,7 @@ pub fn measured_and_projected<'r, R: 'r>(
 }
 
 /// Draws `panels` (side by side, two per row when more than two) with a title and footer lines
-/// into a PNG.
+/// into a PNG, and says so on stderr.
 pub fn draw(path: &Path, title: &str, panels: &[Panel], footer: &[String]) -> anyhow::Result<()> {
     ensure_font()?;
     let cols = panels.len().clamp(1, 2);
@@ -136,6 +156,7 @@ pub fn draw(path: &Path, title: &str, panels: &[Panel], footer: &[String]) -> an
     }
     root.present()
         .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
+    eprintln!("chart written to {}", path.display());
     Ok(())
 }
 

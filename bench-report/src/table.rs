@@ -1,10 +1,12 @@
-//! Tables: markdown for the terminal and the README, CSV for spreadsheets.
+//! Tables: markdown for the terminal and the README, CSV for spreadsheets; built row by row or
+//! column by column ([`Table::of`]).
 
 use std::fmt::Write as _;
 use std::io;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
-use std::str::FromStr;
+
+/// A column of [`Table::of`]: its header and how a row fills it.
+pub type Column<'a, R> = (&'a str, &'a dyn Fn(&R) -> String);
 
 /// A table of strings with a header row.
 #[derive(Debug, Clone, Default)]
@@ -21,6 +23,18 @@ impl Table {
         Table {
             headers: headers.iter().map(|s| s.to_string()).collect(),
             rows: Vec::new(),
+        }
+    }
+
+    /// One row per item of `rows`, one cell per column: the table-driven form, each column's
+    /// header next to what fills it.
+    pub fn of<R>(rows: impl IntoIterator<Item = R>, columns: &[Column<R>]) -> Table {
+        Table {
+            headers: columns.iter().map(|c| c.0.to_string()).collect(),
+            rows: rows
+                .into_iter()
+                .map(|r| columns.iter().map(|c| (c.1)(&r)).collect())
+                .collect(),
         }
     }
 
@@ -75,32 +89,6 @@ fn csv_cell(c: &str) -> String {
     }
 }
 
-/// A server to measure: `[LABEL=]HOST:PORT`.
-#[derive(Debug, Clone)]
-pub struct Target {
-    /// Name in tables and charts (default: the address).
-    pub label: String,
-    /// Resolved address.
-    pub addr: SocketAddr,
-}
-
-impl FromStr for Target {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (label, hostport) = match s.split_once('=') {
-            Some((l, h)) => (l.to_string(), h),
-            None => (s.to_string(), s),
-        };
-        let addr = hostport
-            .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve {hostport:?}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("{hostport:?} resolves to no address"))?;
-        Ok(Target { label, addr })
-    }
-}
-
 /// Milliseconds with 3 decimals.
 pub fn ms(d: std::time::Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
@@ -136,10 +124,17 @@ mod tests {
             "| a | b |\n|---|---|\n| 1 | x,y |\n| 2\\|3 | q\" |\n"
         );
         assert_eq!(t.csv(), "a,b\n1,\"x,y\"\n2|3,\"q\"\"\"\n");
-        let tg: Target = "ours=127.0.0.1:5".parse().unwrap();
-        assert_eq!((tg.label.as_str(), tg.addr.port()), ("ours", 5));
-        let tg: Target = "127.0.0.1:6".parse().unwrap();
-        assert_eq!(tg.label, "127.0.0.1:6");
+        let by_column = Table::of(
+            [1, 2],
+            &[
+                ("n", &|n| n.to_string()),
+                ("twice", &|n| (n * 2).to_string()),
+            ],
+        );
+        assert_eq!(
+            by_column.markdown(),
+            "| n | twice |\n|---|---|\n| 1 | 2 |\n| 2 | 4 |\n"
+        );
         assert_eq!(human_bytes(28672.0), "28.0 KiB");
     }
 }

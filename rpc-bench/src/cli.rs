@@ -1,0 +1,72 @@
+//! What every subcommand shares: the `--links`, `--csv`, `--md` and `--no-progress` flags
+//! ([`Common`]): the links (each once) with their sources for the report, the report written out.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use bench_report::Table;
+use clap::Args;
+
+use crate::links::{self, LinkProfile};
+
+/// The flags of every subcommand.
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Link profiles, comma-separated: none, 2.5gbe, 10gbe, tb5-tcp, tb5-rdma (projected only),
+    /// custom:RTT_US:GBIT_S, or all.
+    #[arg(long, default_value = "all", value_parser = parse_links)]
+    pub links: LinkList,
+    /// Also write the table as CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Also write the markdown report to a file.
+    #[arg(long, value_name = "FILE")]
+    pub md: Option<PathBuf>,
+    /// No progress bar (default: shown when stderr is a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// A parsed `--links` value, each link once.
+#[derive(Debug, Clone)]
+pub struct LinkList(pub Vec<LinkProfile>);
+
+fn parse_links(s: &str) -> Result<LinkList, String> {
+    let mut v: Vec<LinkProfile> = Vec::new();
+    for l in links::parse_links(s).map_err(|e| e.to_string())? {
+        if !v.iter().any(|x| x.name == l.name) {
+            v.push(l);
+        }
+    }
+    Ok(LinkList(v))
+}
+
+impl Common {
+    /// The links, each once.
+    pub fn links(&self) -> &[LinkProfile] {
+        &self.links.0
+    }
+
+    /// Whether to show a progress bar.
+    pub fn progress(&self) -> bool {
+        !self.no_progress && std::io::stderr().is_terminal()
+    }
+
+    /// The links as markdown bullet lines with their figures and sources.
+    pub fn links_section(&self) -> String {
+        let mut s = String::from("Links (figures and sources):\n\n");
+        for l in self.links() {
+            let (figures, kind) = (l.figures(), l.kind.label());
+            s.push_str(&format!(
+                "- `{}` ({figures}, {kind}): {}\n",
+                l.name, l.source
+            ));
+        }
+        s
+    }
+
+    /// Prints `md`; writes it and `csv` where `--md` / `--csv` say.
+    pub fn emit(&self, md: &str, csv: &Table) -> anyhow::Result<()> {
+        bench_report::emit(md, csv, self.md.as_deref(), self.csv.as_deref())
+    }
+}

@@ -1,0 +1,521 @@
+//! `rpc-bench e2e`: tokens/s and per-token latency of stock `llama-bench` through a worker, over
+//! each link, with the exact network round trips and bytes per token.
+//!
+//! Counting: `llama-bench` runs through the counting relay. One run with `-r 1` and one with
+//! `-r R` differ by exactly `R − 1` repetitions of the test (model load, warmup and context
+//! set-up cancel out), so `(count(R) − count(1)) ÷ (R − 1)` is the traffic of one pp or tg run,
+//! and dividing by its token count gives the traffic per token. This works against any server,
+//! since only the client ↔ server bytes are observed.
+//!
+//! Timing: `-p P -n N -r R` runs through the relay without delay (`none`) and through each
+//! emulated link, in rounds that visit every link and server in turn (averaged); optionally (`--direct`) one run with no relay at all, e.g. with a
+//! llama.cpp built with RDMA on two machines. Projections: `base + round trips × RTT + bytes ÷
+//! bandwidth`, where `base` is the measured `none` time (compute + loopback + relay).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use bench_report::{human_bytes, progress_bar};
+use clap::Args;
+
+use crate::cli::Common;
+use crate::conn::Target;
+use crate::links::LinkKind;
+use crate::relay::Wire;
+use crate::tools::{run_tool, through_relay, DEFAULT_BIN};
+use crate::traffic::Traffic;
+use crate::Origin;
+
+mod report;
+pub use report::{
+    command, commands_table, placement_table, table, wire_table, Placements, VmWireTable,
+    OUTPUT_PLACEMENTS,
+};
+
+/// Settings of an end-to-end run: its command line.
+#[derive(Args, Debug, Clone)]
+pub struct E2eConfig {
+    /// Server (worker) to measure, `[LABEL=]HOST:PORT`; repeat for several.
+    #[arg(long, required = true, value_name = "[LABEL=]HOST:PORT")]
+    pub server: Vec<Target>,
+    /// GGUF model (e.g. the output of scripts/test-model.sh).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Directory of the stock llama.cpp tools (llama-bench).
+    #[arg(long, default_value = DEFAULT_BIN)]
+    pub bin: PathBuf,
+    /// Prompt tokens (llama-bench -p).
+    #[arg(short = 'p', long, default_value_t = 64)]
+    pub n_prompt: u32,
+    /// Generated tokens (llama-bench -n).
+    #[arg(short = 'n', long, default_value_t = 32)]
+    pub n_gen: u32,
+    /// Repetitions (llama-bench -r, at least 2).
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub reps: u32,
+    /// Timing rounds: each runs none and every emulated link for every server in turn (results
+    /// are averaged), so load from elsewhere on the machine spreads over all of them.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: u32,
+    /// Client threads (llama-bench -t).
+    #[arg(short = 't', long, default_value_t = 1)]
+    pub threads: u32,
+    /// llama-bench -ngl.
+    #[arg(long, default_value = "99")]
+    pub ngl: String,
+    /// Measure every server twice, with the output layer on the worker (the logits cross the
+    /// link every token) and on the client (`-ot '^(output|token_embd)\.weight$=CPU'`: only the hidden state
+    /// crosses), interleaved, and say per link which is faster, by how much, with its flags.
+    #[arg(long)]
+    pub compare_output: bool,
+    /// Extra llama-bench arguments (one string, split on whitespace), e.g. "-fa 1 -ub 256".
+    #[arg(long, default_value = "")]
+    pub bench_args: String,
+    /// Also run with llama-bench connected straight to the server (no relay): the real link,
+    /// e.g. RDMA with a llama.cpp built with GGML_RPC_RDMA between two machines.
+    #[arg(long)]
+    pub direct: bool,
+    /// Timeout per llama-bench run, seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+    /// Where llama-bench's raw JSON and logs go.
+    #[arg(long, default_value = "target/rpc-bench-logs")]
+    pub logdir: PathBuf,
+    /// Write a PNG chart of per-token latency per link.
+    #[arg(long, value_name = "FILE")]
+    pub png: Option<PathBuf>,
+    /// Per-token SENDs/packets measured in the soft-RoCE VM by tests/vm/test-lean.sh, shown
+    /// beside the computed RDMA wire cost (default: target/lean-vm/lean-table.txt if present).
+    #[arg(long, value_name = "FILE")]
+    pub vm_wire: Option<PathBuf>,
+    /// `--links`, `--csv`, `--md`, `--no-progress`.
+    #[command(flatten)]
+    pub common: Common,
+    /// The servers as measured: each `--server`, once per output placement with
+    /// `--compare-output` (filled by [`command`]).
+    #[arg(skip)]
+    pub targets: Vec<Target>,
+    /// More `llama-bench` arguments per entry of `targets` (the placement's flags).
+    #[arg(skip)]
+    pub target_args: Vec<Vec<String>>,
+}
+
+/// Prompt processing or generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Prompt processing of `n` tokens in one batch.
+    Pp(u32),
+    /// Generation of `n` tokens.
+    Tg(u32),
+}
+
+impl Phase {
+    /// `pp64`, `tg32`.
+    pub fn name(&self) -> String {
+        match self {
+            Phase::Pp(n) => format!("pp{n}"),
+            Phase::Tg(n) => format!("tg{n}"),
+        }
+    }
+
+    /// Tokens per run.
+    pub fn tokens(&self) -> u32 {
+        match self {
+            Phase::Pp(n) | Phase::Tg(n) => *n,
+        }
+    }
+}
+
+/// One `llama-bench` test result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BenchResult {
+    /// pp or tg.
+    pub phase: Phase,
+    /// Mean time of one run (all its tokens).
+    pub avg: Duration,
+    /// Sample standard deviation of the run time.
+    pub stddev: Duration,
+    /// Mean tokens/s.
+    pub tps: f64,
+    /// Standard deviation of tokens/s.
+    pub tps_sd: f64,
+}
+
+/// One row of results.
+#[derive(Debug, Clone)]
+pub struct E2eRow {
+    /// Server label.
+    pub server: String,
+    /// Link name.
+    pub link: String,
+    /// pp or tg.
+    pub phase: Phase,
+    /// Measured result (`None` for projections).
+    pub measured: Option<BenchResult>,
+    /// Projected time of one run (`None` for the base itself).
+    pub projected: Option<Duration>,
+    /// Traffic of one run.
+    pub traffic: Traffic,
+    /// Link share of one run (projected), for rows with a link profile.
+    pub link_cost: Option<Duration>,
+    /// Origin of the measured numbers.
+    pub origin: Origin,
+}
+
+impl E2eRow {
+    /// Measured time per token.
+    pub fn measured_per_token(&self) -> Option<Duration> {
+        self.measured.map(|m| m.avg / self.phase.tokens().max(1))
+    }
+
+    /// Projected time per token.
+    pub fn projected_per_token(&self) -> Option<Duration> {
+        self.projected.map(|p| p / self.phase.tokens().max(1))
+    }
+
+    /// The link's own share of a token (projected: round trips × RTT + bytes ÷ bandwidth),
+    /// `None` for rows without a link profile (`none`, `direct`).
+    pub fn link_cost_per_token(&self) -> Option<Duration> {
+        self.link_cost.map(|c| c / self.phase.tokens().max(1))
+    }
+}
+
+/// Parses `llama-bench -o json` output.
+pub fn parse_llama_bench_json(s: &str) -> anyhow::Result<Vec<BenchResult>> {
+    let v: serde_json::Value =
+        serde_json::from_str(s.trim()).context("llama-bench output is not JSON")?;
+    let arr = v.as_array().context("llama-bench JSON is not an array")?;
+    let mut out = Vec::new();
+    for t in arr {
+        let g = |k: &str| {
+            t.get(k)
+                .and_then(serde_json::Value::as_f64)
+                .with_context(|| format!("field {k} missing"))
+        };
+        let (np, ng) = (g("n_prompt")? as u32, g("n_gen")? as u32);
+        let phase = if ng == 0 {
+            Phase::Pp(np)
+        } else {
+            Phase::Tg(ng)
+        };
+        out.push(BenchResult {
+            phase,
+            avg: Duration::from_nanos(g("avg_ns")? as u64),
+            stddev: Duration::from_nanos(g("stddev_ns")? as u64),
+            tps: g("avg_ts")?,
+            tps_sd: g("stddev_ts")?,
+        });
+    }
+    Ok(out)
+}
+
+/// Runs `llama-bench` once against `addr`.
+fn llama_bench(
+    cfg: &E2eConfig,
+    ti: usize,
+    addr: SocketAddr,
+    p: u32,
+    n: u32,
+    reps: u32,
+    tag: &str,
+) -> anyhow::Result<Vec<BenchResult>> {
+    let mut args: Vec<String> = vec!["-m".into(), cfg.model.display().to_string()];
+    for (k, v) in [
+        ("--rpc", addr.to_string()),
+        ("-ngl", cfg.ngl.clone()),
+        ("-p", p.to_string()),
+        ("-n", n.to_string()),
+        ("-r", reps.to_string()),
+        ("-t", cfg.threads.to_string()),
+        ("-o", "json".into()),
+    ] {
+        args.extend([k.to_string(), v]);
+    }
+    args.extend(cfg.bench_args.split_whitespace().map(String::from));
+    args.extend(cfg.target_args.get(ti).into_iter().flatten().cloned());
+    let exe = cfg.bin.join("llama-bench");
+    let timeout = Duration::from_secs(cfg.timeout);
+    let out = run_tool(&exe, &args, timeout, &cfg.logdir, tag)?;
+    std::fs::write(cfg.logdir.join(format!("{tag}.json")), &out).ok();
+    parse_llama_bench_json(&out)
+}
+
+/// The mean of one phase over several `llama-bench` runs (standard deviations combine the
+/// within-run spread and the spread between runs).
+fn averaged(runs: &[Vec<BenchResult>], phase: Phase) -> anyhow::Result<BenchResult> {
+    let all: Vec<BenchResult> = runs
+        .iter()
+        .map(|r| find(r, phase))
+        .collect::<anyhow::Result<_>>()?;
+    let n = all.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&BenchResult) -> f64| all.iter().map(f).sum::<f64>() / n;
+    let avg = mean(&|r| r.avg.as_secs_f64());
+    let tps = mean(&|r| r.tps);
+    let var_avg =
+        mean(&|r| r.stddev.as_secs_f64().powi(2)) + mean(&|r| (r.avg.as_secs_f64() - avg).powi(2));
+    let var_tps = mean(&|r| r.tps_sd.powi(2)) + mean(&|r| (r.tps - tps).powi(2));
+    Ok(BenchResult {
+        phase,
+        avg: Duration::from_secs_f64(avg),
+        stddev: Duration::from_secs_f64(var_avg.sqrt()),
+        tps,
+        tps_sd: var_tps.sqrt(),
+    })
+}
+
+fn find(res: &[BenchResult], phase: Phase) -> anyhow::Result<BenchResult> {
+    res.iter()
+        .copied()
+        .find(|r| r.phase == phase)
+        .with_context(|| format!("llama-bench reported no {}", phase.name()))
+}
+
+/// Traffic of `reps − 1` repetitions, divided down to one.
+fn differential(one: &Traffic, many: &Traffic, reps: u32) -> Traffic {
+    many.since(one).div_by(u64::from(reps - 1))
+}
+
+/// Notes gathered while running (model load traffic, consistency checks).
+#[derive(Debug, Default, Clone)]
+pub struct E2eNotes {
+    /// Free-form lines.
+    pub lines: Vec<String>,
+}
+
+/// Runs the whole end-to-end benchmark.
+pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
+    if cfg.reps < 2 {
+        bail!("--reps must be at least 2 (the round-trip counting compares 1 and R repetitions)");
+    }
+    let exe = cfg.bin.join("llama-bench");
+    if !exe.is_file() {
+        bail!(
+            "{} not found (--bin DIR: the directory of the stock llama.cpp tools)",
+            exe.display()
+        );
+    }
+    if !cfg.model.is_file() {
+        bail!("model {} not found", cfg.model.display());
+    }
+    let (pp, tg) = (Phase::Pp(cfg.n_prompt), Phase::Tg(cfg.n_gen));
+    let (np, ng, reps, rounds) = (cfg.n_prompt, cfg.n_gen, cfg.reps, cfg.rounds.max(1));
+    // The schedule, each step run for every server in turn (ours, stock, ours, stock, ...), so
+    // load from elsewhere on a shared machine spreads over all servers alike: (log tag, progress
+    // message, route (`None`: straight to the server), -p, -n, -r). First the four counting runs
+    // through the relay without delay; then the timing rounds, each over `none` (the relay
+    // without delay) and every emulated link (averaged over the rounds); then `--direct`.
+    let timing: Vec<(String, Wire)> = std::iter::once(("none".to_string(), Wire::transparent()))
+        .chain(
+            cfg.common
+                .links()
+                .iter()
+                .filter(|l| l.kind == LinkKind::Emulated)
+                .map(|l| (l.name.clone(), Wire::of(l))),
+        )
+        .collect();
+    let count = |ph: Phase, r: u32| {
+        let (short, p, n) = match ph {
+            Phase::Pp(_) => ("pp", np, 0),
+            Phase::Tg(_) => ("tg", 0, ng),
+        };
+        let (tag, msg) = (
+            format!("{short}-r{r}"),
+            format!("counting {} -r {r}", ph.name()),
+        );
+        (tag, msg, Some(Wire::transparent()), p, n, r)
+    };
+    let mut steps = vec![count(pp, 1), count(pp, reps), count(tg, 1), count(tg, reps)];
+    for r in 1..=rounds {
+        steps.extend(timing.iter().map(|(name, wire)| {
+            let msg = format!("{name} (round {r}/{rounds})");
+            (format!("{name}-round{r}"), msg, Some(*wire), np, ng, reps)
+        }));
+    }
+    if cfg.direct {
+        steps.push(("direct".into(), "direct".into(), None, np, ng, reps));
+    }
+    let pb = progress_bar(
+        (steps.len() * cfg.targets.len()) as u64,
+        cfg.common.progress(),
+    );
+    let slug = |t: &Target| -> String {
+        t.label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect()
+    };
+    // [step][target] -> results and traffic (none when straight to the server)
+    let mut done: Vec<Vec<(Vec<BenchResult>, Traffic)>> = Vec::new();
+    for (tag, msg, wire, p, n, r) in &steps {
+        let mut per_target = Vec::new();
+        for (ti, target) in cfg.targets.iter().enumerate() {
+            pb.set_message(format!("{}: {msg}", target.label));
+            let tag = format!("{}-{tag}", slug(target));
+            per_target.push(match wire {
+                Some(w) => through_relay(target.addr, *w, |addr| {
+                    llama_bench(cfg, ti, addr, *p, *n, *r, &tag)
+                })?,
+                None => (
+                    llama_bench(cfg, ti, target.addr, *p, *n, *r, &tag)?,
+                    Traffic::default(),
+                ),
+            });
+            pb.inc(1);
+        }
+        done.push(per_target);
+    }
+    // Timing link `li` over the rounds, and the direct run, of target `ti`.
+    let timed = |ti: usize, li: usize| -> Vec<Vec<BenchResult>> {
+        (0..rounds as usize)
+            .map(|r| done[4 + r * timing.len() + li][ti].0.clone())
+            .collect()
+    };
+    let direct = |ti: usize| cfg.direct.then(|| &done[steps.len() - 1][ti].0);
+    let mut rows = Vec::new();
+    let mut notes = E2eNotes::default();
+    for (ti, target) in cfg.targets.iter().enumerate() {
+        let label = &target.label;
+        let [pp1, ppr, tg1, tgr] = [0, 1, 2, 3].map(|si| &done[si][ti].1);
+        let pp_t = differential(pp1, ppr, cfg.reps);
+        let tg_t = differential(tg1, tgr, cfg.reps);
+        for (name, one, many) in [(pp.name(), pp1, ppr), (tg.name(), tg1, tgr)] {
+            let d = many.since(one);
+            let k = u64::from(cfg.reps - 1);
+            if d.round_trips % k != 0 || d.bytes() % k != 0 {
+                notes.lines.push(format!(
+                    "{label}: {name}: the traffic of {k} extra repetitions ({} round trips, {} B) is not an exact \
+                     multiple of one repetition; per-run figures are rounded down",
+                    d.round_trips,
+                    d.bytes()
+                ));
+            }
+        }
+        let load = *pp1;
+        notes.lines.push(format!(
+            "{label}: a whole llama-bench process (model load + warmup + one pp{} run) made {} connections and {} round trips, \
+             sent {} and received {}; one pp{} run: {} round trips, {} ({}); one tg{} run: {} round trips, {} ({})",
+            cfg.n_prompt,
+            load.connections,
+            load.round_trips,
+            human_bytes(load.c2s_bytes as f64),
+            human_bytes(load.s2c_bytes as f64),
+            cfg.n_prompt,
+            pp_t.round_trips,
+            human_bytes(pp_t.bytes() as f64),
+            pp_t.commands_summary(1.0),
+            cfg.n_gen,
+            tg_t.round_trips,
+            human_bytes(tg_t.bytes() as f64),
+            tg_t.commands_summary(1.0),
+        ));
+        let base = timed(ti, 0);
+        let (base_pp, base_tg) = (averaged(&base, pp)?, averaged(&base, tg)?);
+        let phases = [(pp, base_pp, pp_t), (tg, base_tg, tg_t)];
+        let row = |link: &str, phase, measured, projected, traffic, link_cost, origin| E2eRow {
+            server: label.clone(),
+            link: link.into(),
+            phase,
+            measured,
+            projected,
+            traffic,
+            link_cost,
+            origin,
+        };
+        for &(phase, base, t) in &phases {
+            rows.push(row(
+                "none",
+                phase,
+                Some(base),
+                None,
+                t,
+                None,
+                Origin::MeasuredRelay,
+            ));
+        }
+        let mut emulated_iter = (1..timing.len()).map(|li| timed(ti, li));
+        for link in cfg.common.links() {
+            let cost = |t: &Traffic| {
+                link.link_cost(t.round_trips as f64, t.bytes() as f64, t.uc_bytes() as f64)
+            };
+            let res = match link.kind {
+                LinkKind::Native => continue,
+                LinkKind::Emulated => match emulated_iter.next() {
+                    Some(res) => Some(res),
+                    None => continue,
+                },
+                LinkKind::ProjectedOnly => None,
+            };
+            for &(phase, base, t) in &phases {
+                let (measured, origin) = match &res {
+                    Some(res) => (Some(averaged(res, phase)?), Origin::MeasuredEmulated),
+                    None => (None, Origin::Projected),
+                };
+                let projected = Some(base.avg + cost(&t));
+                rows.push(row(
+                    &link.name,
+                    phase,
+                    measured,
+                    projected,
+                    t,
+                    Some(cost(&t)),
+                    origin,
+                ));
+            }
+        }
+        if let Some(res) = direct(ti) {
+            for &(phase, _, t) in &phases {
+                let m = Some(find(res, phase)?);
+                rows.push(row(
+                    "direct",
+                    phase,
+                    m,
+                    None,
+                    t,
+                    None,
+                    Origin::MeasuredDirect,
+                ));
+            }
+        }
+    }
+    pb.finish_and_clear();
+    Ok((rows, notes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_llama_bench_json() {
+        let s = r#"[
+          {"n_prompt": 64, "n_gen": 0, "avg_ns": 200000000, "stddev_ns": 1000, "avg_ts": 320.5, "stddev_ts": 3.1, "samples_ns": [1]},
+          {"n_prompt": 0, "n_gen": 32, "avg_ns": 1600000000, "stddev_ns": 2000, "avg_ts": 20.0, "stddev_ts": 0.5}
+        ]"#;
+        let r = parse_llama_bench_json(s).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].phase, Phase::Pp(64));
+        assert_eq!(r[1].phase, Phase::Tg(32));
+        assert_eq!(r[1].avg, Duration::from_millis(1600));
+        assert!(parse_llama_bench_json("nope").is_err());
+    }
+
+    #[test]
+    fn differential_divides_extra_repetitions() {
+        let one = Traffic {
+            round_trips: 100,
+            c2s_bytes: 1000,
+            ..Traffic::default()
+        };
+        let many = Traffic {
+            round_trips: 164,
+            c2s_bytes: 3000,
+            ..Traffic::default()
+        };
+        let d = differential(&one, &many, 3);
+        assert_eq!(d.round_trips, 32);
+        assert_eq!(d.c2s_bytes, 1000);
+    }
+}

@@ -1,0 +1,568 @@
+//! The report of `rpc-bench e2e`: its markdown (prose and tables: results per link, where the
+//! output layer goes, commands on the wire, RDMA wire cost per framing beside the VM's
+//! measurement), CSV and chart, and [`command`], which runs the benchmark and writes them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bench_report::chart::{self, Panel};
+use bench_report::{human_bytes, ms, Table};
+use rpc_transport::rdma::wire::Framing;
+
+use super::{run, E2eConfig, E2eRow, Phase};
+use crate::conn::Target;
+use crate::links::LinkKind;
+use crate::traffic::WireTraffic;
+use crate::Origin;
+
+/// The results as a table (times per token; traffic per token).
+pub fn table(rows: &[E2eRow]) -> Table {
+    let n = |r: &E2eRow| f64::from(r.phase.tokens().max(1));
+    let per_token = |d: Option<Duration>| d.map_or("-".into(), ms);
+    Table::of(
+        rows,
+        &[
+            ("server", &|r| r.server.clone()),
+            ("link", &|r| r.link.clone()),
+            ("test", &|r| r.phase.name()),
+            ("t/s", &|r| match (r.measured, r.projected) {
+                (Some(m), _) => format!("{:.2} ± {:.2}", m.tps, m.tps_sd),
+                (None, Some(p)) => format!("({:.2})", n(r) / p.as_secs_f64().max(1e-12)),
+                _ => "-".into(),
+            }),
+            ("ms/token measured", &|r| per_token(r.measured_per_token())),
+            ("ms/token projected", &|r| {
+                per_token(r.projected_per_token())
+            }),
+            ("link ms/token", &|r| per_token(r.link_cost_per_token())),
+            ("round trips/token", &|r| {
+                fmt_ratio(r.traffic.round_trips as f64 / n(r))
+            }),
+            ("bytes/token up", &|r| {
+                format!("{:.0}", r.traffic.c2s_bytes as f64 / n(r))
+            }),
+            ("bytes/token down", &|r| {
+                format!("{:.0}", r.traffic.s2c_bytes as f64 / n(r))
+            }),
+            ("numbers", &|r| r.origin.label().into()),
+        ],
+    )
+}
+
+/// One server measured under several placements of the output layer (`--compare-output`).
+#[derive(Debug, Clone)]
+pub struct Placements {
+    /// The server's own label.
+    pub server: String,
+    /// (placement name, row label, its llama.cpp flags) per placement.
+    pub ngl: Vec<(String, String, String)>,
+}
+
+/// The output-layer placements `--compare-output` measures: (name, extra `llama-bench`
+/// arguments). llama.cpp offloads the output layer with the first layer `-ngl` counts (layer
+/// `n_layer`), so no `-ngl` value keeps it on the client while the blocks are on the worker; an
+/// override of the output matrix's buffer does: `output.weight`, or with tied embeddings (gemma)
+/// `token_embd.weight`, whose duplicate is the output matrix (the input copy is on the client
+/// anyway).
+pub const OUTPUT_PLACEMENTS: [(&str, &[&str]); 2] = [
+    ("output on the worker", &[]),
+    (
+        "output on the client",
+        &["-ot", "^(output|token_embd)\\.weight$=CPU"],
+    ),
+];
+
+/// Per server and link: ms per generated token under each placement (measured, or projected for
+/// projection-only links) with the link's own share of it (round trips × RTT + bytes ÷
+/// bandwidth, from the counted traffic), which is faster and by how much, and its flags.
+pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
+    let mut head = vec!["server".to_string(), "link".to_string()];
+    let ngls: Vec<&str> = placements
+        .first()
+        .map(|p| p.ngl.iter().map(|(n, _, _)| n.as_str()).collect())
+        .unwrap_or_default();
+    head.extend(
+        ngls.iter()
+            .map(|n| format!("{n}: tg ms/token (link share)")),
+    );
+    head.extend([
+        "faster".into(),
+        "saves ms/token".into(),
+        "flags".into(),
+        "numbers".into(),
+    ]);
+    let mut t = Table::new(&head.iter().map(String::as_str).collect::<Vec<_>>());
+    for p in placements {
+        let links = chart::distinct(
+            rows.iter()
+                .filter(|r| p.ngl.iter().any(|(_, l, _)| *l == r.server))
+                .map(|r| &r.link),
+        );
+        for link in links {
+            let found: Vec<Option<&E2eRow>> = p
+                .ngl
+                .iter()
+                .map(|(_, label, _)| {
+                    rows.iter().find(|r| {
+                        &r.server == label && r.link == link && matches!(r.phase, Phase::Tg(_))
+                    })
+                })
+                .collect();
+            let per: Vec<Option<(Duration, Origin)>> = found
+                .iter()
+                .map(|r| {
+                    let r = (*r)?;
+                    Some((
+                        r.measured_per_token().or(r.projected_per_token())?,
+                        r.origin,
+                    ))
+                })
+                .collect();
+            let mut row = vec![p.server.clone(), link.clone()];
+            row.extend(per.iter().zip(&found).map(|(v, r)| {
+                let share = r
+                    .and_then(E2eRow::link_cost_per_token)
+                    .map_or(String::new(), |c| format!(" (link {})", ms(c)));
+                v.map_or("-".into(), |(d, _)| format!("{}{share}", ms(d)))
+            }));
+            let known: Vec<(usize, Duration)> = per
+                .iter()
+                .enumerate()
+                .filter_map(|(i, v)| v.map(|(d, _)| (i, d)))
+                .collect();
+            let best = known.iter().min_by_key(|(_, d)| *d);
+            let worst = known.iter().max_by_key(|(_, d)| *d);
+            match (best, worst) {
+                (Some(&(bi, b)), Some(&(_, w))) if known.len() > 1 => {
+                    row.push(p.ngl[bi].0.clone());
+                    row.push(format!(
+                        "{} ({:.1} %)",
+                        ms(w - b),
+                        (w - b).as_secs_f64() / w.as_secs_f64().max(1e-12) * 100.0
+                    ));
+                    row.push(format!("`{}`", p.ngl[bi].2));
+                }
+                _ => row.extend(["-".into(), "-".into(), "-".into()]),
+            }
+            row.push(
+                per.iter()
+                    .flatten()
+                    .next()
+                    .map_or("-", |(_, o)| o.label())
+                    .into(),
+            );
+            t.push(row);
+        }
+    }
+    t
+}
+
+/// Commands of each server per generated token and per prompt batch (from the `none` rows).
+pub fn commands_table(rows: &[E2eRow]) -> Table {
+    // Per generated token, or per prompt batch (one run).
+    let unit = |r: &E2eRow| match r.phase {
+        Phase::Tg(n) => ("per generated token".to_string(), f64::from(n.max(1))),
+        Phase::Pp(n) => (format!("per prompt batch of {n} tokens"), 1.0),
+    };
+    let n = |r: &E2eRow| unit(r).1;
+    Table::of(
+        rows.iter().filter(|r| r.link == "none"),
+        &[
+            ("server", &|r| r.server.clone()),
+            ("unit", &|r| unit(r).0),
+            ("commands", &|r| r.traffic.commands_summary(n(r))),
+            ("round trips", &|r| {
+                fmt_ratio(r.traffic.round_trips as f64 / n(r))
+            }),
+            ("bytes up", &|r| {
+                human_bytes(r.traffic.c2s_bytes as f64 / n(r))
+            }),
+            ("bytes down", &|r| {
+                human_bytes(r.traffic.s2c_bytes as f64 / n(r))
+            }),
+        ],
+    )
+}
+
+/// RDMA wire cost per generated token under each framing, computed from the captured traffic
+/// with [`rpc_transport::rdma::wire`] (the `none` tg rows), beside what `tests/vm/test-lean.sh`
+/// measured in the soft-RoCE VM (rxe counters; another model, so compare ratios) when given.
+pub fn wire_table(rows: &[E2eRow], measured: Option<&VmWireTable>) -> Table {
+    // One row per server and framing.
+    let cells: Vec<(&E2eRow, usize, Framing)> = rows
+        .iter()
+        .filter(|r| r.link == "none" && matches!(r.phase, Phase::Tg(_)))
+        .flat_map(|r| {
+            Framing::ALL
+                .iter()
+                .enumerate()
+                .map(move |(i, f)| (r, i, *f))
+        })
+        .collect();
+    let n = |r: &E2eRow| f64::from(r.phase.tokens().max(1));
+    let per = |(r, i, _): &(&E2eRow, usize, Framing), f: fn(&WireTraffic) -> u64| {
+        f(&r.traffic.wire[*i]) as f64 / n(r)
+    };
+    let vm = |&(_, _, f): &(&E2eRow, usize, Framing), pick: fn((f64, f64)) -> f64| {
+        measured
+            .and_then(|m| m.get(f))
+            .map_or("-".into(), |m| format!("{:.1}", pick(m)))
+    };
+    Table::of(
+        cells,
+        &[
+            ("server", &|c| c.0.server.clone()),
+            ("framing", &|c| c.2.name().into()),
+            ("SENDs/token", &|c| {
+                let credits = per(c, |w| w.credit_sends);
+                let credits = if credits > 0.0 {
+                    format!(" (≤ {credits:.1} credit-only)")
+                } else {
+                    String::new()
+                };
+                format!("{:.1}{credits}", per(c, |w| w.sends))
+            }),
+            ("packets/token (MTU 1024)", &|c| {
+                format!("{:.1}", per(c, |w| w.packets[0]))
+            }),
+            ("packets/token (MTU 4096)", &|c| {
+                format!("{:.1}", per(c, |w| w.packets[1]))
+            }),
+            ("bytes on the wire/token", &|c| {
+                human_bytes(per(c, |w| w.bytes))
+            }),
+            ("vs upstream UC packets", &|c| {
+                let apple = c.0.traffic.wire[1].packets[0] as f64 / n(c.0);
+                if apple > 0.0 {
+                    format!("1/{:.0}", apple / per(c, |w| w.packets[0]).max(1e-9))
+                } else {
+                    "-".into()
+                }
+            }),
+            ("VM measured SENDs/token", &|c| vm(c, |m| m.0)),
+            ("VM measured packets/token (MTU 1024)", &|c| vm(c, |m| m.1)),
+            ("source", &|c| {
+                if c.2.is_lean() {
+                    "computed: no-response requests coalesced into the next round trip".into()
+                } else {
+                    "computed: upstream's framing of each message".into()
+                }
+            }),
+        ],
+    )
+}
+
+/// The per-token table `tests/vm/test-lean.sh` writes (`target/lean-vm/lean-table.txt`):
+/// `config SENDs/token packets/token` for a-rc, a-uc (stock client, upstream flavors) and
+/// b-rc, b-uc (through rpc-shim, lean framing).
+#[derive(Debug, Clone, Default)]
+pub struct VmWireTable {
+    rows: Vec<(String, f64, f64)>,
+}
+
+impl VmWireTable {
+    /// Parses the table; lines that are not `name number number` are skipped.
+    pub fn parse(text: &str) -> VmWireTable {
+        let rows = text
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let (c, s, p) = (
+                    it.next()?,
+                    it.next()?.parse().ok()?,
+                    it.next()?.parse().ok()?,
+                );
+                Some((c.to_string(), s, p))
+            })
+            .collect();
+        VmWireTable { rows }
+    }
+
+    /// (SENDs/token, packets/token) measured for a framing.
+    pub fn get(&self, f: Framing) -> Option<(f64, f64)> {
+        let key = match f {
+            Framing::UpstreamRc => "a-rc",
+            Framing::AppleUc => "a-uc",
+            Framing::LeanRc => "b-rc",
+            Framing::LeanUc => "b-uc",
+        };
+        self.rows.iter().find(|r| r.0 == key).map(|r| (r.1, r.2))
+    }
+}
+
+/// `rpc-bench e2e`: runs the benchmark and writes its report.
+pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
+    // --compare-output: every server once per placement, all interleaved in the same rounds.
+    let variants: Vec<(&str, &[&str])> = if cfg.compare_output {
+        OUTPUT_PLACEMENTS.to_vec()
+    } else {
+        vec![("", &[])]
+    };
+    let mut targets = Vec::new();
+    let mut placements = Vec::new();
+    for t in &cfg.server {
+        let mut p = Placements {
+            server: t.label.clone(),
+            ngl: Vec::new(),
+        };
+        for (name, args) in &variants {
+            let label = if cfg.compare_output {
+                format!("{} ({name})", t.label)
+            } else {
+                t.label.clone()
+            };
+            let flags = std::iter::once(format!("-ngl {}", cfg.ngl))
+                .chain(args.iter().map(|x| x.to_string()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            p.ngl.push((name.to_string(), label.clone(), flags));
+            let args: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+            targets.push((
+                Target {
+                    label,
+                    addr: t.addr,
+                },
+                args,
+            ));
+        }
+        placements.push(p);
+    }
+    (cfg.targets, cfg.target_args) = targets.into_iter().unzip();
+    let cfg = cfg;
+    let (rows, notes) = run(&cfg)?;
+    let mut md = String::new();
+    md.push_str(&format!(
+        "## rpc-bench e2e\n\nClient: stock `llama-bench -ngl {} -p {} -n {} -r {} -t {} {}` ({}), model `{}`; servers: {}; \
+         timings averaged over {} rounds (each round runs every link for every server in turn).\n\
+         Per token: pp = one {}-token batch ÷ {}, tg = one generated token. Round trips and bytes are counted \
+         exactly by the relay (difference between -r 1 and -r {} runs). `numbers`: *measured (relay, no delay)* \
+         is the base; *measured (emulated link)* ran through the user-space link emulator; *projected* = base + \
+         round trips × RTT + bytes ÷ bandwidth (t/s in parentheses are projected).\n\n",
+        cfg.ngl,
+        cfg.n_prompt,
+        cfg.n_gen,
+        cfg.reps,
+        cfg.threads,
+        cfg.bench_args,
+        cfg.bin.display(),
+        cfg.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        cfg.targets.iter().map(|t| format!("{} ({})", t.label, t.addr)).collect::<Vec<_>>().join(", "),
+        cfg.rounds,
+        cfg.n_prompt,
+        cfg.n_prompt,
+        cfg.reps,
+    ));
+    md.push_str(&table(&rows).markdown());
+    if cfg.compare_output {
+        md.push_str(
+            "\nWhere the output layer goes: on the worker the whole logits vector comes back every \
+             token; on the client (its matrix kept in client memory by `-ot`) only the hidden state \
+             does, and the client computes the logits. ms per generated token per placement, the \
+             faster one, what it saves, and the flags to use.\n\n",
+        );
+        md.push_str(&placement_table(&rows, &placements).markdown());
+    }
+    md.push_str("\nCommands on the wire (counted through the relay):\n\n");
+    md.push_str(&commands_table(&rows).markdown());
+    let vm_path = cfg
+        .vm_wire
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/lean-vm/lean-table.txt"));
+    let vm = match std::fs::read_to_string(&vm_path) {
+        Ok(text) => Some(VmWireTable::parse(&text)),
+        Err(e) if cfg.vm_wire.is_some() => anyhow::bail!("--vm-wire {}: {e}", vm_path.display()),
+        Err(_) => None,
+    };
+    md.push_str(
+        "\nRDMA wire cost per generated token: the traffic above framed by each RDMA flavor \
+         (`rpc_transport::rdma::wire`, checked SEND by SEND against the framings on the fake fabric). \
+         Upstream RC: every `send_data()` part is a SEND; upstream UC (Apple): every message is whole \
+         128 KiB strides; lean (ours, rpc-shim or rpc-client to rpc-server): no-response requests \
+         coalesced into the next round trip, frames sized to the data.",
+    );
+    if vm.is_some() {
+        md.push_str(&format!(
+            " The VM columns come from `{}` (tests/vm/test-lean.sh: rxe counters in the soft-RoCE VM, \
+             synthetic llama model, stock client, through the real rpc-shim for lean): a different model, \
+             so compare ratios between framings.",
+            vm_path.display()
+        ));
+    }
+    md.push_str("\n\n");
+    md.push_str(&wire_table(&rows, vm.as_ref()).markdown());
+    md.push('\n');
+    for l in &notes.lines {
+        md.push_str(&format!("- {l}\n"));
+    }
+    md.push('\n');
+    md.push_str(&cfg.common.links_section());
+    cfg.common.emit(&md, &table(&rows))?;
+    if let Some(png) = &cfg.png {
+        draw_chart(png, &rows, &cfg)?;
+    }
+    Ok(())
+}
+
+fn draw_chart(path: &Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<()> {
+    let cats = chart::distinct(rows.iter().map(|r| &r.link));
+    let servers: Vec<String> = cfg.targets.iter().map(|t| t.label.clone()).collect();
+    let mut panels = Vec::new();
+    for (phase, title) in [
+        (
+            Phase::Tg(cfg.n_gen),
+            format!("generation (tg{}): ms per token", cfg.n_gen),
+        ),
+        (
+            Phase::Pp(cfg.n_prompt),
+            format!("prompt processing (pp{}): ms per token", cfg.n_prompt),
+        ),
+    ] {
+        panels.push(Panel {
+            title,
+            y_label: "ms per token".into(),
+            categories: cats.clone(),
+            series: chart::measured_and_projected(
+                &servers,
+                &cats,
+                |s, l| {
+                    rows.iter()
+                        .find(|r| r.server == s && r.link == l && r.phase == phase)
+                },
+                ("measured", &|r: &E2eRow| {
+                    r.measured_per_token().map(|d| d.as_secs_f64() * 1e3)
+                }),
+                &|r: &E2eRow| {
+                    (r.origin != Origin::MeasuredRelay)
+                        .then(|| r.projected_per_token())
+                        .flatten()
+                        .map(|d| d.as_secs_f64() * 1e3)
+                },
+            ),
+        });
+    }
+    // The link's own share per generated token: deterministic, from the counted traffic.
+    let link_cats: Vec<String> = cats
+        .iter()
+        .filter(|c| c.as_str() != "none" && c.as_str() != "direct")
+        .cloned()
+        .collect();
+    let tg = Phase::Tg(cfg.n_gen);
+    let names: Vec<String> = servers.iter().map(|s| format!("{s} projected")).collect();
+    let series = chart::series(&names, &link_cats, true, |ti, l| {
+        rows.iter()
+            .find(|r| r.server == servers[ti] && r.link == l && r.phase == tg)
+            .and_then(E2eRow::link_cost_per_token)
+            .map(|d| d.as_secs_f64() * 1e3)
+    });
+    panels.push(Panel {
+        title: format!(
+            "link share of a generated token (tg{}): round trips x RTT + bytes / bandwidth",
+            cfg.n_gen
+        ),
+        y_label: "ms per token".into(),
+        categories: link_cats,
+        series,
+    });
+    let mut footer = vec![format!(
+        "Stock llama-bench -ngl {} through each link to the worker; solid = measured (none: loopback + counting relay; \
+         others: user-space link emulator), light = projected.",
+        cfg.ngl
+    )];
+    for l in cfg
+        .common
+        .links()
+        .iter()
+        .filter(|l| l.kind != LinkKind::Native)
+    {
+        footer.push(format!(
+            "{}: {} ({}){}",
+            l.name,
+            l.figures(),
+            l.kind.label(),
+            if l.name == "tb5-rdma" {
+                "; messages padded to 128 KiB strides (upstream Apple UC flavor)"
+            } else {
+                ""
+            }
+        ));
+    }
+    chart::draw(
+        path,
+        "rpc-bench e2e: per-token latency per link",
+        &panels,
+        &footer,
+    )
+}
+
+fn fmt_ratio(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round() as u64)
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::e2e::BenchResult;
+    use crate::traffic::Traffic;
+
+    #[test]
+    fn parses_the_vm_lean_table() {
+        let t = VmWireTable::parse("config      SENDs/token    packets/token\na-rc  26.0  53.1\na-uc 9.0 1152.0\nb-rc 4.6 13.2\ngarbage\n");
+        assert_eq!(t.get(Framing::UpstreamRc), Some((26.0, 53.1)));
+        assert_eq!(t.get(Framing::AppleUc), Some((9.0, 1152.0)));
+        assert_eq!(t.get(Framing::LeanRc), Some((4.6, 13.2)));
+        assert_eq!(t.get(Framing::LeanUc), None);
+    }
+
+    #[test]
+    fn placement_table_names_the_faster_placement() {
+        let row = |server: &str, link: &str, ms_per_run: u64| E2eRow {
+            server: server.into(),
+            link: link.into(),
+            phase: Phase::Tg(4),
+            measured: Some(BenchResult {
+                phase: Phase::Tg(4),
+                avg: Duration::from_millis(ms_per_run),
+                stddev: Duration::ZERO,
+                tps: 0.0,
+                tps_sd: 0.0,
+            }),
+            projected: None,
+            traffic: Traffic::default(),
+            link_cost: (link != "none").then(|| Duration::from_millis(ms_per_run / 10)),
+            origin: Origin::MeasuredEmulated,
+        };
+        // Worker: 40 ms per token on 2.5gbe, client: 30; on none the worker wins (8 vs 10).
+        let rows = [
+            row("a (w)", "none", 32),
+            row("a (c)", "none", 40),
+            row("a (w)", "2.5gbe", 160),
+            row("a (c)", "2.5gbe", 120),
+        ];
+        let p = Placements {
+            server: "a".into(),
+            ngl: vec![
+                ("worker".into(), "a (w)".into(), "-ngl 99".into()),
+                ("client".into(), "a (c)".into(), "-ngl 99 -ot x".into()),
+            ],
+        };
+        let t = placement_table(&rows, &[p]);
+        assert_eq!(t.rows.len(), 2);
+        assert_eq!(t.rows[0][1..5], ["none", "8.000", "10.000", "worker"]);
+        assert_eq!(t.rows[0][5], "2.000 (20.0 %)");
+        assert_eq!(
+            t.rows[1][1..5],
+            [
+                "2.5gbe",
+                "40.000 (link 4.000)",
+                "30.000 (link 3.000)",
+                "client"
+            ]
+        );
+        assert_eq!(t.rows[1][5], "10.000 (25.0 %)");
+        assert_eq!(t.rows[1][6], "`-ngl 99 -ot x`");
+    }
+}

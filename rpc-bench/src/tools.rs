@@ -1,0 +1,138 @@
+//! Processes the benchmarks drive: a stock llama.cpp tool run to its end against a server with
+//! its log captured ([`run_tool`]), and a server process that listens on a loopback port and is
+//! killed on drop ([`ServerProcess`]: the stock and our `rpc-server` in `load`, the echo floor
+//! in `latency`); [`through_relay`]: a run through `link-emu`'s counting relay, with the traffic
+//! it caused.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::relay::{Relay, RelayOptions, Wire};
+use crate::traffic::Traffic;
+
+/// Default directory of the stock tools (the project's cached stock build).
+pub const DEFAULT_BIN: &str =
+    "/root/.cache/ggml-rpc-rs/llama-cpp-python-0.3.36/src-rdma-OFF/build/bin";
+
+/// Runs a stock tool to its end (killed after `timeout`), its stderr in `logdir/{tag}.err`;
+/// returns its stdout, or an error with the log's last lines if it failed.
+pub fn run_tool(
+    exe: &Path,
+    args: &[String],
+    timeout: Duration,
+    logdir: &Path,
+    tag: &str,
+) -> anyhow::Result<String> {
+    let mut cmd = Command::new(exe);
+    cmd.args(args);
+    std::fs::create_dir_all(logdir).ok();
+    let err_path = logdir.join(format!("{tag}.err"));
+    let err_file = std::fs::File::create(&err_path)
+        .with_context(|| format!("cannot create {}", err_path.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(err_file);
+    tracing::debug!(?cmd, "stock tool");
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {}", exe.display()))?;
+    let mut stdout = child.stdout.take().context("no stdout")?;
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "{} timed out after {timeout:?} ({tag}); log: {}",
+                exe.display(),
+                err_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = reader.join().unwrap_or_default();
+    if !status.success() {
+        let log = std::fs::read_to_string(&err_path).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        bail!(
+            "{} failed ({status}, {tag}):\n{}",
+            exe.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    Ok(out)
+}
+
+/// A server process listening on a loopback port; killed on drop.
+pub struct ServerProcess {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ServerProcess {
+    /// Starts `cmd` (which is to listen on `127.0.0.1:port`) and waits up to `ready` until it
+    /// accepts a connection.
+    pub fn start(mut cmd: Command, port: u16, ready: Duration) -> anyhow::Result<ServerProcess> {
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
+        let server = ServerProcess::adopt(child, port);
+        let t = Instant::now();
+        while TcpStream::connect(server.addr).is_err() {
+            if t.elapsed() > ready {
+                bail!(
+                    "{:?} did not listen on {} within {} s",
+                    cmd.get_program(),
+                    server.addr,
+                    ready.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(server)
+    }
+
+    /// A running child that listens on `127.0.0.1:port`.
+    pub fn adopt(child: Child, port: u16) -> ServerProcess {
+        ServerProcess {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+}
+
+/// Runs `f` against a relay to `server` over `wire` (`f` gets the relay's address) and returns
+/// its result and the traffic it caused.
+pub fn through_relay<T>(
+    server: SocketAddr,
+    wire: Wire,
+    f: impl FnOnce(SocketAddr) -> anyhow::Result<T>,
+) -> anyhow::Result<(T, Traffic)> {
+    let relay = Relay::start(server, wire, RelayOptions::default())?;
+    let before = relay.counters().snapshot();
+    let out = f(relay.addr())?;
+    // The client has exited; let the relay threads forward the last bytes.
+    std::thread::sleep(Duration::from_millis(100));
+    Ok((out, relay.counters().snapshot().since(&before)))
+}
