@@ -10,6 +10,10 @@ spread, the median t/s of each server, and the machine's load average before and
 
   python3 benches/llama_bench_compare.py --stock-bin DIR [--ours target/release/rpc-server] \
       [--model gemma|synth-llama-f16|PATH] [--server-threads 1,2] [--rounds 4] [-p 64] [-n 32] [-r 2]
+  python3 benches/llama_bench_compare.py --pool RUN1.json RUN2.json ...   # pool runs' --json-out
+
+An A/A run (`--ours DIR/ggml-rpc-server`: the stock server against itself) shows how far this
+machine moves the ratio when nothing differs; read every ours/stock figure against it.
 
 See benches/README.md. stdlib only.
 """
@@ -82,7 +86,37 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def pool(paths):
+    """Pools the rounds of several runs' --json-out files: per server -t and test, the median of
+    all round ratios, their interquartile range, and how many rounds had ours >= stock. An A/A run
+    (--ours pointed at the stock server) pooled alone shows how far this machine moves a ratio
+    when nothing differs."""
+    ratios = {}
+    for path in paths:
+        with open(path) as f:
+            d = json.load(f)
+        per = {}
+        for r in d["raw"]:
+            for t in r["tests"]:
+                k = ("pp%d" % t["n_prompt"]) if t["n_gen"] == 0 else ("tg%d" % t["n_gen"])
+                per.setdefault((r["server_threads"], k, r["round"]), {})[r["server"]] = med(t["samples_ts"])
+        for (st, k, _), v in per.items():
+            if v.get("ours") and v.get("stock"):
+                ratios.setdefault((st, k), []).append(v["ours"] / v["stock"])
+    print("Pooled: %s\n" % ", ".join(os.path.basename(p) for p in paths))
+    print("| server -t | test | ours/stock (median of rounds) | interquartile range | rounds with ours >= stock |")
+    print("|---|---|---|---|---|")
+    for (st, k), v in sorted(ratios.items()):
+        v = sorted(v)
+        n = len(v)
+        print("| %d | %s | **%.3f** | %.3f..%.3f | %d of %d |" % (st, k, med(v), v[n // 4], v[(3 * n) // 4],
+                                                               sum(1 for x in v if x >= 1.0), n))
+    return 0
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--pool":
+        return pool(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", help="our server binary (default: target/release/rpc-server)")
     ap.add_argument("--stock-bin", help="dir with stock ggml-rpc-server and llama-bench "
@@ -103,6 +137,8 @@ def main():
     ap.add_argument("--logdir", help="server logs and raw outputs (default: target/bench-logs)")
     ap.add_argument("--json-out", help="also write all samples as JSON here")
     ap.add_argument("--ours-args", default="", help="extra args for our server only, e.g. '--no-isolate'")
+    ap.add_argument("--pool", nargs="+", metavar="JSON", help="instead of running: pool the rounds of earlier "
+                    "runs' --json-out files (must be the first argument)")
     args = ap.parse_args()
 
     stock_bin = resolve_stock_bin(args.stock_bin, needed=("ggml-rpc-server", "llama-bench"))
