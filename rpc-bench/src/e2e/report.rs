@@ -391,7 +391,7 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
     md.push_str("\n\n");
     md.push_str(&wire_table(&rows, vm.as_ref()).markdown());
     md.push('\n');
-    for l in &notes.lines {
+    for l in &notes {
         md.push_str(&format!("- {l}\n"));
     }
     md.push('\n');
