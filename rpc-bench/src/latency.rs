@@ -23,7 +23,10 @@ use bench_report::chart::{self, Panel};
 use bench_report::{human_bytes, progress_bar, us, ProgressBar, Table};
 use clap::Args;
 use rpc_client::Client;
-use rpc_proto::{Command, Request, CONN_CAPS_SIZE};
+use rpc_proto::{
+    Command, PayloadSize, Request, Response, CONN_CAPS_SIZE, FRAME_HEADER_SIZE,
+    RESPONSE_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
+};
 use rpc_transport::cli::{RdmaClientArgs, TransportMode};
 use rpc_transport::Transport;
 
@@ -581,16 +584,29 @@ fn per_iter(t: &Traffic, iterations: usize) -> (f64, f64, f64) {
     )
 }
 
-/// Bytes per iteration from the protocol's sizes (used when nothing was counted, e.g. RDMA).
+/// Bytes per iteration from the protocol's sizes (used when nothing was counted, e.g. RDMA):
+/// every message of the case (request frames, then size-prefixed replies), one round trip.
 fn analytic_traffic(case: &Case) -> (f64, f64, f64) {
-    let uc = |len: u64| LinkProfile::tb5_rdma().wire_bytes(len) as f64;
-    let dc = (9.0 + 8.0 + 4.0, uc(9) + uc(12)); // DEVICE_COUNT: request 9 B, reply 8 + 4
+    let (head, reply) = (FRAME_HEADER_SIZE as u64, RESPONSE_HEADER_SIZE as u64);
+    let device_count = [
+        head,
+        reply + Response::fixed_size(Command::DeviceCount).unwrap_or(0),
+    ];
+    let (PayloadSize::Exact(get) | PayloadSize::AtLeast(get)) = Command::GetTensor.request_size();
     let n = case.bytes as u64;
-    match case.kind {
-        CaseKind::Empty => (dc.0, 1.0, dc.1),
-        CaseKind::Set => ((9 + 305 + n) as f64 + dc.0, 1.0, uc(9 + 305 + n) + dc.1),
-        CaseKind::Get => ((9 + 312 + 8 + n) as f64, 1.0, uc(9 + 312) + uc(8 + n)),
-    }
+    let msgs = match case.kind {
+        CaseKind::Empty => device_count.to_vec(),
+        CaseKind::Set => [
+            &[head + SET_TENSOR_HEADER_SIZE as u64 + n][..],
+            &device_count,
+        ]
+        .concat(),
+        CaseKind::Get => vec![head + get, reply + n],
+    };
+    let uc = msgs
+        .iter()
+        .map(|&len| LinkProfile::tb5_rdma().wire_bytes(len) as f64);
+    (msgs.iter().sum::<u64>() as f64, 1.0, uc.sum())
 }
 
 /// The results as a table.
@@ -653,4 +669,28 @@ pub fn histograms(rows: &[CaseResult]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn analytic_traffic_matches_the_counted_bytes() {
+        // The same figures the relay counts in tests/against_server.rs.
+        let case = |kind, bytes| analytic_traffic(&Case { kind, bytes }).0;
+        assert_eq!(case(CaseKind::Empty, 0), (9 + 8 + 4) as f64);
+        assert_eq!(
+            case(CaseKind::Set, 4096),
+            (9 + 305 + 4096 + 9 + 8 + 4) as f64
+        );
+        assert_eq!(case(CaseKind::Get, 4096), (9 + 312 + 8 + 4096) as f64);
+        let uc = analytic_traffic(&Case {
+            kind: CaseKind::Get,
+            bytes: 4096,
+        })
+        .2;
+        let wire = |len| LinkProfile::tb5_rdma().wire_bytes(len) as f64;
+        assert_eq!(uc, wire(9 + 312) + wire(8 + 4096));
+    }
 }
