@@ -117,7 +117,7 @@ pub struct LatencyConfig {
     /// Print a text histogram of every measured case.
     #[arg(long)]
     pub histograms: bool,
-    /// Also measure the floor: a server in this process that reads each request and answers it
+    /// Also measure the floor: a server in a child process that reads each request and answers it
     /// with zeros, doing no work, over the same TCP code and poll window as rpc-server (row
     /// "echo floor"; loopback only).
     #[arg(long)]
@@ -526,12 +526,9 @@ fn rows_for(
             let per = lane.traffic[ci]
                 .as_ref()
                 .map(|t| per_iter(t, cfg.iterations));
-            let projected = match (&spec.profile, relay_i, per) {
-                (Some(p), Some(ri), Some((bytes, rt, uc))) => {
-                    Some(p.project(summaries[ri][ci].p50, rt, bytes, uc))
-                }
-                _ => None,
-            };
+            let base = relay_i.map(|ri| summaries[ri][ci].p50);
+            let projected = (spec.profile.as_ref().zip(base).zip(per))
+                .map(|((p, base), (bytes, rt, uc))| p.project(base, rt, bytes, uc));
             rows.push(CaseResult {
                 server: target.label.clone(),
                 link: spec.link.clone(),

@@ -462,17 +462,12 @@ fn draw_chart(path: &Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<(
         .iter()
         .filter(|l| l.kind != LinkKind::Native)
     {
-        footer.push(format!(
-            "{}: {} ({}){}",
-            l.name,
-            l.figures(),
-            l.kind.label(),
-            if l.name == "tb5-rdma" {
-                "; messages padded to 128 KiB strides (upstream Apple UC flavor)"
-            } else {
-                ""
-            }
-        ));
+        let (figures, kind) = (l.figures(), l.kind.label());
+        let pad = match l.name.as_str() {
+            "tb5-rdma" => "; messages padded to 128 KiB strides (upstream Apple UC flavor)",
+            _ => "",
+        };
+        footer.push(format!("{}: {figures} ({kind}){pad}", l.name));
     }
     chart::draw(
         path,
