@@ -8,8 +8,7 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::str::FromStr;
 
-use anyhow::Context;
-use rpc_client::{negotiate_client, Client, RpcTensor, TensorBuilder};
+use rpc_client::{negotiate_client, Client};
 use rpc_transport::rdma::negotiate::{ClientConfig, ClientConn};
 use rpc_transport::rdma::real::RdmaOptions;
 use rpc_transport::rdma::Flavor;
@@ -77,21 +76,6 @@ pub async fn connect(addr: SocketAddr, rdma: Option<&RdmaSettings>) -> anyhow::R
         ),
         _ => Ok(n.client),
     }
-}
-
-/// Allocates `size` bytes on `device`; returns (handle, base address).
-pub async fn alloc(c: &mut BenchConn, device: u32, size: u64) -> anyhow::Result<(u64, u64)> {
-    let b = c.alloc_buffer(device, size).await?;
-    let b = b.with_context(|| format!("the server could not allocate a {size}-byte buffer"))?;
-    Ok((b.handle, c.buffer_get_base(b.handle).await?))
-}
-
-/// A 1-D f32 tensor of `bytes` bytes at `base` in buffer `handle`.
-pub fn bench_tensor(id: u64, handle: u64, base: u64, bytes: usize) -> RpcTensor {
-    TensorBuilder::f32(id)
-        .ne(&[(bytes / 4).max(1) as u32])
-        .data(handle, base)
-        .build()
 }
 
 #[cfg(test)]

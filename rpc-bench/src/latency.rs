@@ -19,10 +19,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use bench_report::chart::{self, Panel};
 use bench_report::{human_bytes, progress_bar, us, ProgressBar, Table};
 use clap::Args;
-use rpc_client::Client;
+use rpc_client::{Client, RpcTensor, TensorBuilder};
 use rpc_proto::{
     Command, PayloadSize, Request, Response, CONN_CAPS_SIZE, FRAME_HEADER_SIZE,
     RESPONSE_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
@@ -32,7 +33,7 @@ use rpc_transport::Transport;
 
 use crate::cli::Common;
 
-use crate::conn::{self, alloc, bench_tensor, BenchConn, RdmaSettings, Target};
+use crate::conn::{self, BenchConn, RdmaSettings, Target};
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
 use crate::stats::Summary;
@@ -185,8 +186,8 @@ struct LaneResult {
 struct Lane {
     conn: BenchConn,
     relay: Option<Relay>,
-    handle: u64,
-    base: u64,
+    /// Per case, a 1-D f32 tensor of its size in the lane's buffer.
+    tensors: Vec<RpcTensor>,
 }
 
 impl Lane {
@@ -204,12 +205,25 @@ impl Lane {
             None => conn::connect(target, cfg.rdma_settings().as_ref()).await?,
         };
         let max = cfg.sizes.iter().copied().max().unwrap_or(4).max(4);
-        let (handle, base) = alloc(&mut conn, cfg.device, max as u64).await?;
+        let b = conn.alloc_buffer(cfg.device, max as u64).await?;
+        let b = b.with_context(|| format!("the server could not allocate a {max}-byte buffer"))?;
+        let base = conn.buffer_get_base(b.handle).await?;
+        let tensor = |(ci, case): (usize, Case)| {
+            let ne = (case.bytes.max(4) / 4) as u32;
+            TensorBuilder::f32(100 + ci as u64)
+                .ne(&[ne])
+                .data(b.handle, base)
+                .build()
+        };
+        let tensors = Case::all(&cfg.sizes)
+            .into_iter()
+            .enumerate()
+            .map(tensor)
+            .collect();
         Ok(Lane {
             conn,
             relay,
-            handle,
-            base,
+            tensors,
         })
     }
 
@@ -220,7 +234,7 @@ impl Lane {
         data: &[u8],
         out: &mut [u8],
     ) -> anyhow::Result<Duration> {
-        let t = bench_tensor(100 + ci as u64, self.handle, self.base, case.bytes.max(4));
+        let t = &self.tensors[ci];
         let start = Instant::now();
         match case.kind {
             CaseKind::Empty => {
@@ -228,13 +242,13 @@ impl Lane {
             }
             CaseKind::Set => {
                 self.conn
-                    .set_tensor(&t, 0, &data[..case.bytes], false)
+                    .set_tensor(t, 0, &data[..case.bytes], false)
                     .await?;
                 self.conn.device_count().await?;
             }
             CaseKind::Get => {
                 self.conn
-                    .get_tensor_into(&t, 0, &mut out[..case.bytes])
+                    .get_tensor_into(t, 0, &mut out[..case.bytes])
                     .await?
             }
         }
