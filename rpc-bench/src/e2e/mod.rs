@@ -238,9 +238,10 @@ fn llama_bench(
 /// The mean of one phase over several `llama-bench` runs (standard deviations combine the
 /// within-run spread and the spread between runs).
 fn averaged(runs: &[Vec<BenchResult>], phase: Phase) -> anyhow::Result<BenchResult> {
+    let find = |run: &Vec<BenchResult>| run.iter().copied().find(|r| r.phase == phase);
     let all: Vec<BenchResult> = runs
         .iter()
-        .map(|r| find(r, phase))
+        .map(|run| find(run).with_context(|| format!("llama-bench reported no {}", phase.name())))
         .collect::<anyhow::Result<_>>()?;
     let n = all.len().max(1) as f64;
     let mean = |f: &dyn Fn(&BenchResult) -> f64| all.iter().map(f).sum::<f64>() / n;
@@ -256,13 +257,6 @@ fn averaged(runs: &[Vec<BenchResult>], phase: Phase) -> anyhow::Result<BenchResu
         tps,
         tps_sd: var_tps.sqrt(),
     })
-}
-
-fn find(res: &[BenchResult], phase: Phase) -> anyhow::Result<BenchResult> {
-    res.iter()
-        .copied()
-        .find(|r| r.phase == phase)
-        .with_context(|| format!("llama-bench reported no {}", phase.name()))
 }
 
 /// Traffic of `reps − 1` repetitions, divided down to one.
