@@ -8,7 +8,7 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::str::FromStr;
 
-use rpc_client::{negotiate_client, Client, ClientError, RpcTensor, TensorBuilder};
+use rpc_client::{negotiate_client, Client};
 use rpc_transport::rdma::negotiate::{ClientConfig, ClientConn};
 use rpc_transport::rdma::real::RdmaOptions;
 use rpc_transport::rdma::Flavor;
@@ -51,44 +51,12 @@ pub struct RdmaSettings {
     pub tcp_fallback: bool,
 }
 
-/// Why a benchmark connection failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnError {
-    /// Protocol or I/O error.
-    #[error(transparent)]
-    Client(#[from] ClientError),
-    /// RDMA did not engage (on this machine, or the server declined it).
-    #[error(
-        "RDMA did not engage with {addr}: {why} (without RDMA on this machine nothing is offered; \
-         a server declines with zero caps when it has no RDMA device for that address, runs with \
-         --transport tcp, has its RDMA budget used up, or was built without RDMA)"
-    )]
-    NoRdma {
-        /// The server.
-        addr: SocketAddr,
-        /// What negotiation said.
-        why: String,
-    },
-    /// The server refused to allocate the benchmark buffer.
-    #[error("the server could not allocate a {0}-byte buffer")]
-    Alloc(u64),
-}
-
-impl From<std::io::Error> for ConnError {
-    fn from(e: std::io::Error) -> Self {
-        ConnError::Client(ClientError::from(e))
-    }
-}
-
 /// A connection the benchmark drives: TCP, or RDMA in upstream's flavor.
 pub type BenchConn = Client<ClientConn>;
 
 /// Connects over TCP (HELLO with zero caps), or with `rdma` negotiates RDMA in HELLO and fails
 /// if it does not engage (unless `rdma.tcp_fallback`).
-pub async fn connect(
-    addr: SocketAddr,
-    rdma: Option<&RdmaSettings>,
-) -> Result<BenchConn, ConnError> {
+pub async fn connect(addr: SocketAddr, rdma: Option<&RdmaSettings>) -> anyhow::Result<BenchConn> {
     let Some(s) = rdma else {
         return Ok(Client::connect(addr).await?.map_transport(ClientConn::Tcp));
     };
@@ -101,26 +69,13 @@ pub async fn connect(
     };
     let n = negotiate_client(TcpStream::connect(addr).await?, &cfg).await?;
     match n.why_tcp {
-        Some(why) if !s.tcp_fallback => Err(ConnError::NoRdma { addr, why }),
+        Some(why) if !s.tcp_fallback => anyhow::bail!(
+            "RDMA did not engage with {addr}: {why} (without RDMA on this machine nothing is offered; \
+             a server declines with zero caps when it has no RDMA device for that address, runs with \
+             --transport tcp, has its RDMA budget used up, or was built without RDMA)"
+        ),
         _ => Ok(n.client),
     }
-}
-
-/// Allocates `size` bytes on `device`; returns (handle, base address).
-pub async fn alloc(c: &mut BenchConn, device: u32, size: u64) -> Result<(u64, u64), ConnError> {
-    let b = c
-        .alloc_buffer(device, size)
-        .await?
-        .ok_or(ConnError::Alloc(size))?;
-    Ok((b.handle, c.buffer_get_base(b.handle).await?))
-}
-
-/// A 1-D f32 tensor of `bytes` bytes at `base` in buffer `handle`.
-pub fn bench_tensor(id: u64, handle: u64, base: u64, bytes: usize) -> RpcTensor {
-    TensorBuilder::f32(id)
-        .ne(&[(bytes / 4).max(1) as u32])
-        .data(handle, base)
-        .build()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! round trip crosses processes). Measured in the same run as real servers, it shows what the
 //! loopback, the kernel and the client cost, and so what a server adds on top.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use rpc_proto::{check_frame, FrameHeader, Limits, Request, Response};
@@ -40,40 +40,26 @@ pub fn spawn_child() -> anyhow::Result<ServerProcess> {
     Ok(floor)
 }
 
-/// `rpc-bench echo-floor`: serve on an ephemeral loopback port, print it, run until killed.
+/// `rpc-bench echo-floor`: serves on an ephemeral loopback port, prints it, runs until killed
+/// (one thread per connection).
 pub fn run_child() -> anyhow::Result<()> {
     use std::io::Write;
-    let addr = start(rpc_transport::tcp::DEFAULT_POLL_WINDOW)?;
-    println!("{}", addr.port());
-    std::io::stdout().flush()?;
-    loop {
-        std::thread::park();
-    }
-}
-
-/// Starts the floor server on `127.0.0.1` (an ephemeral port) in this process; it serves until
-/// the process ends.
-pub fn start(poll_window: Duration) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    std::thread::Builder::new()
-        .name("echo-floor".into())
-        .spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let spawned =
-                    std::thread::Builder::new()
-                        .name("echo-conn".into())
-                        .spawn(move || {
-                            if let Err(e) = serve(stream, poll_window) {
-                                tracing::debug!("echo floor connection: {e}");
-                            }
-                        });
-                if let Err(e) = spawned {
-                    tracing::warn!("echo floor: cannot start a connection thread: {e}");
+    println!("{}", listener.local_addr()?.port());
+    std::io::stdout().flush()?;
+    for stream in listener.incoming().flatten() {
+        let spawned = std::thread::Builder::new()
+            .name("echo-conn".into())
+            .spawn(move || {
+                if let Err(e) = serve(stream, rpc_transport::tcp::DEFAULT_POLL_WINDOW) {
+                    tracing::debug!("echo floor connection: {e}");
                 }
-            }
-        })?;
-    Ok(addr)
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("echo floor: cannot start a connection thread: {e}");
+        }
+    }
+    Ok(())
 }
 
 fn serve(stream: TcpStream, poll_window: Duration) -> anyhow::Result<()> {

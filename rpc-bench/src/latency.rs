@@ -19,17 +19,21 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use bench_report::chart::{self, Panel};
 use bench_report::{human_bytes, progress_bar, us, ProgressBar, Table};
 use clap::Args;
-use rpc_client::Client;
-use rpc_proto::{Command, Request, CONN_CAPS_SIZE};
+use rpc_client::{Client, RpcTensor, TensorBuilder};
+use rpc_proto::{
+    Command, PayloadSize, Request, Response, CONN_CAPS_SIZE, FRAME_HEADER_SIZE,
+    RESPONSE_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
+};
 use rpc_transport::cli::{RdmaClientArgs, TransportMode};
 use rpc_transport::Transport;
 
 use crate::cli::Common;
 
-use crate::conn::{self, alloc, bench_tensor, BenchConn, ConnError, RdmaSettings, Target};
+use crate::conn::{self, BenchConn, RdmaSettings, Target};
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
 use crate::stats::Summary;
@@ -71,21 +75,14 @@ impl Case {
 
     /// The cases for these sizes: empty first, then set and get per size.
     pub fn all(sizes: &[usize]) -> Vec<Case> {
-        let mut v = vec![Case {
+        let sized = |bytes| [CaseKind::Set, CaseKind::Get].map(|kind| Case { kind, bytes });
+        let empty = Case {
             kind: CaseKind::Empty,
             bytes: 0,
-        }];
-        for &b in sizes {
-            v.push(Case {
-                kind: CaseKind::Set,
-                bytes: b,
-            });
-            v.push(Case {
-                kind: CaseKind::Get,
-                bytes: b,
-            });
-        }
-        v
+        };
+        std::iter::once(empty)
+            .chain(sizes.iter().flat_map(|&b| sized(b)))
+            .collect()
     }
 }
 
@@ -121,7 +118,7 @@ pub struct LatencyConfig {
     /// Print a text histogram of every measured case.
     #[arg(long)]
     pub histograms: bool,
-    /// Also measure the floor: a server in this process that reads each request and answers it
+    /// Also measure the floor: a server in a child process that reads each request and answers it
     /// with zeros, doing no work, over the same TCP code and poll window as rpc-server (row
     /// "echo floor"; loopback only).
     #[arg(long)]
@@ -167,7 +164,6 @@ pub struct CaseResult {
 }
 
 /// How one lane reaches the server.
-#[derive(Clone)]
 struct LaneSpec {
     link: String,
     origin: Origin,
@@ -176,26 +172,13 @@ struct LaneSpec {
     wire: Option<Wire>,
 }
 
-/// What a lane measured.
+/// What a lane measured over all rounds: its transport, and per case the samples and the
+/// relay's count of the measured iterations.
+#[derive(Default)]
 struct LaneResult {
-    spec: LaneSpec,
     transport: String,
     samples: Vec<Vec<Duration>>,
     traffic: Vec<Option<Traffic>>,
-}
-
-impl LaneResult {
-    fn merge(&mut self, other: LaneResult) {
-        for (a, b) in self.samples.iter_mut().zip(other.samples) {
-            a.extend(b);
-        }
-        for (a, b) in self.traffic.iter_mut().zip(other.traffic) {
-            *a = match (a.take(), b) {
-                (Some(x), Some(y)) => Some(x.plus(&y)),
-                (x, y) => x.or(y),
-            };
-        }
-    }
 }
 
 /// One open way of reaching a server: straight, through the counting relay, or through an
@@ -203,9 +186,8 @@ impl LaneResult {
 struct Lane {
     conn: BenchConn,
     relay: Option<Relay>,
-    handle: u64,
-    base: u64,
-    result: LaneResult,
+    /// Per case, a 1-D f32 tensor of its size in the lane's buffer.
+    tensors: Vec<RpcTensor>,
 }
 
 impl Lane {
@@ -213,36 +195,35 @@ impl Lane {
         spec: &LaneSpec,
         target: SocketAddr,
         cfg: &LatencyConfig,
-        ncases: usize,
     ) -> anyhow::Result<Lane> {
-        let (mut conn, relay) = match spec.wire {
-            Some(w) => {
-                let relay = Relay::start(target, w, RelayOptions::default())?;
-                (conn::connect(relay.addr(), None).await?, Some(relay))
-            }
-            None => (
-                conn::connect(target, cfg.rdma_settings().as_ref()).await?,
-                None,
-            ),
+        let relay = spec
+            .wire
+            .map(|w| Relay::start(target, w, RelayOptions::default()));
+        let relay = relay.transpose()?;
+        let mut conn = match &relay {
+            Some(r) => conn::connect(r.addr(), None).await?,
+            None => conn::connect(target, cfg.rdma_settings().as_ref()).await?,
         };
         let max = cfg.sizes.iter().copied().max().unwrap_or(4).max(4);
-        let (handle, base) = alloc(&mut conn, cfg.device, max as u64).await?;
-        let transport = if spec.wire.is_some() {
-            "TCP".to_string()
-        } else {
-            conn.transport().name().to_string()
+        let b = conn.alloc_buffer(cfg.device, max as u64).await?;
+        let b = b.with_context(|| format!("the server could not allocate a {max}-byte buffer"))?;
+        let base = conn.buffer_get_base(b.handle).await?;
+        let tensor = |(ci, case): (usize, Case)| {
+            let ne = (case.bytes.max(4) / 4) as u32;
+            TensorBuilder::f32(100 + ci as u64)
+                .ne(&[ne])
+                .data(b.handle, base)
+                .build()
         };
+        let tensors = Case::all(&cfg.sizes)
+            .into_iter()
+            .enumerate()
+            .map(tensor)
+            .collect();
         Ok(Lane {
             conn,
             relay,
-            handle,
-            base,
-            result: LaneResult {
-                spec: spec.clone(),
-                transport,
-                samples: vec![Vec::with_capacity(cfg.iterations); ncases],
-                traffic: vec![None; ncases],
-            },
+            tensors,
         })
     }
 
@@ -252,8 +233,8 @@ impl Lane {
         case: &Case,
         data: &[u8],
         out: &mut [u8],
-    ) -> Result<Duration, ConnError> {
-        let t = bench_tensor(100 + ci as u64, self.handle, self.base, case.bytes.max(4));
+    ) -> anyhow::Result<Duration> {
+        let t = &self.tensors[ci];
         let start = Instant::now();
         match case.kind {
             CaseKind::Empty => {
@@ -261,13 +242,13 @@ impl Lane {
             }
             CaseKind::Set => {
                 self.conn
-                    .set_tensor(&t, 0, &data[..case.bytes], false)
+                    .set_tensor(t, 0, &data[..case.bytes], false)
                     .await?;
                 self.conn.device_count().await?;
             }
             CaseKind::Get => {
                 self.conn
-                    .get_tensor_into(&t, 0, &mut out[..case.bytes])
+                    .get_tensor_into(t, 0, &mut out[..case.bytes])
                     .await?
             }
         }
@@ -279,19 +260,24 @@ impl Lane {
 /// time (the stock `ggml-rpc-server` does).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Measures `lanes` interleaved: per case, the warm-up of each, then one iteration of each in
-/// turn.
+/// Measures `lanes` interleaved into `acc` (one result per lane): per case, the warm-up of
+/// each, then one iteration of each in turn.
 async fn measure(
     lanes: &mut [Lane],
+    acc: &mut [LaneResult],
     cases: &[Case],
-    cfg: &LatencyConfig,
     (iterations, warmup): (usize, usize),
     pb: &ProgressBar,
     label: &str,
-) -> Result<(), ConnError> {
-    let max = cfg.sizes.iter().copied().max().unwrap_or(4).max(4);
+) -> anyhow::Result<()> {
+    let max = cases.iter().map(|c| c.bytes).max().unwrap_or(0).max(4);
     let data: Vec<u8> = (0..max).map(|i| (i % 251) as u8).collect();
-    let mut out = vec![0u8; max];
+    let mut out = vec![0u8; data.len()];
+    for (lane, acc) in lanes.iter().zip(acc.iter_mut()) {
+        acc.transport = lane.conn.transport().name().to_string();
+        acc.samples.resize(cases.len(), Vec::new());
+        acc.traffic.resize(cases.len(), None);
+    }
     for (ci, case) in cases.iter().enumerate() {
         pb.set_message(format!("{label}: {}", case.name()));
         for lane in lanes.iter_mut() {
@@ -300,43 +286,38 @@ async fn measure(
                 pb.inc(1);
             }
         }
-        let before: Vec<Option<Traffic>> = lanes
-            .iter()
-            .map(|l| l.relay.as_ref().map(|r| r.counters().snapshot()))
-            .collect();
+        let count = |l: &Lane| l.relay.as_ref().map(|r| r.counters().snapshot());
+        let before: Vec<Option<Traffic>> = lanes.iter().map(count).collect();
         for _ in 0..iterations {
-            for lane in lanes.iter_mut() {
-                let dt = lane.once(ci, case, &data, &mut out).await?;
-                lane.result.samples[ci].push(dt);
+            for (lane, acc) in lanes.iter_mut().zip(acc.iter_mut()) {
+                acc.samples[ci].push(lane.once(ci, case, &data, &mut out).await?);
                 pb.inc(1);
             }
         }
-        for (lane, b) in lanes.iter_mut().zip(before) {
-            if let (Some(r), Some(b)) = (&lane.relay, b) {
-                lane.result.traffic[ci] = Some(r.counters().snapshot().since(&b));
+        for ((lane, acc), b) in lanes.iter().zip(acc.iter_mut()).zip(before) {
+            if let (Some(now), Some(b)) = (count(lane), b) {
+                let d = now.since(&b);
+                acc.traffic[ci] = Some(match acc.traffic[ci].take() {
+                    Some(t) => t.plus(&d),
+                    None => d,
+                });
             }
         }
     }
     Ok(())
 }
 
-/// Whether the server answers a second connection while `first` is open: `Some(first)` if it
-/// does. The stock `ggml-rpc-server` serves one connection at a time, and dies of SIGPIPE when a
-/// client leaves before its reply, so the probe never abandons a request: if no HELLO reply comes
-/// in time, it closes `first`, waits for the (now accepted) probe's reply, and only then closes
-/// the probe (`None`).
-async fn concurrent_probe(target: SocketAddr, first: Lane) -> anyhow::Result<Option<Lane>> {
+/// Whether the server answers a second connection while `first` is open. The stock
+/// `ggml-rpc-server` serves one connection at a time, and dies of SIGPIPE when a client leaves
+/// before its reply, so the probe never abandons a request: if no HELLO reply comes in time, it
+/// closes `first`, waits for the (now accepted) probe's reply, and only then closes the probe.
+async fn concurrent_probe(target: SocketAddr, first: Lane) -> anyhow::Result<bool> {
     let mut probe = Client::connect_raw(target).await?;
-    probe
-        .request(&Request::Hello {
-            caps: [0; CONN_CAPS_SIZE],
-        })
-        .await?;
-    let kept = match tokio::time::timeout(OPEN_TIMEOUT, probe.response(Command::Hello)).await {
-        Ok(r) => {
-            r?;
-            Some(first)
-        }
+    let caps = [0; CONN_CAPS_SIZE];
+    probe.request(&Request::Hello { caps }).await?;
+    let concurrent = match tokio::time::timeout(OPEN_TIMEOUT, probe.response(Command::Hello)).await
+    {
+        Ok(r) => r.map(|_| true)?,
         Err(_) => {
             drop(first);
             tokio::time::timeout(Duration::from_secs(60), probe.response(Command::Hello))
@@ -346,11 +327,11 @@ async fn concurrent_probe(target: SocketAddr, first: Lane) -> anyhow::Result<Opt
                         "{target} did not answer a second connection after the first closed"
                     )
                 })??;
-            None
+            false
         }
     };
     probe.shutdown().await?;
-    Ok(kept)
+    Ok(concurrent)
 }
 
 /// Runs the whole latency benchmark.
@@ -365,43 +346,34 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
     let cases = Case::all(&cfg.sizes);
     let rdma = cfg.transport != TransportMode::Tcp;
     let links = cfg.common.links();
-    let needs_relay = links.iter().any(|l| l.kind != LinkKind::Native) && !rdma;
-    let emulated: Vec<&LinkProfile> = cfg
-        .common
-        .links()
-        .iter()
-        .filter(|l| l.kind == LinkKind::Emulated)
-        .collect();
-    if rdma && !emulated.is_empty() {
+    let emulated = links.iter().filter(|l| l.kind == LinkKind::Emulated);
+    if rdma && emulated.clone().next().is_some() {
         anyhow::bail!(
             "link emulation is a TCP relay: with --transport rdma use --links none (plus projected profiles such as tb5-rdma)"
         );
     }
+    let spec = |link: &str, origin, profile: Option<&LinkProfile>, wire| LaneSpec {
+        link: link.into(),
+        origin,
+        profile: profile.cloned(),
+        wire,
+    };
     let mut specs = Vec::new();
     if links.iter().any(|l| l.kind == LinkKind::Native) {
-        specs.push(LaneSpec {
-            link: "none".into(),
-            origin: Origin::Measured,
-            profile: None,
-            wire: None,
-        });
+        specs.push(spec("none", Origin::Measured, None, None));
     }
-    if needs_relay {
-        specs.push(LaneSpec {
-            link: "relay".into(),
-            origin: Origin::MeasuredRelay,
-            profile: None,
-            wire: Some(Wire::transparent()),
-        });
+    if links.iter().any(|l| l.kind != LinkKind::Native) && !rdma {
+        let wire = Some(Wire::transparent());
+        specs.push(spec("relay", Origin::MeasuredRelay, None, wire));
     }
-    for link in &emulated {
-        specs.push(LaneSpec {
-            link: link.name.clone(),
-            origin: Origin::MeasuredEmulated,
-            profile: Some((*link).clone()),
-            wire: Some(Wire::of(link)),
-        });
-    }
+    specs.extend(emulated.map(|l| {
+        spec(
+            &l.name,
+            Origin::MeasuredEmulated,
+            Some(l),
+            Some(Wire::of(l)),
+        )
+    }));
     if specs.is_empty() {
         anyhow::bail!(
             "nothing to measure: give at least one of none, 2.5gbe, 10gbe, tb5-tcp, custom:..."
@@ -420,8 +392,8 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
     let mut concurrent = Vec::new();
     for target in &cfg.server {
         pb.set_message(format!("{}: connecting", target.label));
-        let first = Lane::open(&specs[0], target.addr, cfg, cases.len()).await?;
-        let c = specs.len() == 1 || concurrent_probe(target.addr, first).await?.is_some();
+        let first = Lane::open(&specs[0], target.addr, cfg).await?;
+        let c = specs.len() == 1 || concurrent_probe(target.addr, first).await?;
         if !c {
             tracing::info!(
                 "{} serves one connection at a time: its links are measured one after another",
@@ -430,49 +402,35 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
         }
         concurrent.push(c);
     }
-    let mut results: Vec<Vec<Option<LaneResult>>> = cfg
+    let mut results: Vec<Vec<LaneResult>> = cfg
         .server
         .iter()
-        .map(|_| specs.iter().map(|_| None).collect())
+        .map(|_| specs.iter().map(|_| LaneResult::default()).collect())
         .collect();
     for r in 0..rounds {
         let iters = cfg.iterations / rounds + usize::from(r < cfg.iterations % rounds);
         for (ti, target) in cfg.server.iter().enumerate() {
-            let mut done: Vec<(usize, LaneResult)> = Vec::new();
-            if concurrent[ti] {
+            // All lanes at once, or (one connection at a time) each lane on its own.
+            let group = if concurrent[ti] { specs.len() } else { 1 };
+            for start in (0..specs.len()).step_by(group) {
+                let g = start..start + group;
                 let mut lanes = Vec::new();
-                for spec in &specs {
-                    lanes.push(Lane::open(spec, target.addr, cfg, cases.len()).await?);
+                for spec in &specs[g.clone()] {
+                    lanes.push(Lane::open(spec, target.addr, cfg).await?);
                 }
-                let label = format!("{} (round {}/{rounds})", target.label, r + 1);
-                measure(&mut lanes, &cases, cfg, (iters, warmup), &pb, &label).await?;
-                done.extend(lanes.into_iter().map(|l| l.result).enumerate());
-            } else {
-                for (si, spec) in specs.iter().enumerate() {
-                    let mut lane = [Lane::open(spec, target.addr, cfg, cases.len()).await?];
-                    let label = format!(
-                        "{} via {} (round {}/{rounds})",
-                        target.label,
-                        spec.link,
-                        r + 1
-                    );
-                    measure(&mut lane, &cases, cfg, (iters, warmup), &pb, &label).await?;
-                    let [lane] = lane;
-                    done.push((si, lane.result));
-                }
-            }
-            for (si, res) in done {
-                match &mut results[ti][si] {
-                    Some(acc) => acc.merge(res),
-                    slot => *slot = Some(res),
-                }
+                let via = match concurrent[ti] {
+                    true => String::new(),
+                    false => format!(" via {}", specs[g.start].link),
+                };
+                let label = format!("{}{via} (round {}/{rounds})", target.label, r + 1);
+                let acc = &mut results[ti][g];
+                measure(&mut lanes, acc, &cases, (iters, warmup), &pb, &label).await?;
             }
         }
     }
     let mut rows = Vec::new();
-    for (target, res) in cfg.server.iter().zip(results) {
-        let res: Vec<LaneResult> = res.into_iter().flatten().collect();
-        rows.extend(rows_for(target, &res, &cases, cfg));
+    for (target, res) in cfg.server.iter().zip(&results) {
+        rows.extend(rows_for(target, &specs, res, &cases, cfg));
     }
     pb.finish_and_clear();
     Ok(rows)
@@ -565,6 +523,7 @@ fn draw_chart(path: &Path, rows: &[CaseResult], cfg: &LatencyConfig) -> anyhow::
 /// Result rows of one server (measured lanes, then projection-only links).
 fn rows_for(
     target: &Target,
+    specs: &[LaneSpec],
     lanes: &[LaneResult],
     cases: &[Case],
     cfg: &LatencyConfig,
@@ -574,30 +533,25 @@ fn rows_for(
         .iter()
         .map(|l| l.samples.iter().map(|s| Summary::of(s)).collect())
         .collect();
-    let direct_i = lanes.iter().position(|l| l.spec.origin == Origin::Measured);
-    let relay_i = lanes
-        .iter()
-        .position(|l| l.spec.origin == Origin::MeasuredRelay);
-    for (li, lane) in lanes.iter().enumerate() {
+    let direct_i = specs.iter().position(|l| l.origin == Origin::Measured);
+    let relay_i = specs.iter().position(|l| l.origin == Origin::MeasuredRelay);
+    for (li, (spec, lane)) in specs.iter().zip(lanes).enumerate() {
         for (ci, case) in cases.iter().enumerate() {
             let per = lane.traffic[ci]
                 .as_ref()
                 .map(|t| per_iter(t, cfg.iterations));
-            let projected = match (&lane.spec.profile, relay_i, per) {
-                (Some(p), Some(ri), Some((bytes, rt, uc))) => {
-                    Some(p.project(summaries[ri][ci].p50, rt, bytes, uc))
-                }
-                _ => None,
-            };
+            let base = relay_i.map(|ri| summaries[ri][ci].p50);
+            let projected = (spec.profile.as_ref().zip(base).zip(per))
+                .map(|((p, base), (bytes, rt, uc))| p.project(base, rt, bytes, uc));
             rows.push(CaseResult {
                 server: target.label.clone(),
-                link: lane.spec.link.clone(),
+                link: spec.link.clone(),
                 transport: lane.transport.clone(),
                 case: *case,
                 summary: Some(summaries[li][ci].clone()),
                 projected,
                 bytes: per.map(|p| p.0 as u64),
-                origin: lane.spec.origin,
+                origin: spec.origin,
             });
         }
     }
@@ -641,16 +595,29 @@ fn per_iter(t: &Traffic, iterations: usize) -> (f64, f64, f64) {
     )
 }
 
-/// Bytes per iteration from the protocol's sizes (used when nothing was counted, e.g. RDMA).
+/// Bytes per iteration from the protocol's sizes (used when nothing was counted, e.g. RDMA):
+/// every message of the case (request frames, then size-prefixed replies), one round trip.
 fn analytic_traffic(case: &Case) -> (f64, f64, f64) {
-    let uc = |len: u64| LinkProfile::tb5_rdma().wire_bytes(len) as f64;
-    let dc = (9.0 + 8.0 + 4.0, uc(9) + uc(12)); // DEVICE_COUNT: request 9 B, reply 8 + 4
+    let (head, reply) = (FRAME_HEADER_SIZE as u64, RESPONSE_HEADER_SIZE as u64);
+    let device_count = [
+        head,
+        reply + Response::fixed_size(Command::DeviceCount).unwrap_or(0),
+    ];
+    let (PayloadSize::Exact(get) | PayloadSize::AtLeast(get)) = Command::GetTensor.request_size();
     let n = case.bytes as u64;
-    match case.kind {
-        CaseKind::Empty => (dc.0, 1.0, dc.1),
-        CaseKind::Set => ((9 + 305 + n) as f64 + dc.0, 1.0, uc(9 + 305 + n) + dc.1),
-        CaseKind::Get => ((9 + 312 + 8 + n) as f64, 1.0, uc(9 + 312) + uc(8 + n)),
-    }
+    let msgs = match case.kind {
+        CaseKind::Empty => device_count.to_vec(),
+        CaseKind::Set => [
+            &[head + SET_TENSOR_HEADER_SIZE as u64 + n][..],
+            &device_count,
+        ]
+        .concat(),
+        CaseKind::Get => vec![head + get, reply + n],
+    };
+    let uc = msgs
+        .iter()
+        .map(|&len| LinkProfile::tb5_rdma().wire_bytes(len) as f64);
+    (msgs.iter().sum::<u64>() as f64, 1.0, uc.sum())
 }
 
 /// The results as a table.
@@ -713,4 +680,28 @@ pub fn histograms(rows: &[CaseResult]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn analytic_traffic_matches_the_counted_bytes() {
+        // The same figures the relay counts in tests/against_server.rs.
+        let case = |kind, bytes| analytic_traffic(&Case { kind, bytes }).0;
+        assert_eq!(case(CaseKind::Empty, 0), (9 + 8 + 4) as f64);
+        assert_eq!(
+            case(CaseKind::Set, 4096),
+            (9 + 305 + 4096 + 9 + 8 + 4) as f64
+        );
+        assert_eq!(case(CaseKind::Get, 4096), (9 + 312 + 8 + 4096) as f64);
+        let uc = analytic_traffic(&Case {
+            kind: CaseKind::Get,
+            bytes: 4096,
+        })
+        .2;
+        let wire = |len| LinkProfile::tb5_rdma().wire_bytes(len) as f64;
+        assert_eq!(uc, wire(9 + 312) + wire(8 + 4096));
+    }
 }

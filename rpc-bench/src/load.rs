@@ -158,33 +158,10 @@ fn start_server(cfg: &LoadConfig, mode: Mode) -> anyhow::Result<ServerProcess> {
 /// Loads the model with the stock client against `addr`; how long it took (see
 /// [`parse_load_time`]).
 fn load_once(cfg: &LoadConfig, addr: SocketAddr, tag: &str) -> anyhow::Result<Duration> {
-    let model = cfg.model.display().to_string();
-    let addr = addr.to_string();
-    let args: Vec<String> = [
-        "-m",
-        &model,
-        "--rpc",
-        &addr,
-        "-ngl",
-        "99",
-        "-n",
-        "1",
-        "-p",
-        "hello",
-        "-c",
-        "256",
-        "-t",
-        "1",
-        "--temp",
-        "0",
-        "-s",
-        "1",
-        "-no-cnv",
-        "--simple-io",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args: Vec<String> = vec!["-m".into(), cfg.model.display().to_string()];
+    args.extend(["--rpc".into(), addr.to_string()]);
+    let rest = "-ngl 99 -n 1 -p hello -c 256 -t 1 --temp 0 -s 1 -no-cnv --simple-io";
+    args.extend(rest.split_whitespace().map(String::from));
     let exe = cfg.bin.join("llama-completion");
     let timeout = Duration::from_secs(cfg.timeout);
     run_tool(&exe, &args, timeout, &cfg.workdir, tag)?;

@@ -223,17 +223,9 @@ fn llama_bench(
     tag: &str,
 ) -> anyhow::Result<Vec<BenchResult>> {
     let mut args: Vec<String> = vec!["-m".into(), cfg.model.display().to_string()];
-    for (k, v) in [
-        ("--rpc", addr.to_string()),
-        ("-ngl", cfg.ngl.clone()),
-        ("-p", p.to_string()),
-        ("-n", n.to_string()),
-        ("-r", reps.to_string()),
-        ("-t", cfg.threads.to_string()),
-        ("-o", "json".into()),
-    ] {
-        args.extend([k.to_string(), v]);
-    }
+    let (ngl, t) = (&cfg.ngl, cfg.threads);
+    let fixed = format!("--rpc {addr} -ngl {ngl} -p {p} -n {n} -r {reps} -t {t} -o json");
+    args.extend(fixed.split_whitespace().map(String::from));
     args.extend(cfg.bench_args.split_whitespace().map(String::from));
     args.extend(cfg.target_args.get(ti).into_iter().flatten().cloned());
     let exe = cfg.bin.join("llama-bench");
@@ -246,9 +238,10 @@ fn llama_bench(
 /// The mean of one phase over several `llama-bench` runs (standard deviations combine the
 /// within-run spread and the spread between runs).
 fn averaged(runs: &[Vec<BenchResult>], phase: Phase) -> anyhow::Result<BenchResult> {
+    let find = |run: &Vec<BenchResult>| run.iter().copied().find(|r| r.phase == phase);
     let all: Vec<BenchResult> = runs
         .iter()
-        .map(|r| find(r, phase))
+        .map(|run| find(run).with_context(|| format!("llama-bench reported no {}", phase.name())))
         .collect::<anyhow::Result<_>>()?;
     let n = all.len().max(1) as f64;
     let mean = |f: &dyn Fn(&BenchResult) -> f64| all.iter().map(f).sum::<f64>() / n;
@@ -266,27 +259,14 @@ fn averaged(runs: &[Vec<BenchResult>], phase: Phase) -> anyhow::Result<BenchResu
     })
 }
 
-fn find(res: &[BenchResult], phase: Phase) -> anyhow::Result<BenchResult> {
-    res.iter()
-        .copied()
-        .find(|r| r.phase == phase)
-        .with_context(|| format!("llama-bench reported no {}", phase.name()))
-}
-
 /// Traffic of `reps − 1` repetitions, divided down to one.
 fn differential(one: &Traffic, many: &Traffic, reps: u32) -> Traffic {
     many.since(one).div_by(u64::from(reps - 1))
 }
 
-/// Notes gathered while running (model load traffic, consistency checks).
-#[derive(Debug, Default, Clone)]
-pub struct E2eNotes {
-    /// Free-form lines.
-    pub lines: Vec<String>,
-}
-
-/// Runs the whole end-to-end benchmark.
-pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
+/// Runs the whole end-to-end benchmark: its rows, and notes gathered while running (model load
+/// traffic, consistency checks).
+pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
     if cfg.reps < 2 {
         bail!("--reps must be at least 2 (the round-trip counting compares 1 and R repetitions)");
     }
@@ -375,7 +355,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
     };
     let direct = |ti: usize| cfg.direct.then(|| &done[steps.len() - 1][ti].0);
     let mut rows = Vec::new();
-    let mut notes = E2eNotes::default();
+    let mut notes = Vec::new();
     for (ti, target) in cfg.targets.iter().enumerate() {
         let label = &target.label;
         let [pp1, ppr, tg1, tgr] = [0, 1, 2, 3].map(|si| &done[si][ti].1);
@@ -385,7 +365,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
             let d = many.since(one);
             let k = u64::from(cfg.reps - 1);
             if d.round_trips % k != 0 || d.bytes() % k != 0 {
-                notes.lines.push(format!(
+                notes.push(format!(
                     "{label}: {name}: the traffic of {k} extra repetitions ({} round trips, {} B) is not an exact \
                      multiple of one repetition; per-run figures are rounded down",
                     d.round_trips,
@@ -394,7 +374,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
             }
         }
         let load = *pp1;
-        notes.lines.push(format!(
+        notes.push(format!(
             "{label}: a whole llama-bench process (model load + warmup + one pp{} run) made {} connections and {} round trips, \
              sent {} and received {}; one pp{} run: {} round trips, {} ({}); one tg{} run: {} round trips, {} ({})",
             cfg.n_prompt,
@@ -414,69 +394,44 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, E2eNotes)> {
         let base = timed(ti, 0);
         let (base_pp, base_tg) = (averaged(&base, pp)?, averaged(&base, tg)?);
         let phases = [(pp, base_pp, pp_t), (tg, base_tg, tg_t)];
-        let row = |link: &str, phase, measured, projected, traffic, link_cost, origin| E2eRow {
-            server: label.clone(),
-            link: link.into(),
-            phase,
-            measured,
-            projected,
-            traffic,
-            link_cost,
-            origin,
-        };
-        for &(phase, base, t) in &phases {
-            rows.push(row(
-                "none",
-                phase,
-                Some(base),
-                None,
-                t,
-                None,
-                Origin::MeasuredRelay,
-            ));
-        }
-        let mut emulated_iter = (1..timing.len()).map(|li| timed(ti, li));
+        // Per link: its timing runs (`None`: projected only), its profile, its numbers' origin.
+        let mut groups = vec![("none".to_string(), Some(base), None, Origin::MeasuredRelay)];
+        let mut emulated = (1..timing.len()).map(|li| timed(ti, li));
         for link in cfg.common.links() {
-            let cost = |t: &Traffic| {
-                link.link_cost(t.round_trips as f64, t.bytes() as f64, t.uc_bytes() as f64)
-            };
-            let res = match link.kind {
+            let (runs, origin) = match link.kind {
                 LinkKind::Native => continue,
-                LinkKind::Emulated => match emulated_iter.next() {
-                    Some(res) => Some(res),
+                LinkKind::Emulated => match emulated.next() {
+                    Some(runs) => (Some(runs), Origin::MeasuredEmulated),
                     None => continue,
                 },
-                LinkKind::ProjectedOnly => None,
+                LinkKind::ProjectedOnly => (None, Origin::Projected),
             };
-            for &(phase, base, t) in &phases {
-                let (measured, origin) = match &res {
-                    Some(res) => (Some(averaged(res, phase)?), Origin::MeasuredEmulated),
-                    None => (None, Origin::Projected),
-                };
-                let projected = Some(base.avg + cost(&t));
-                rows.push(row(
-                    &link.name,
-                    phase,
-                    measured,
-                    projected,
-                    t,
-                    Some(cost(&t)),
-                    origin,
-                ));
-            }
+            groups.push((link.name.clone(), runs, Some(link), origin));
         }
         if let Some(res) = direct(ti) {
-            for &(phase, _, t) in &phases {
-                let m = Some(find(res, phase)?);
-                rows.push(row(
-                    "direct",
+            groups.push((
+                "direct".into(),
+                Some(vec![res.clone()]),
+                None,
+                Origin::MeasuredDirect,
+            ));
+        }
+        for (link, runs, profile, origin) in groups {
+            for &(phase, base, traffic) in &phases {
+                let t = &traffic;
+                let cost = profile.map(|l| {
+                    l.link_cost(t.round_trips as f64, t.bytes() as f64, t.uc_bytes() as f64)
+                });
+                rows.push(E2eRow {
+                    server: label.clone(),
+                    link: link.clone(),
                     phase,
-                    m,
-                    None,
-                    t,
-                    None,
-                    Origin::MeasuredDirect,
-                ));
+                    measured: runs.as_deref().map(|r| averaged(r, phase)).transpose()?,
+                    projected: cost.map(|c| base.avg + c),
+                    traffic,
+                    link_cost: cost,
+                    origin,
+                });
             }
         }
     }

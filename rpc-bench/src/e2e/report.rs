@@ -99,41 +99,34 @@ pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
                 .map(|r| &r.link),
         );
         for link in links {
-            let found: Vec<Option<&E2eRow>> = p
+            // Per placement: its tg row and ms per token (measured, else projected).
+            let per: Vec<Option<(&E2eRow, Duration)>> = p
                 .ngl
                 .iter()
                 .map(|(_, label, _)| {
-                    rows.iter().find(|r| {
+                    let r = rows.iter().find(|r| {
                         &r.server == label && r.link == link && matches!(r.phase, Phase::Tg(_))
-                    })
-                })
-                .collect();
-            let per: Vec<Option<(Duration, Origin)>> = found
-                .iter()
-                .map(|r| {
-                    let r = (*r)?;
-                    Some((
-                        r.measured_per_token().or(r.projected_per_token())?,
-                        r.origin,
-                    ))
+                    })?;
+                    Some((r, r.measured_per_token().or(r.projected_per_token())?))
                 })
                 .collect();
             let mut row = vec![p.server.clone(), link.clone()];
-            row.extend(per.iter().zip(&found).map(|(v, r)| {
-                let share = r
-                    .and_then(E2eRow::link_cost_per_token)
-                    .map_or(String::new(), |c| format!(" (link {})", ms(c)));
-                v.map_or("-".into(), |(d, _)| format!("{}{share}", ms(d)))
+            row.extend(per.iter().map(|v| {
+                v.map_or("-".into(), |(r, d)| {
+                    let share = r.link_cost_per_token();
+                    let share = share.map_or(String::new(), |c| format!(" (link {})", ms(c)));
+                    format!("{}{share}", ms(d))
+                })
             }));
-            let known: Vec<(usize, Duration)> = per
+            let known = per
                 .iter()
                 .enumerate()
-                .filter_map(|(i, v)| v.map(|(d, _)| (i, d)))
-                .collect();
-            let best = known.iter().min_by_key(|(_, d)| *d);
-            let worst = known.iter().max_by_key(|(_, d)| *d);
-            match (best, worst) {
-                (Some(&(bi, b)), Some(&(_, w))) if known.len() > 1 => {
+                .filter_map(|(i, v)| Some((i, (*v)?.1)));
+            match (
+                known.clone().min_by_key(|k| k.1),
+                known.clone().max_by_key(|k| k.1),
+            ) {
+                (Some((bi, b)), Some((_, w))) if known.count() > 1 => {
                     row.push(p.ngl[bi].0.clone());
                     row.push(format!(
                         "{} ({:.1} %)",
@@ -144,13 +137,8 @@ pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
                 }
                 _ => row.extend(["-".into(), "-".into(), "-".into()]),
             }
-            row.push(
-                per.iter()
-                    .flatten()
-                    .next()
-                    .map_or("-", |(_, o)| o.label())
-                    .into(),
-            );
+            let origin = per.iter().flatten().next().map(|(r, _)| r.origin.label());
+            row.push(origin.unwrap_or("-").into());
             t.push(row);
         }
     }
@@ -301,22 +289,19 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
     let mut targets = Vec::new();
     let mut placements = Vec::new();
     for t in &cfg.server {
-        let mut p = Placements {
-            server: t.label.clone(),
-            ngl: Vec::new(),
-        };
+        let mut ngl = Vec::new();
         for (name, args) in &variants {
-            let label = if cfg.compare_output {
-                format!("{} ({name})", t.label)
-            } else {
-                t.label.clone()
+            let label = match cfg.compare_output {
+                true => format!("{} ({name})", t.label),
+                false => t.label.clone(),
             };
-            let flags = std::iter::once(format!("-ngl {}", cfg.ngl))
-                .chain(args.iter().map(|x| x.to_string()))
-                .collect::<Vec<_>>()
-                .join(" ");
-            p.ngl.push((name.to_string(), label.clone(), flags));
-            let args: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+            let flags = format!("-ngl {} {}", cfg.ngl, args.join(" "));
+            ngl.push((
+                name.to_string(),
+                label.clone(),
+                flags.trim_end().to_string(),
+            ));
+            let args = args.iter().map(|x| x.to_string()).collect();
             targets.push((
                 Target {
                     label,
@@ -325,7 +310,10 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
                 args,
             ));
         }
-        placements.push(p);
+        placements.push(Placements {
+            server: t.label.clone(),
+            ngl,
+        });
     }
     (cfg.targets, cfg.target_args) = targets.into_iter().unzip();
     let cfg = cfg;
@@ -391,7 +379,7 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
     md.push_str("\n\n");
     md.push_str(&wire_table(&rows, vm.as_ref()).markdown());
     md.push('\n');
-    for l in &notes.lines {
+    for l in &notes {
         md.push_str(&format!("- {l}\n"));
     }
     md.push('\n');
@@ -474,17 +462,12 @@ fn draw_chart(path: &Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<(
         .iter()
         .filter(|l| l.kind != LinkKind::Native)
     {
-        footer.push(format!(
-            "{}: {} ({}){}",
-            l.name,
-            l.figures(),
-            l.kind.label(),
-            if l.name == "tb5-rdma" {
-                "; messages padded to 128 KiB strides (upstream Apple UC flavor)"
-            } else {
-                ""
-            }
-        ));
+        let (figures, kind) = (l.figures(), l.kind.label());
+        let pad = match l.name.as_str() {
+            "tb5-rdma" => "; messages padded to 128 KiB strides (upstream Apple UC flavor)",
+            _ => "",
+        };
+        footer.push(format!("{}: {figures} ({kind}){pad}", l.name));
     }
     chart::draw(
         path,
