@@ -26,7 +26,7 @@ use crate::cli::Common;
 
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::Wire;
-use crate::tools::{run_tool, through_relay, ServerProcess, DEFAULT_BIN};
+use crate::tools::{default_bin, run_tool, through_relay, ServerProcess};
 
 /// Server set-ups compared, in table order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +78,9 @@ pub struct LoadConfig {
     /// Our rpc-server.
     #[arg(long, default_value = "target/release/rpc-server")]
     pub ours: PathBuf,
-    /// Directory of the stock llama.cpp tools (ggml-rpc-server, llama-completion).
-    #[arg(long, default_value = DEFAULT_BIN)]
+    /// Directory of the stock llama.cpp tools (ggml-rpc-server, llama-completion); default:
+    /// $STOCK_BIN, else the stock build `scripts/stock-llama.sh` cached.
+    #[arg(long, default_value_os_t = default_bin())]
     pub bin: PathBuf,
     /// Server threads (-t), both servers.
     #[arg(short = 't', long, default_value_t = 2)]

@@ -6,7 +6,7 @@
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,9 +15,30 @@ use anyhow::{bail, Context};
 use crate::relay::{Relay, RelayOptions, Wire};
 use crate::traffic::Traffic;
 
-/// Default directory of the stock tools (the project's cached stock build).
-pub const DEFAULT_BIN: &str =
-    "/root/.cache/ggml-rpc-rs/llama-cpp-python-0.3.36/src-rdma-OFF/build/bin";
+/// Default directory of the stock tools: `$STOCK_BIN`, else the newest TCP-only stock build that
+/// `scripts/stock-llama.sh` left in its cache (`$RPC_CACHE_DIR`, default `~/.cache/ggml-rpc-rs`,
+/// then `llama-cpp-python-0.3.36/src-rdma-OFF*/build/bin`; the suffix is a hash of its patches).
+pub fn default_bin() -> PathBuf {
+    if let Some(b) = std::env::var_os("STOCK_BIN").filter(|b| !b.is_empty()) {
+        return b.into();
+    }
+    let cache = std::env::var_os("RPC_CACHE_DIR")
+        .filter(|c| !c.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            Path::new(&home).join(".cache/ggml-rpc-rs")
+        });
+    let root = cache.join("llama-cpp-python-0.3.36");
+    let newest = std::fs::read_dir(&root).ok().and_then(|rd| {
+        rd.filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("src-rdma-OFF"))
+            .map(|e| e.path().join("build/bin"))
+            .filter(|b| b.join("llama-bench").is_file())
+            .max_by_key(|b| b.metadata().and_then(|m| m.modified()).ok())
+    });
+    newest.unwrap_or_else(|| root.join("src-rdma-OFF/build/bin"))
+}
 
 /// Runs a stock tool to its end (killed after `timeout`), its stderr in `logdir/{tag}.err`;
 /// returns its stdout, or an error with the log's last lines if it failed.

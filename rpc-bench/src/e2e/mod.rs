@@ -25,7 +25,7 @@ use crate::cli::Common;
 use crate::conn::Target;
 use crate::links::LinkKind;
 use crate::relay::Wire;
-use crate::tools::{run_tool, through_relay, DEFAULT_BIN};
+use crate::tools::{default_bin, run_tool, through_relay};
 use crate::traffic::Traffic;
 use crate::Origin;
 
@@ -44,8 +44,9 @@ pub struct E2eConfig {
     /// GGUF model (e.g. the output of scripts/test-model.sh).
     #[arg(long)]
     pub model: PathBuf,
-    /// Directory of the stock llama.cpp tools (llama-bench).
-    #[arg(long, default_value = DEFAULT_BIN)]
+    /// Directory of the stock llama.cpp tools (llama-bench); default: $STOCK_BIN, else the
+    /// stock build `scripts/stock-llama.sh` cached.
+    #[arg(long, default_value_os_t = default_bin())]
     pub bin: PathBuf,
     /// Prompt tokens (llama-bench -p).
     #[arg(short = 'p', long, default_value_t = 64)]
