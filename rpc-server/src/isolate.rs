@@ -471,8 +471,9 @@ pub fn child_main(c: Child) -> i32 {
     // shuts down sends `Q` and keeps the line open until the session ends): the session stops,
     // and if its command does not finish within FRONT_GONE_GRACE (a long compute), the process
     // ends without it; no session outlives its server.
-    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let finished_seen = finished.clone();
+    // Set when the session ends: read by the front-gone watcher below and by the reporter.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished_seen = done.clone();
     std::thread::spawn(move || {
         for l in BufReader::new(reader).lines() {
             match l.as_deref() {
@@ -514,7 +515,6 @@ pub fn child_main(c: Child) -> i32 {
     ));
     let conn = ConnectionOptions { budget, ..c.conn };
     let stats = Arc::new(Stats::default());
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reporter = {
         let (stats, rdma, config, front, done, budget) = (
             stats.clone(),
@@ -583,7 +583,6 @@ pub fn child_main(c: Child) -> i32 {
             tcp, local_ip, c.caps, ctx, ready,
         )),
     };
-    finished.store(true, Relaxed);
     done.store(true, Relaxed);
     reporter.thread().unpark();
     let _ = reporter.join();
