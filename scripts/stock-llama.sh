@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Builds the stock llama.cpp tools (RPC protocol 7.0.0) from the PyPI sdist llama-cpp-python==0.3.36,
-# cached outside the clone, keyed by version and flags. Prints the bin directory on stdout.
+# Builds the stock llama.cpp tools from a PyPI sdist, cached outside the clone, keyed by version and
+# flags. Prints the bin directory on stdout.
+#   STOCK_PROTO=7 (default)  RPC protocol 7.0.0: llama-cpp-python==0.3.36 (vendor/llama.cpp)
+#   STOCK_PROTO=8            RPC protocol 8.0.0: xllamacpp==2026.10.11549 (thirdparty/llama.cpp, b11549);
+#                            default targets ggml-rpc-server llama-completion llama-server
 #   STOCK_RDMA=ON  build with GGML_RPC_RDMA (needs libibverbs-dev); default OFF (TCP only)
 #   STOCK_PATCHES="patches/a.patch ..." patches applied to the source (part of the cache key; the
 #                                       plain native build defaults to patches/test-backend-ops-rpc.patch)
@@ -8,41 +11,49 @@
 #   STOCK_TARGETS="..."                   ninja targets (executables, or libraries such as ggml-rpc)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
-VERSION=0.3.36
+PROTO="${STOCK_PROTO:-7}"
+case "$PROTO" in
+  7) PKG=llama-cpp-python; VERSION=0.3.36; DIST=llama_cpp_python; TREE=vendor/llama.cpp
+     DEFAULT_TARGETS="ggml-rpc-server llama-completion llama-bench llama-server test-backend-ops" ;;
+  8) PKG=xllamacpp; VERSION=2026.10.11549; DIST=xllamacpp; TREE=thirdparty/llama.cpp
+     DEFAULT_TARGETS="ggml-rpc-server llama-completion llama-server" ;;
+  *) echo "stock-llama: STOCK_PROTO must be 7 or 8, not '$PROTO'" >&2; exit 2 ;;
+esac
 RDMA="${STOCK_RDMA:-OFF}"
 EXTRA_FLAGS="${STOCK_CMAKE_FLAGS:-}"
 # The plain native build (no RDMA, no extra flags) always carries the patch that lets
 # test-backend-ops reach RPC servers (it changes only tests/test-backend-ops.cpp): one build then
 # serves the tools and the op suite (scripts/test-backend-ops.sh), instead of two.
-if [ -z "${STOCK_PATCHES+x}" ] && [ "$RDMA" = OFF ] && [ -z "$EXTRA_FLAGS" ]; then
+if [ -z "${STOCK_PATCHES+x}" ] && [ "$PROTO" = 7 ] && [ "$RDMA" = OFF ] && [ -z "$EXTRA_FLAGS" ]; then
   PATCHES="patches/test-backend-ops-rpc.patch"
 else
   PATCHES="${STOCK_PATCHES:-}"
 fi
-TARGETS="${STOCK_TARGETS:-ggml-rpc-server llama-completion llama-bench llama-server test-backend-ops}"
+TARGETS="${STOCK_TARGETS:-$DEFAULT_TARGETS}"
 cache="${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}"
 key="rdma-${RDMA}"
 if [ -n "$PATCHES$EXTRA_FLAGS" ]; then
   key="$key-$( (cd "$here" && cat $PATCHES; echo "$EXTRA_FLAGS") | sha256sum | cut -c1-12)"
 fi
-src="$cache/llama-cpp-python-$VERSION/src-$key"
+base="$cache/$PKG-$VERSION"
+src="$base/src-$key"
 build="$src/build"
 log() { echo "stock-llama: $*" >&2; }
 
-mkdir -p "$cache/llama-cpp-python-$VERSION"
-sdist="$cache/llama-cpp-python-$VERSION/llama_cpp_python-$VERSION.tar.gz"
+mkdir -p "$base"
+sdist="$base/$DIST-$VERSION.tar.gz"
 if [ ! -s "$sdist" ]; then
-  log "downloading sdist llama-cpp-python==$VERSION"
+  log "downloading sdist $PKG==$VERSION"
   tmp="$(mktemp -d)"
-  python3 -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$tmp" >&2
-  mv "$tmp/llama_cpp_python-$VERSION.tar.gz" "$sdist.part" && mv "$sdist.part" "$sdist"
+  python3 -m pip download -q --no-deps --no-binary "$PKG" "$PKG==$VERSION" -d "$tmp" >&2
+  mv "$tmp/$DIST-$VERSION.tar.gz" "$sdist.part" && mv "$sdist.part" "$sdist"
   rm -rf "$tmp"
 fi
 if [ ! -f "$src/.unpacked" ]; then
   log "unpacking into $src"
   rm -rf "$src" "$src.tmp"; mkdir -p "$src.tmp"
-  tar xzf "$sdist" -C "$src.tmp" "llama_cpp_python-$VERSION/vendor/llama.cpp"
-  mv "$src.tmp/llama_cpp_python-$VERSION/vendor/llama.cpp" "$src"; rm -rf "$src.tmp"
+  tar xzf "$sdist" -C "$src.tmp" "$DIST-$VERSION/$TREE"
+  mv "$src.tmp/$DIST-$VERSION/$TREE" "$src"; rm -rf "$src.tmp"
   rm -f "$src/.git"
   for p in $PATCHES; do log "applying $p"; patch -d "$src" -p1 < "$here/$p" >&2; done
   touch "$src/.unpacked"
@@ -55,7 +66,7 @@ fi
 missing=""
 for t in $TARGETS; do [ -x "$build/bin/$t" ] || [ -e "$build/bin/lib$t.so" ] || missing="$missing $t"; done
 if [ -n "$missing" ]; then
-  log "building$missing (about 12 minutes on 2 cores the first time)"
+  log "building$missing (protocol $PROTO; about 12 minutes on 2 cores the first time)"
   ninja -C "$build" -j"$(nproc)" $missing >&2
 fi
 echo "$build/bin"

@@ -1,13 +1,70 @@
-//! The command byte of a request frame (`enum rpc_cmd`, spec §5.1).
+//! The command byte of a request frame (`enum rpc_cmd`, spec §5.1; 8.0.0 delta §B) and the
+//! protocol major a connection speaks.
 
 use core::fmt;
 
-use crate::consts::{CONN_CAPS_SIZE, GRAPH_HEADER_SIZE, RPC_TENSOR_SIZE, SET_TENSOR_HEADER_SIZE};
+use crate::consts::{
+    COMM_INIT_SIZE, CONN_CAPS_SIZE, GRAPH_HEADER_SIZE, GRAPH_HEADER_SIZE_V8, RPC_TENSOR_SIZE,
+    SET_TENSOR_2D_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
+};
 
-/// A protocol 7.0.0 command, as carried in the first byte of a request frame.
-///
-/// `18` (`RPC_CMD_NONE`, a client-internal queue marker) and everything `>= 19`
-/// are not commands: [`Command::from_u8`] returns `None` for them.
+/// The protocol major a connection speaks. The HELLO request is byte-identical in both, so a
+/// server cannot tell them apart before it answers: it is fixed per listening socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Major {
+    /// 7.0.0: llama.cpp up to September 2026 (`llama-cpp-python` 0.3.36, b11434).
+    V7,
+    /// 8.0.0: llama.cpp since October 2026 (b11549): graph uids, strided copies, collectives.
+    V8,
+}
+
+impl Major {
+    /// What current upstream speaks.
+    pub const CURRENT: Major = Major::V8;
+    /// Both majors, oldest first.
+    pub const ALL: [Major; 2] = [Major::V7, Major::V8];
+
+    /// The major number on the wire (HELLO reply).
+    pub fn number(self) -> u8 {
+        match self {
+            Major::V7 => 7,
+            Major::V8 => 8,
+        }
+    }
+
+    /// The major announced as `major`, if it is one of ours.
+    pub fn from_number(major: u8) -> Option<Major> {
+        Major::ALL.into_iter().find(|m| m.number() == major)
+    }
+
+    /// `(major, minor, patch)` announced in the HELLO reply.
+    pub fn version(self) -> (u8, u8, u8) {
+        (self.number(), 0, 0)
+    }
+
+    /// Whether a client of this major accepts a server announcing `major.minor`: same major,
+    /// minor not newer (the patch is ignored), as upstream's client checks.
+    pub fn accepts(self, major: u8, minor: u8) -> bool {
+        major == self.number() && minor == 0
+    }
+
+    /// Parse a command byte: 0..=17 in 7.0.0, 0..=22 in 8.0.0. `RPC_CMD_NONE` (18 in 7, 23 in 8)
+    /// and everything above give `None`.
+    pub fn command(self, b: u8) -> Option<Command> {
+        let c = Command::ALL.get(usize::from(b)).copied()?;
+        (self == Major::V8 || !c.is_v8_only()).then_some(c)
+    }
+}
+
+impl fmt::Display for Major {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (a, b, c) = self.version();
+        write!(f, "{a}.{b}.{c}")
+    }
+}
+
+/// A command, as carried in the first byte of a request frame: the 18 of 7.0.0 and the five
+/// 8.0.0 added (18..=22). Which are valid depends on the connection's [`Major`].
 #[repr(u8)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Command {
@@ -47,6 +104,16 @@ pub enum Command {
     GraphRecompute = 16,
     /// Fill a tensor region with one byte value (no response in 7.x).
     MemsetTensor = 17,
+    /// 8.0: strided write of `n_copies` chunks into a tensor (no response).
+    SetTensor2d = 18,
+    /// 8.0: strided read of `n_copies` chunks from a tensor.
+    GetTensor2d = 19,
+    /// 8.0: join a pairwise communicator for a device (answers one byte, 1 = joined).
+    CommInit = 20,
+    /// 8.0: sum a tensor with the peer's in place over the communicator (no response).
+    CommAllreduce = 21,
+    /// 8.0: leave the communicator of a device (no response).
+    CommFree = 22,
 }
 
 /// The payload size a request of some command must have (spec §5.1).
@@ -64,8 +131,8 @@ const fn w(n: usize) -> u64 {
 }
 
 impl Command {
-    /// Every command, in wire order (`ALL[i] as u8 == i`).
-    pub const ALL: [Command; 18] = [
+    /// Every command of either major, in wire order (`ALL[i] as u8 == i`).
+    pub const ALL: [Command; 23] = [
         Command::AllocBuffer,
         Command::GetAlignment,
         Command::GetMaxSize,
@@ -84,11 +151,16 @@ impl Command {
         Command::DeviceCount,
         Command::GraphRecompute,
         Command::MemsetTensor,
+        Command::SetTensor2d,
+        Command::GetTensor2d,
+        Command::CommInit,
+        Command::CommAllreduce,
+        Command::CommFree,
     ];
 
-    /// Parse a command byte. `18` (`RPC_CMD_NONE`) and `>= 19` give `None`.
-    pub fn from_u8(b: u8) -> Option<Command> {
-        Self::ALL.get(usize::from(b)).copied()
+    /// Whether the command exists only in 8.0.0.
+    pub fn is_v8_only(self) -> bool {
+        self.as_u8() >= Command::SetTensor2d.as_u8()
     }
 
     /// The command byte.
@@ -96,9 +168,10 @@ impl Command {
         self as u8
     }
 
-    /// Whether the server answers this command, per the 7.x response matrix (spec §5.1).
+    /// Whether the server answers this command, per the response matrix (spec §5.1, 8.0 §B; the
+    /// same in both majors for the commands they share).
     ///
-    /// An extra response desynchronises a 7.x client, a missing one hangs it.
+    /// An extra response desynchronises a client, a missing one hangs it.
     pub fn has_response(self) -> bool {
         match self {
             Command::AllocBuffer
@@ -111,14 +184,19 @@ impl Command {
             | Command::GetDeviceMemory
             | Command::GetAllocSize
             | Command::Hello
-            | Command::DeviceCount => true,
+            | Command::DeviceCount
+            | Command::GetTensor2d
+            | Command::CommInit => true,
             Command::FreeBuffer
             | Command::BufferClear
             | Command::SetTensor
             | Command::GraphCompute
             | Command::InitTensor
             | Command::GraphRecompute
-            | Command::MemsetTensor => false,
+            | Command::MemsetTensor
+            | Command::SetTensor2d
+            | Command::CommAllreduce
+            | Command::CommFree => false,
         }
     }
 
@@ -143,20 +221,31 @@ impl Command {
             Command::DeviceCount => "DEVICE_COUNT",
             Command::GraphRecompute => "GRAPH_RECOMPUTE",
             Command::MemsetTensor => "MEMSET_TENSOR",
+            Command::SetTensor2d => "SET_TENSOR_2D",
+            Command::GetTensor2d => "GET_TENSOR_2D",
+            Command::CommInit => "COMM_INIT",
+            Command::CommAllreduce => "COMM_ALLREDUCE",
+            Command::CommFree => "COMM_FREE",
         }
     }
 
-    /// The request payload size this command requires (spec §5.1).
+    /// The request payload size this command requires in `major` (spec §5.1, 8.0 §B).
     ///
-    /// Only SET_TENSOR (`>= 305`) and GRAPH_COMPUTE (`>= 12`) are variable-sized.
-    pub fn request_size(self) -> PayloadSize {
+    /// Only SET_TENSOR (`>= 305`), GRAPH_COMPUTE (`>= 12`; 8.0: `>= 20`) and SET_TENSOR_2D
+    /// (`>= 328`) are variable-sized; GRAPH_RECOMPUTE is 4 bytes in 7.0, 12 in 8.0.
+    pub fn request_size(self, major: Major) -> PayloadSize {
         const RT: u64 = w(RPC_TENSOR_SIZE);
         match self {
             Command::AllocBuffer => PayloadSize::Exact(4 + 8),
+            Command::GraphRecompute if major == Major::V8 => PayloadSize::Exact(4 + 8),
+            Command::GraphCompute if major == Major::V8 => {
+                PayloadSize::AtLeast(w(GRAPH_HEADER_SIZE_V8))
+            }
             Command::GetAlignment
             | Command::GetMaxSize
             | Command::GetDeviceMemory
-            | Command::GraphRecompute => PayloadSize::Exact(4),
+            | Command::GraphRecompute
+            | Command::CommFree => PayloadSize::Exact(4),
             Command::BufferGetBase | Command::FreeBuffer => PayloadSize::Exact(8),
             Command::BufferClear => PayloadSize::Exact(8 + 1),
             Command::SetTensor => PayloadSize::AtLeast(w(SET_TENSOR_HEADER_SIZE)),
@@ -168,15 +257,11 @@ impl Command {
             Command::Hello => PayloadSize::Exact(w(CONN_CAPS_SIZE)),
             Command::DeviceCount => PayloadSize::Exact(0),
             Command::MemsetTensor => PayloadSize::Exact(RT + 8 + 8 + 1),
+            Command::SetTensor2d => PayloadSize::AtLeast(w(SET_TENSOR_2D_HEADER_SIZE)),
+            Command::GetTensor2d => PayloadSize::Exact(w(SET_TENSOR_2D_HEADER_SIZE)),
+            Command::CommInit => PayloadSize::Exact(w(COMM_INIT_SIZE)),
+            Command::CommAllreduce => PayloadSize::Exact(4 + RT),
         }
-    }
-}
-
-impl TryFrom<u8> for Command {
-    type Error = crate::DecodeError;
-
-    fn try_from(b: u8) -> Result<Self, Self::Error> {
-        Command::from_u8(b).ok_or(crate::DecodeError::UnknownCommand(b))
     }
 }
 
@@ -197,14 +282,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn from_u8_matches_discriminants() {
+    fn command_bytes_per_major() {
         for (i, c) in Command::ALL.iter().enumerate() {
             assert_eq!(usize::from(c.as_u8()), i);
-            assert_eq!(Command::from_u8(c.as_u8()), Some(*c));
+            assert_eq!(Major::V8.command(c.as_u8()), Some(*c));
+            assert_eq!(Major::V7.command(c.as_u8()).is_some(), i < 18, "{c}");
         }
+        // RPC_CMD_NONE (18 in 7.0, 23 in 8.0) and everything above are not commands.
         for b in 18..=u8::MAX {
-            assert_eq!(Command::from_u8(b), None);
+            assert_eq!(Major::V7.command(b), None);
         }
+        for b in 23..=u8::MAX {
+            assert_eq!(Major::V8.command(b), None);
+        }
+    }
+
+    #[test]
+    fn versions() {
+        assert_eq!(Major::V7.version(), (7, 0, 0));
+        assert_eq!(Major::V8.version(), (8, 0, 0));
+        assert!(Major::V8.accepts(8, 0) && !Major::V8.accepts(8, 1) && !Major::V8.accepts(7, 0));
+        assert!(Major::V7.accepts(7, 0) && !Major::V7.accepts(8, 0));
+        assert_eq!(Major::from_number(8), Some(Major::V8));
+        assert_eq!(Major::from_number(9), None);
+        assert_eq!(Major::CURRENT.to_string(), "8.0.0");
     }
 
     #[test]
@@ -231,7 +332,25 @@ mod tests {
             Exact(313),
         ];
         for (c, e) in Command::ALL.iter().zip(expected) {
-            assert_eq!(c.request_size(), e, "{c}");
+            assert_eq!(c.request_size(Major::V7), e, "{c}");
+        }
+        // 8.0 (delta §B): GRAPH_COMPUTE +8 (uid), GRAPH_RECOMPUTE 12, and the five new ones.
+        let v8 = [
+            (Command::GraphCompute, AtLeast(20)),
+            (Command::GraphRecompute, Exact(12)),
+            (Command::SetTensor2d, AtLeast(328)),
+            (Command::GetTensor2d, Exact(328)),
+            (Command::CommInit, Exact(80)),
+            (Command::CommAllreduce, Exact(300)),
+            (Command::CommFree, Exact(4)),
+        ];
+        for (c, e) in v8 {
+            assert_eq!(c.request_size(Major::V8), e, "{c}");
+        }
+        for c in Command::ALL.iter().filter(|c| !c.is_v8_only()) {
+            if !v8.iter().any(|(v, _)| v == c) {
+                assert_eq!(c.request_size(Major::V8), c.request_size(Major::V7), "{c}");
+            }
         }
     }
 
@@ -242,6 +361,6 @@ mod tests {
             .filter(|c| c.has_response())
             .map(|c| c.as_u8())
             .collect();
-        assert_eq!(with, [0, 1, 2, 3, 7, 8, 9, 11, 13, 14, 15]);
+        assert_eq!(with, [0, 1, 2, 3, 7, 8, 9, 11, 13, 14, 15, 19, 20]);
     }
 }

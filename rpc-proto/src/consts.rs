@@ -1,11 +1,5 @@
 //! Protocol constants (spec §2, §3, §6).
 
-/// Protocol major version announced in the HELLO reply.
-pub const PROTO_MAJOR: u8 = 7;
-/// Protocol minor version announced in the HELLO reply.
-pub const PROTO_MINOR: u8 = 0;
-/// Protocol patch version announced in the HELLO reply.
-pub const PROTO_PATCH: u8 = 0;
 
 /// Number of `ggml_op` values; a valid `op` is `< GGML_OP_COUNT`.
 pub const GGML_OP_COUNT: u32 = crate::ggml_op::COUNT;
@@ -32,3 +26,20 @@ pub const FRAME_HEADER_SIZE: usize = 9;
 pub const RESPONSE_HEADER_SIZE: usize = 8;
 /// Size of the fixed part of a GRAPH_COMPUTE payload: `u32 device` + `u32 n_nodes` + `u32 n_tensors`.
 pub const GRAPH_HEADER_SIZE: usize = 12;
+/// The same in 8.0.0, which adds `u64 uid` after the device.
+pub const GRAPH_HEADER_SIZE_V8: usize = GRAPH_HEADER_SIZE + 8;
+/// The fixed part of SET_TENSOR_2D (and all of GET_TENSOR_2D): `rpc_tensor` + `u64 offset` +
+/// `u64 size` + `u64 n_copies` + `u64 stride`.
+pub const SET_TENSOR_2D_HEADER_SIZE: usize = RPC_TENSOR_SIZE + 4 * 8;
+/// Length of COMM_INIT's NUL-padded host field.
+pub const COMM_HOST_SIZE: usize = 64;
+/// COMM_INIT: `u32 device`, `u32 rank`, `u32 world`, `u32 port`, `char host[64]`.
+pub const COMM_INIT_SIZE: usize = 4 * 4 + COMM_HOST_SIZE;
+/// Graphs a stock 8.0 server keeps per device and connection; GRAPH_COMPUTE of a new uid when
+/// this many are stored clears them all first (the client mirrors the rule).
+pub const GRAPH_CACHE_MAX: usize = 1024;
+/// Stock 8.0 allreduce: F32 tensors of at least this many elements cross the server-to-server
+/// link as bf16.
+pub const COMM_BF16_MIN_ELEMENTS: u64 = 32768;
+/// The comm port is the client's rank-0 endpoint port plus this.
+pub const COMM_PORT_OFFSET: u16 = 1000;

@@ -2,13 +2,13 @@
 
 use crate::command::Command;
 
-/// Why some bytes are not a valid protocol 7.0.0 message.
+/// Why some bytes are not a valid protocol message (7.0.0 or 8.0.0).
 ///
 /// The protocol has no error frames: a server that gets any of these closes the
 /// connection (spec §3.2), a client treats it as a broken server.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
-    /// The command byte is not a 7.0.0 command (`18` = `RPC_CMD_NONE`, or `>= 19`).
+    /// The command byte is not a command of the connection's major (`RPC_CMD_NONE` or above).
     #[error("unknown command {0}")]
     UnknownCommand(u8),
     /// A fixed-size request or response has the wrong payload size.
@@ -41,8 +41,8 @@ pub enum DecodeError {
         /// The configured maximum.
         limit: u64,
     },
-    /// The command has no response in protocol 7.x, so there is nothing to decode.
-    #[error("{0} has no response in protocol 7.x")]
+    /// The command has no response, so there is nothing to decode.
+    #[error("{0} has no response")]
     NoResponse(Command),
     /// Structurally invalid payload (e.g. trailing bytes after a graph).
     #[error("malformed message: {0}")]

@@ -1,7 +1,7 @@
 //! Request frame header (`u8 cmd | u64 size`) and the checks done before a payload is read.
 
-use crate::command::{Command, PayloadSize};
-use crate::consts::FRAME_HEADER_SIZE;
+use crate::command::{Command, Major, PayloadSize};
+use crate::consts::{FRAME_HEADER_SIZE, GRAPH_HEADER_SIZE};
 use crate::error::DecodeError;
 use crate::graph::graph_payload_size;
 
@@ -97,19 +97,20 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// Largest payload accepted for `cmd`.
+    /// Largest payload accepted for `cmd` in `major`.
     ///
     /// For GRAPH_COMPUTE this is also capped by the largest graph the node and
     /// tensor limits allow (about 318 MB with the defaults), so a hostile size
     /// is refused before the payload buffer is allocated.
-    pub fn max_payload(&self, cmd: Command) -> u64 {
-        match cmd.request_size() {
+    pub fn max_payload(&self, major: Major, cmd: Command) -> u64 {
+        match cmd.request_size(major) {
             PayloadSize::Exact(n) => n,
-            PayloadSize::AtLeast(_) if cmd == Command::GraphCompute => {
+            PayloadSize::AtLeast(head) if cmd == Command::GraphCompute => {
                 let graph_max = graph_payload_size(
                     u64::from(self.max_graph_nodes),
                     u64::from(self.max_graph_tensors),
                 )
+                .and_then(|n| n.checked_add(head - GRAPH_HEADER_SIZE as u64))
                 .unwrap_or(u64::MAX);
                 self.max_request_size.min(graph_max)
             }
@@ -122,15 +123,21 @@ fn payload_what(cmd: Command) -> &'static str {
     match cmd {
         Command::SetTensor => "SET_TENSOR payload",
         Command::GraphCompute => "GRAPH_COMPUTE payload",
+        Command::SetTensor2d => "SET_TENSOR_2D payload",
         _ => "payload",
     }
 }
 
-/// Check that a payload of `size` bytes is acceptable for `cmd` (spec §5.1):
-/// fixed-size commands need the exact size, SET_TENSOR `>= 305`, GRAPH_COMPUTE
-/// `>= 12`, and variable sizes must not exceed [`Limits::max_payload`].
-pub fn check_payload_size(cmd: Command, size: u64, limits: &Limits) -> Result<(), DecodeError> {
-    match cmd.request_size() {
+/// Check that a payload of `size` bytes is acceptable for `cmd` in `major` (spec §5.1, 8.0 §B):
+/// fixed-size commands need the exact size, variable ones their fixed part
+/// ([`Command::request_size`]) and no more than [`Limits::max_payload`].
+pub fn check_payload_size(
+    major: Major,
+    cmd: Command,
+    size: u64,
+    limits: &Limits,
+) -> Result<(), DecodeError> {
+    match cmd.request_size(major) {
         PayloadSize::Exact(expected) if size != expected => Err(DecodeError::BadSize {
             cmd,
             got: size,
@@ -143,7 +150,7 @@ pub fn check_payload_size(cmd: Command, size: u64, limits: &Limits) -> Result<()
             got: size,
         }),
         PayloadSize::AtLeast(_) => {
-            let limit = limits.max_payload(cmd);
+            let limit = limits.max_payload(major, cmd);
             if size > limit {
                 Err(DecodeError::TooLarge {
                     what: payload_what(cmd),
@@ -157,12 +164,14 @@ pub fn check_payload_size(cmd: Command, size: u64, limits: &Limits) -> Result<()
     }
 }
 
-/// Validate a frame header before its payload is read or allocated.
+/// Validate a frame header of a `major` connection before its payload is read or allocated.
 ///
-/// Rejects unknown commands (18 = `RPC_CMD_NONE`, `>= 19`) and sizes that
+/// Rejects what is not a command of that major ([`Major::command`]) and sizes that
 /// [`check_payload_size`] refuses. On success the caller may allocate `h.size` bytes.
-pub fn check_frame(h: &FrameHeader, limits: &Limits) -> Result<Command, DecodeError> {
-    let cmd = Command::try_from(h.cmd)?;
-    check_payload_size(cmd, h.size, limits)?;
+pub fn check_frame(major: Major, h: &FrameHeader, limits: &Limits) -> Result<Command, DecodeError> {
+    let cmd = major
+        .command(h.cmd)
+        .ok_or(DecodeError::UnknownCommand(h.cmd))?;
+    check_payload_size(major, cmd, h.size, limits)?;
     Ok(cmd)
 }

@@ -1,17 +1,19 @@
-//! GRAPH_COMPUTE payload (spec §7), borrowed zero-copy from the wire.
+//! GRAPH_COMPUTE payload (spec §7; 8.0 delta §B), borrowed zero-copy from the wire.
 //!
 //! ```text
-//! | u32 device | u32 n_nodes | u64 node_id[n_nodes] | u32 n_tensors | rpc_tensor[n_tensors] |
+//! 7.0.0: | u32 device |         | u32 n_nodes | u64 node_id[n_nodes] | u32 n_tensors | rpc_tensor[n_tensors] |
+//! 8.0.0: | u32 device | u64 uid | u32 n_nodes | u64 node_id[n_nodes] | u32 n_tensors | rpc_tensor[n_tensors] |
 //! ```
 
 use zerocopy::byteorder::little_endian::U64;
 use zerocopy::IntoBytes;
 
+use crate::command::Major;
 use crate::consts::{GRAPH_HEADER_SIZE, RPC_TENSOR_SIZE};
 use crate::error::DecodeError;
 use crate::frame::Limits;
 use crate::tensor::RpcTensor;
-use crate::wire::{put_u32, Reader};
+use crate::wire::{put_u32, put_u64, Reader};
 
 /// A decoded GRAPH_COMPUTE payload; both arrays borrow the (unaligned) wire bytes.
 ///
@@ -20,6 +22,9 @@ use crate::wire::{put_u32, Reader};
 pub struct Graph<'a> {
     /// Device index the graph runs on.
     pub device: u32,
+    /// 8.0.0: the client's graph uid (0: not to be stored); `None`: the 7.0.0 layout, which has
+    /// no uid. The layout follows from it, so a graph encodes as it was decoded.
+    pub uid: Option<u64>,
     /// Ids of the graph nodes, in execution order.
     pub node_ids: &'a [U64],
     /// Every tensor reachable from the nodes, sources before users.
@@ -52,15 +57,23 @@ fn check_count(what: &'static str, got: u32, limit: u32) -> Result<usize, Decode
 }
 
 impl<'a> Graph<'a> {
-    /// Decode a GRAPH_COMPUTE payload without copying.
+    /// Decode a GRAPH_COMPUTE payload of a `major` connection without copying.
     ///
     /// `n_nodes` and `n_tensors` are checked against `limits` before they are used,
     /// every length is computed with checked arithmetic, and bytes after the
     /// tensor array are rejected as [`DecodeError::Malformed`] (the stock server
     /// ignores them; the stock client never sends them).
-    pub fn decode(payload: &'a [u8], limits: &Limits) -> Result<Graph<'a>, DecodeError> {
+    pub fn decode(
+        major: Major,
+        payload: &'a [u8],
+        limits: &Limits,
+    ) -> Result<Graph<'a>, DecodeError> {
         let mut r = Reader::new(payload, "GRAPH_COMPUTE header");
         let device = r.u32()?;
+        let uid = match major {
+            Major::V7 => None,
+            Major::V8 => Some(r.u64()?),
+        };
         let n_nodes = r.u32()?;
         let n_nodes = check_count("GRAPH_COMPUTE n_nodes", n_nodes, limits.max_graph_nodes)?;
         r.context("GRAPH_COMPUTE node ids");
@@ -77,6 +90,7 @@ impl<'a> Graph<'a> {
         r.finish("trailing bytes after GRAPH_COMPUTE tensors")?;
         Ok(Graph {
             device,
+            uid,
             node_ids,
             tensors,
         })
@@ -93,17 +107,28 @@ impl<'a> Graph<'a> {
             clamp_len(self.node_ids.len()),
             clamp_len(self.tensors.len()),
         )
-        .unwrap_or(u64::MAX)
+        .map_or(u64::MAX, |n| n.saturating_add(uid_len(self.uid)))
     }
 
     /// Append the payload (without frame header) to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         let (nodes, tensors) = clamp(self.node_ids, self.tensors);
         put_u32(out, self.device);
+        if let Some(uid) = self.uid {
+            put_u64(out, uid);
+        }
         put_u32(out, len_u32(nodes.len()));
         out.extend_from_slice(nodes.as_bytes());
         put_u32(out, len_u32(tensors.len()));
         out.extend_from_slice(tensors.as_bytes());
+    }
+}
+
+fn uid_len(uid: Option<u64>) -> u64 {
+    if uid.is_some() {
+        8
+    } else {
+        0
     }
 }
 
@@ -122,12 +147,22 @@ fn clamp<'s, A, B>(a: &'s [A], b: &'s [B]) -> (&'s [A], &'s [B]) {
     (a.get(..max).unwrap_or(a), b.get(..max).unwrap_or(b))
 }
 
-/// Append a GRAPH_COMPUTE payload (without frame header) built from plain node ids.
+/// Append a GRAPH_COMPUTE payload (without frame header) built from plain node ids; `uid` as
+/// in [`Graph::uid`] (`None`: the 7.0.0 layout).
 ///
 /// Arrays longer than `u32::MAX` elements are truncated to `u32::MAX`.
-pub fn encode_graph(device: u32, node_ids: &[u64], tensors: &[RpcTensor], out: &mut Vec<u8>) {
+pub fn encode_graph(
+    device: u32,
+    uid: Option<u64>,
+    node_ids: &[u64],
+    tensors: &[RpcTensor],
+    out: &mut Vec<u8>,
+) {
     let (nodes, tensors) = clamp(node_ids, tensors);
     put_u32(out, device);
+    if let Some(uid) = uid {
+        put_u64(out, uid);
+    }
     put_u32(out, len_u32(nodes.len()));
     out.reserve(nodes.len().saturating_mul(8));
     for id in nodes {
@@ -153,11 +188,31 @@ mod tests {
         // With one node the tensor array starts at offset 20: not 8-aligned.
         let t = RpcTensor::new(7, 0).with_name("n");
         let mut buf = Vec::new();
-        encode_graph(3, &[7], &[t], &mut buf);
-        let g = Graph::decode(&buf, &Limits::default()).unwrap();
+        encode_graph(3, None, &[7], &[t], &mut buf);
+        let g = Graph::decode(Major::V7, &buf, &Limits::default()).unwrap();
         assert_eq!(g.device, 3);
+        assert_eq!(g.uid, None);
         assert_eq!(g.nodes().collect::<Vec<_>>(), [7]);
         assert_eq!(g.tensors, &[t]);
         assert_eq!(g.payload_len(), buf.len() as u64);
+    }
+
+    #[test]
+    fn v8_layout_carries_the_uid() {
+        // 8.0 delta §B: 20 + 8n + 296m; a one-node graph's tensors start at 28 (unaligned).
+        let t = RpcTensor::new(7, 0).with_name("n");
+        let mut buf = Vec::new();
+        encode_graph(1, Some(24), &[7], &[t], &mut buf);
+        assert_eq!(buf.len(), 20 + 8 + 296);
+        assert_eq!(&buf[4..12], &24u64.to_le_bytes());
+        let g = Graph::decode(Major::V8, &buf, &Limits::default()).unwrap();
+        assert_eq!((g.device, g.uid), (1, Some(24)));
+        assert_eq!(g.tensors, &[t]);
+        assert_eq!(g.payload_len(), buf.len() as u64);
+        let mut again = Vec::new();
+        g.encode(&mut again);
+        assert_eq!(again, buf);
+        // The same bytes read as 7.0 are a different (here: malformed) graph.
+        assert!(Graph::decode(Major::V7, &buf, &Limits::default()).is_err());
     }
 }

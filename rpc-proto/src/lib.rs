@@ -1,4 +1,6 @@
-//! Sans-IO codec for the ggml RPC protocol **7.0.0** (llama.cpp `ggml-rpc-server`).
+//! Sans-IO codec for the ggml RPC protocol, **8.0.0** (llama.cpp since October 2026) and
+//! **7.0.0** (before), as `ggml-rpc-server` speaks them. A connection speaks one [`Major`]:
+//! every decoder that depends on it takes it.
 //!
 //! This crate only turns bytes into typed messages and back; it performs no I/O.
 //! It is shared by the server, the client library and the tests.
@@ -32,8 +34,8 @@
 //! // Server side: header first, then the payload it announces.
 //! let (head, payload) = wire.split_first_chunk::<FRAME_HEADER_SIZE>().unwrap();
 //! let header = FrameHeader::decode(head);
-//! let cmd = check_frame(&header, &Limits::default())?;
-//! let req = Request::decode(cmd, payload, &Limits::default())?;
+//! let cmd = check_frame(Major::V8, &header, &Limits::default())?;
+//! let req = Request::decode(Major::V8, cmd, payload, &Limits::default())?;
 //! assert_eq!(req, Request::DeviceCount);
 //!
 //! let mut reply = Vec::new();
@@ -65,15 +67,15 @@ mod scan;
 mod tensor;
 mod wire;
 
-pub use command::{Command, PayloadSize};
+pub use command::{Command, Major, PayloadSize};
 pub use consts::*;
 pub use error::DecodeError;
 pub use fnv::{fnv1a64, Fnv1a};
 pub use frame::{check_frame, check_payload_size, FrameHeader, Limits, Parts};
 pub use ggml_ids::{ggml_op, ggml_type};
 pub use graph::{encode_graph, graph_payload_size, Graph};
-pub use request::{Request, SetTensorHeader};
-pub use response::{version_compatible, Response};
+pub use request::{CommInit, Region2d, Request, SetTensorHeader};
+pub use response::Response;
 pub use scan::{complete_request, Scanned, Scanner};
 pub use tensor::{
     RpcTensor, TENSOR_FLAG_COMPUTE, TENSOR_FLAG_INPUT, TENSOR_FLAG_LOSS, TENSOR_FLAG_OUTPUT,

@@ -1,7 +1,7 @@
 //! Requests (client → server payloads), spec §5.1 and `rpc_msg_*_req` upstream.
 
-use crate::command::Command;
-use crate::consts::{CONN_CAPS_SIZE, GGML_MAX_SRC, SET_TENSOR_HEADER_SIZE};
+use crate::command::{Command, Major};
+use crate::consts::{COMM_HOST_SIZE, CONN_CAPS_SIZE, GGML_MAX_SRC, SET_TENSOR_HEADER_SIZE};
 use crate::error::DecodeError;
 use crate::frame::{check_payload_size, Limits, Parts};
 use crate::graph::Graph;
@@ -118,6 +118,8 @@ pub enum Request<'a> {
     GraphRecompute {
         /// Device index.
         device: u32,
+        /// 8.0.0: the uid of the stored graph to run; `None`: 7.0.0 (the device's last graph).
+        uid: Option<u64>,
     },
     /// MEMSET_TENSOR (17); no response.
     MemsetTensor {
@@ -130,6 +132,123 @@ pub enum Request<'a> {
         /// Fill byte.
         value: u8,
     },
+    /// SET_TENSOR_2D (18, 8.0); no response. Chunk `i` (`size` bytes at `data[i·size..]`) goes to
+    /// tensor byte offset `offset + i·stride`.
+    SetTensor2d {
+        /// Destination tensor.
+        tensor: RpcTensor,
+        /// The copy's strided geometry.
+        region: Region2d,
+        /// `size · n_copies` bytes, exactly (checked when decoded).
+        data: &'a [u8],
+    },
+    /// GET_TENSOR_2D (19, 8.0): the reply carries `size · n_copies` bytes.
+    GetTensor2d {
+        /// Source tensor.
+        tensor: RpcTensor,
+        /// The copy's strided geometry.
+        region: Region2d,
+    },
+    /// COMM_INIT (20, 8.0): join a pairwise communicator; the reply is one byte.
+    CommInit(CommInit),
+    /// COMM_ALLREDUCE (21, 8.0); no response: `tensor += peer's tensor`.
+    CommAllreduce {
+        /// Device index.
+        device: u32,
+        /// The partial to sum (F32 in the stock client).
+        tensor: RpcTensor,
+    },
+    /// COMM_FREE (22, 8.0); no response.
+    CommFree {
+        /// Device index.
+        device: u32,
+    },
+}
+
+/// The geometry of SET_TENSOR_2D / GET_TENSOR_2D: `n_copies` chunks of `size` bytes at tensor
+/// byte offsets `offset + i·stride`, packed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region2d {
+    /// Byte offset of the first chunk inside the tensor's data.
+    pub offset: u64,
+    /// Bytes per chunk.
+    pub size: u64,
+    /// Number of chunks.
+    pub n_copies: u64,
+    /// Distance between chunk starts in the tensor (0 is legal: the same chunk each time).
+    pub stride: u64,
+}
+
+impl Region2d {
+    /// Bytes on the wire: `size · n_copies`, `None` on overflow.
+    pub fn wire_len(&self) -> Option<u64> {
+        self.size.checked_mul(self.n_copies)
+    }
+
+    /// Bytes of the tensor the chunks reach from `offset`: `(n_copies − 1)·stride + size`,
+    /// `None` on overflow or when either count is 0.
+    pub fn span(&self) -> Option<u64> {
+        if self.size == 0 || self.n_copies == 0 {
+            return None;
+        }
+        (self.n_copies - 1)
+            .checked_mul(self.stride)?
+            .checked_add(self.size)
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Region2d, DecodeError> {
+        Ok(Region2d {
+            offset: r.u64()?,
+            size: r.u64()?,
+            n_copies: r.u64()?,
+            stride: r.u64()?,
+        })
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.offset);
+        put_u64(out, self.size);
+        put_u64(out, self.n_copies);
+        put_u64(out, self.stride);
+    }
+}
+
+/// COMM_INIT's request: which rank of how many this server is for `device`, and where rank 0
+/// listens (`host` empty for rank 0 itself; rank 1 dials `host:port`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommInit {
+    /// Device index.
+    pub device: u32,
+    /// This server's rank.
+    pub rank: u32,
+    /// Number of ranks (the stock 8.0 server supports 2).
+    pub world: u32,
+    /// Port rank 0 listens on (the client's rank-0 endpoint port + 1000).
+    pub port: u32,
+    /// Rank 0's host as the client spelled it, NUL-padded.
+    pub host: [u8; COMM_HOST_SIZE],
+}
+
+impl CommInit {
+    /// The host text up to its first NUL, if it is UTF-8.
+    pub fn host_str(&self) -> Option<&str> {
+        let end = self
+            .host
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.host.len());
+        core::str::from_utf8(self.host.get(..end)?).ok()
+    }
+
+    /// `host` NUL-padded into the fixed field; `None` when it does not fit with its NUL.
+    pub fn host_field(host: &str) -> Option<[u8; COMM_HOST_SIZE]> {
+        let mut f = [0u8; COMM_HOST_SIZE];
+        if host.len() >= COMM_HOST_SIZE {
+            return None;
+        }
+        f.get_mut(..host.len())?.copy_from_slice(host.as_bytes());
+        Some(f)
+    }
 }
 
 impl<'a> Request<'a> {
@@ -154,20 +273,29 @@ impl<'a> Request<'a> {
             Request::DeviceCount => Command::DeviceCount,
             Request::GraphRecompute { .. } => Command::GraphRecompute,
             Request::MemsetTensor { .. } => Command::MemsetTensor,
+            Request::SetTensor2d { .. } => Command::SetTensor2d,
+            Request::GetTensor2d { .. } => Command::GetTensor2d,
+            Request::CommInit(_) => Command::CommInit,
+            Request::CommAllreduce { .. } => Command::CommAllreduce,
+            Request::CommFree { .. } => Command::CommFree,
         }
     }
 
-    /// Decode the complete payload of a `cmd` request.
+    /// Decode the complete payload of a `cmd` request on a `major` connection.
     ///
-    /// Re-checks the payload size like [`check_frame`](crate::check_frame), so it is
-    /// safe on any bytes; never panics. Trailing bytes are impossible for
-    /// fixed-size commands and rejected for GRAPH_COMPUTE.
+    /// Re-checks the command and the payload size like [`check_frame`](crate::check_frame), so
+    /// it is safe on any bytes; never panics. Trailing bytes are impossible for fixed-size
+    /// commands and rejected for GRAPH_COMPUTE and SET_TENSOR_2D.
     pub fn decode(
+        major: Major,
         cmd: Command,
         payload: &'a [u8],
         limits: &Limits,
     ) -> Result<Request<'a>, DecodeError> {
-        check_payload_size(cmd, payload.len() as u64, limits)?;
+        if major.command(cmd.as_u8()).is_none() {
+            return Err(DecodeError::UnknownCommand(cmd.as_u8()));
+        }
+        check_payload_size(major, cmd, payload.len() as u64, limits)?;
         let mut r = Reader::new(payload, cmd.name());
         let req = match cmd {
             Command::Hello => Request::Hello { caps: r.array()? },
@@ -211,7 +339,7 @@ impl<'a> Request<'a> {
                 dst: r.tensor()?,
             },
             Command::GraphCompute => {
-                return Graph::decode(payload, limits).map(Request::GraphCompute)
+                return Graph::decode(major, payload, limits).map(Request::GraphCompute)
             }
             Command::GetDeviceMemory => Request::GetDeviceMemory { device: r.u32()? },
             Command::InitTensor => Request::InitTensor {
@@ -231,13 +359,54 @@ impl<'a> Request<'a> {
                 }
             }
             Command::DeviceCount => Request::DeviceCount,
-            Command::GraphRecompute => Request::GraphRecompute { device: r.u32()? },
+            Command::GraphRecompute => Request::GraphRecompute {
+                device: r.u32()?,
+                uid: match major {
+                    Major::V7 => None,
+                    Major::V8 => Some(r.u64()?),
+                },
+            },
             Command::MemsetTensor => Request::MemsetTensor {
                 tensor: r.tensor()?,
                 offset: r.u64()?,
                 size: r.u64()?,
                 value: r.u8()?,
             },
+            Command::SetTensor2d => {
+                let tensor = r.tensor()?;
+                let region = Region2d::read(&mut r)?;
+                let data = r.rest();
+                // Stock: size and n_copies non-zero, data exactly size·n_copies (overflow-safe).
+                if region.size == 0 || region.n_copies == 0 {
+                    return Err(DecodeError::Malformed("SET_TENSOR_2D with a zero size or count"));
+                }
+                if region.wire_len() != Some(data.len() as u64) {
+                    return Err(DecodeError::Malformed(
+                        "SET_TENSOR_2D data is not size × n_copies bytes",
+                    ));
+                }
+                return Ok(Request::SetTensor2d {
+                    tensor,
+                    region,
+                    data,
+                });
+            }
+            Command::GetTensor2d => Request::GetTensor2d {
+                tensor: r.tensor()?,
+                region: Region2d::read(&mut r)?,
+            },
+            Command::CommInit => Request::CommInit(CommInit {
+                device: r.u32()?,
+                rank: r.u32()?,
+                world: r.u32()?,
+                port: r.u32()?,
+                host: r.array()?,
+            }),
+            Command::CommAllreduce => Request::CommAllreduce {
+                device: r.u32()?,
+                tensor: r.tensor()?,
+            },
+            Command::CommFree => Request::CommFree { device: r.u32()? },
         };
         r.finish("trailing bytes after request")?;
         Ok(req)
@@ -270,7 +439,13 @@ impl<'a> Request<'a> {
             Request::GetAlignment { device }
             | Request::GetMaxSize { device }
             | Request::GetDeviceMemory { device }
-            | Request::GraphRecompute { device } => put_u32(out, *device),
+            | Request::CommFree { device } => put_u32(out, *device),
+            Request::GraphRecompute { device, uid } => {
+                put_u32(out, *device);
+                if let Some(uid) = uid {
+                    put_u64(out, *uid);
+                }
+            }
             Request::BufferGetBase { remote_ptr } | Request::FreeBuffer { remote_ptr } => {
                 put_u64(out, *remote_ptr)
             }
@@ -339,6 +514,42 @@ impl<'a> Request<'a> {
                 put_u64(out, *size);
                 put_u8(out, *value);
             }
+            Request::SetTensor2d {
+                tensor,
+                region,
+                data,
+            } => {
+                put_tensor(out, tensor);
+                region.encode(out);
+                out.extend_from_slice(data);
+            }
+            Request::GetTensor2d { tensor, region } => {
+                put_tensor(out, tensor);
+                region.encode(out);
+            }
+            Request::CommInit(c) => {
+                put_u32(out, c.device);
+                put_u32(out, c.rank);
+                put_u32(out, c.world);
+                put_u32(out, c.port);
+                out.extend_from_slice(&c.host);
+            }
+            Request::CommAllreduce { device, tensor } => {
+                put_u32(out, *device);
+                put_tensor(out, tensor);
+            }
+        }
+    }
+
+    /// The byte count a reply to this request carries, for a client to check the reply's size
+    /// prefix before reading it ([`Response::check_header`](crate::Response::check_header)):
+    /// GET_TENSOR's `size`, GET_TENSOR_2D's `size · n_copies` (saturating; no such reply can
+    /// be accepted), 0 for the rest.
+    pub fn reply_data_len(&self) -> u64 {
+        match self {
+            Request::GetTensor { size, .. } => *size,
+            Request::GetTensor2d { region, .. } => region.wire_len().unwrap_or(u64::MAX),
+            _ => 0,
         }
     }
 }

@@ -1,12 +1,12 @@
 //! Responses (server → client payloads), spec §5.1 and `rpc_msg_*_rsp` upstream.
 
-use crate::command::Command;
-use crate::consts::{CONN_CAPS_SIZE, PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH, RESPONSE_HEADER_SIZE};
+use crate::command::{Command, Major};
+use crate::consts::{CONN_CAPS_SIZE, RESPONSE_HEADER_SIZE};
 use crate::error::DecodeError;
 use crate::wire::{patch_len, put_u32, put_u64, put_u8, reserve_len, Reader};
 
-/// A response payload. Only the 11 commands of the 7.x response matrix have one
-/// (see [`Command::has_response`]).
+/// A response payload. Only the commands of the response matrix have one (11 in 7.0.0, 13 in
+/// 8.0.0; see [`Command::has_response`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
     /// HELLO: the server's version and transport capabilities (28 bytes with one padding byte).
@@ -71,23 +71,23 @@ pub enum Response {
         /// Number of devices the server exposes.
         count: u32,
     },
-}
-
-/// Whether a client of this protocol accepts a server announcing `major.minor`:
-/// same major, minor not newer (spec §4.1; the patch is ignored).
-// `minor <= 0` is trivially `== 0` today; kept in upstream's form for future minors.
-#[allow(clippy::absurd_extreme_comparisons)]
-pub fn version_compatible(major: u8, minor: u8) -> bool {
-    major == PROTO_MAJOR && minor <= PROTO_MINOR
+    /// GET_TENSOR_2D (8.0): exactly `size · n_copies` bytes, the chunks packed.
+    GetTensor2d(Vec<u8>),
+    /// COMM_INIT (8.0): 1 = joined, 0 = no communicator (the client falls back).
+    CommInit {
+        /// 1 or 0.
+        ok: u8,
+    },
 }
 
 impl Response {
-    /// The HELLO reply of this implementation: version 7.0.0 and the given caps.
-    pub fn hello(caps: [u8; CONN_CAPS_SIZE]) -> Response {
+    /// The HELLO reply of a `major` server with the given caps.
+    pub fn hello(major: Major, caps: [u8; CONN_CAPS_SIZE]) -> Response {
+        let (major, minor, patch) = major.version();
         Response::Hello {
-            major: PROTO_MAJOR,
-            minor: PROTO_MINOR,
-            patch: PROTO_PATCH,
+            major,
+            minor,
+            patch,
             caps,
         }
     }
@@ -106,11 +106,13 @@ impl Response {
             Response::GetDeviceMemory { .. } => Command::GetDeviceMemory,
             Response::GetAllocSize { .. } => Command::GetAllocSize,
             Response::DeviceCount { .. } => Command::DeviceCount,
+            Response::GetTensor2d(_) => Command::GetTensor2d,
+            Response::CommInit { .. } => Command::CommInit,
         }
     }
 
-    /// Payload size of the fixed-size response to `cmd`; `None` for GET_TENSOR
-    /// (its size is the requested size) and for commands without a response.
+    /// Payload size of the fixed-size response to `cmd`; `None` for GET_TENSOR and
+    /// GET_TENSOR_2D (their size is the requested one) and for commands without a response.
     pub fn fixed_size(cmd: Command) -> Option<u64> {
         match cmd {
             Command::Hello => Some(4 + CONN_CAPS_SIZE as u64),
@@ -119,25 +121,30 @@ impl Response {
             | Command::GetMaxSize
             | Command::BufferGetBase
             | Command::GetAllocSize => Some(8),
-            Command::SetTensorHash | Command::CopyTensor => Some(1),
+            Command::SetTensorHash | Command::CopyTensor | Command::CommInit => Some(1),
             Command::DeviceCount => Some(4),
             Command::GetTensor
+            | Command::GetTensor2d
             | Command::FreeBuffer
             | Command::BufferClear
             | Command::SetTensor
             | Command::GraphCompute
             | Command::InitTensor
             | Command::GraphRecompute
-            | Command::MemsetTensor => None,
+            | Command::MemsetTensor
+            | Command::SetTensor2d
+            | Command::CommAllreduce
+            | Command::CommFree => None,
         }
     }
 
     /// The only payload size a client may accept for `cmd`: [`Response::fixed_size`],
-    /// or `get_tensor_size` (the `size` field of the request) for GET_TENSOR.
-    /// `None` for commands without a response.
+    /// or `get_tensor_size` (the bytes the request asked for,
+    /// [`Request::reply_data_len`](crate::Request::reply_data_len)) for GET_TENSOR and
+    /// GET_TENSOR_2D. `None` for commands without a response.
     pub fn expected_size(cmd: Command, get_tensor_size: u64) -> Option<u64> {
         match cmd {
-            Command::GetTensor => Some(get_tensor_size),
+            Command::GetTensor | Command::GetTensor2d => Some(get_tensor_size),
             _ => Self::fixed_size(cmd),
         }
     }
@@ -168,7 +175,7 @@ impl Response {
     /// Size of the encoded payload (without the `u64` prefix).
     pub fn payload_len(&self) -> u64 {
         match self {
-            Response::GetTensor(data) => data.len() as u64,
+            Response::GetTensor(data) | Response::GetTensor2d(data) => data.len() as u64,
             other => Self::fixed_size(other.command()).unwrap_or(0),
         }
     }
@@ -203,10 +210,12 @@ impl Response {
             | Response::GetMaxSize { max_size: v }
             | Response::BufferGetBase { base_ptr: v }
             | Response::GetAllocSize { alloc_size: v } => put_u64(out, *v),
-            Response::SetTensorHash { result } | Response::CopyTensor { result } => {
-                put_u8(out, *result)
+            Response::SetTensorHash { result }
+            | Response::CopyTensor { result }
+            | Response::CommInit { ok: result } => put_u8(out, *result),
+            Response::GetTensor(data) | Response::GetTensor2d(data) => {
+                out.extend_from_slice(data)
             }
-            Response::GetTensor(data) => out.extend_from_slice(data),
             Response::GetDeviceMemory { free, total } => {
                 put_u64(out, *free);
                 put_u64(out, *total);
@@ -226,6 +235,9 @@ impl Response {
         }
         if cmd == Command::GetTensor {
             return Ok(Response::GetTensor(payload.to_vec()));
+        }
+        if cmd == Command::GetTensor2d {
+            return Ok(Response::GetTensor2d(payload.to_vec()));
         }
         Self::check_size(cmd, payload.len() as u64, 0)?;
         let mut r = Reader::new(payload, cmd.name());
@@ -258,6 +270,7 @@ impl Response {
                 alloc_size: r.u64()?,
             },
             Command::DeviceCount => Response::DeviceCount { count: r.u32()? },
+            Command::CommInit => Response::CommInit { ok: r.u8()? },
             _ => return Err(DecodeError::NoResponse(cmd)),
         };
         r.finish("trailing bytes after response")?;
