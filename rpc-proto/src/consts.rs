@@ -1,6 +1,5 @@
 //! Protocol constants (spec §2, §3, §6).
 
-
 /// Number of `ggml_op` values; a valid `op` is `< GGML_OP_COUNT`.
 pub const GGML_OP_COUNT: u32 = crate::ggml_op::COUNT;
 /// Number of `ggml_type` values; a valid `type` is `< GGML_TYPE_COUNT`.

@@ -378,7 +378,9 @@ impl<'a> Request<'a> {
                 let data = r.rest();
                 // Stock: size and n_copies non-zero, data exactly size·n_copies (overflow-safe).
                 if region.size == 0 || region.n_copies == 0 {
-                    return Err(DecodeError::Malformed("SET_TENSOR_2D with a zero size or count"));
+                    return Err(DecodeError::Malformed(
+                        "SET_TENSOR_2D with a zero size or count",
+                    ));
                 }
                 if region.wire_len() != Some(data.len() as u64) {
                     return Err(DecodeError::Malformed(

@@ -213,9 +213,7 @@ impl Response {
             Response::SetTensorHash { result }
             | Response::CopyTensor { result }
             | Response::CommInit { ok: result } => put_u8(out, *result),
-            Response::GetTensor(data) | Response::GetTensor2d(data) => {
-                out.extend_from_slice(data)
-            }
+            Response::GetTensor(data) | Response::GetTensor2d(data) => out.extend_from_slice(data),
             Response::GetDeviceMemory { free, total } => {
                 put_u64(out, *free);
                 put_u64(out, *total);

@@ -60,7 +60,7 @@ fn hello_reply() {
     let mut expected = vec![0x1c, 0, 0, 0, 0, 0, 0, 0, 0x07, 0x00, 0x00, 0x00];
     expected.extend_from_slice(&[0; 24]);
     assert_eq!(expected.len(), 8 + 28);
-    assert_eq!(encode_rsp(&Response::hello([0; 24])), expected);
+    assert_eq!(encode_rsp(&Response::hello(Major::V7, [0; 24])), expected);
     assert_eq!(
         Response::decode(Command::Hello, &expected[8..]).unwrap(),
         Response::Hello {
@@ -134,7 +134,10 @@ fn device_count_and_small_replies() {
 fn graph_recompute_is_13_bytes() {
     // Spec §8: "13 bytes on the wire".
     assert_eq!(
-        encode_req(&Request::GraphRecompute { device: 2 }),
+        encode_req(&Request::GraphRecompute {
+            device: 2,
+            uid: None
+        }),
         [0x10, 4, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0]
     );
 }
@@ -209,7 +212,13 @@ fn set_tensor_frame() {
     let h = FrameHeader::decode(expected[..9].try_into().unwrap());
     assert_eq!(h, FrameHeader { cmd: 6, size: 308 });
     assert_eq!(
-        Request::decode(Command::SetTensor, &expected[9..], &Limits::default()).unwrap(),
+        Request::decode(
+            Major::V7,
+            Command::SetTensor,
+            &expected[9..],
+            &Limits::default()
+        )
+        .unwrap(),
         req
     );
 }
@@ -328,10 +337,10 @@ fn graph_compute_c_equals_a_plus_b() {
         .map(|t| RpcTensor::from_wire(t).unwrap())
         .collect();
     let mut built = Vec::new();
-    encode_graph(0, &[0xC], &tensors, &mut built);
+    encode_graph(0, None, &[0xC], &tensors, &mut built);
     assert_eq!(built, payload);
 
-    let g = Graph::decode(&payload, &Limits::default()).unwrap();
+    let g = Graph::decode(Major::V7, &payload, &Limits::default()).unwrap();
     assert_eq!(g.device, 0);
     assert_eq!(g.nodes().collect::<Vec<_>>(), [0xC]);
     assert_eq!(g.tensors, tensors.as_slice());
@@ -363,9 +372,110 @@ fn get_alloc_size_request_is_3260_bytes() {
 
 #[test]
 fn version_check_like_the_client() {
-    assert!(version_compatible(7, 0));
-    assert!(!version_compatible(7, 1));
-    assert!(!version_compatible(6, 0));
-    assert!(!version_compatible(8, 0));
-    assert_eq!((PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH), (7, 0, 0));
+    assert!(Major::V7.accepts(7, 0));
+    assert!(!Major::V7.accepts(7, 1));
+    assert!(!Major::V7.accepts(6, 0));
+    assert!(!Major::V7.accepts(8, 0));
+    assert!(Major::V8.accepts(8, 0));
+    assert!(!Major::V8.accepts(8, 1));
+    assert!(!Major::V8.accepts(7, 0));
+}
+
+/// 8.0 delta §A: the HELLO request is the same 33 bytes in both majors; the replies differ only in
+/// the major byte.
+#[test]
+fn hello_bytes_of_both_majors() {
+    let mut req = Vec::new();
+    Request::Hello { caps: [0; 24] }.encode(&mut req);
+    let mut expected = vec![14, 24, 0, 0, 0, 0, 0, 0, 0];
+    expected.extend([0; 24]);
+    assert_eq!(req, expected);
+    for (major, byte) in [(Major::V7, 7u8), (Major::V8, 8)] {
+        let mut rsp = Vec::new();
+        Response::hello(major, [0; 24]).encode(&mut rsp);
+        let mut want = vec![28, 0, 0, 0, 0, 0, 0, 0, byte, 0, 0, 0];
+        want.extend([0; 24]);
+        assert_eq!(rsp, want, "{major}");
+    }
+}
+
+/// 8.0 delta §B/§D: frames of the new and changed commands, byte for byte.
+#[test]
+fn v8_frames() {
+    let t = RpcTensor::new(0x55, 0);
+    // GRAPH_RECOMPUTE {device 0, uid 24}: 9 + 12 = 21 bytes, as in the per-token trace.
+    let mut f = Vec::new();
+    Request::GraphRecompute {
+        device: 0,
+        uid: Some(24),
+    }
+    .encode(&mut f);
+    assert_eq!(f.len(), 21);
+    assert_eq!(f[..9], [16, 12, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(f[9..13], [0, 0, 0, 0]);
+    assert_eq!(f[13..], 24u64.to_le_bytes());
+    // COMM_ALLREDUCE: 9 + 4 + 296 = 309 bytes (the trace's "300 B each" is the payload).
+    let mut f = Vec::new();
+    Request::CommAllreduce {
+        device: 0,
+        tensor: t,
+    }
+    .encode(&mut f);
+    assert_eq!((f[0], f.len()), (21, 309));
+    // COMM_INIT as the stock client sends it to rank 1.
+    let mut f = Vec::new();
+    Request::CommInit(CommInit {
+        device: 0,
+        rank: 1,
+        world: 2,
+        port: 52111,
+        host: CommInit::host_field("127.0.0.1").unwrap(),
+    })
+    .encode(&mut f);
+    assert_eq!(f.len(), 9 + 80);
+    assert_eq!(f[..9], [20, 80, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        f[9..25],
+        [0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0x8f, 0xcb, 0, 0]
+    );
+    assert_eq!(&f[25..34], b"127.0.0.1");
+    assert!(f[34..].iter().all(|&b| b == 0));
+    let back = Request::decode(Major::V8, Command::CommInit, &f[9..], &Limits::default()).unwrap();
+    let Request::CommInit(c) = back else {
+        panic!("not COMM_INIT")
+    };
+    assert_eq!(c.host_str(), Some("127.0.0.1"));
+    assert_eq!(CommInit::host_field(&"x".repeat(64)), None);
+    // SET_TENSOR_2D of the probe in §B.3: 32-byte tensor, 2 chunks of 8, stride 16.
+    let data: Vec<u8> = (1..=8).chain(11..=18).collect();
+    let region = Region2d {
+        offset: 0,
+        size: 8,
+        n_copies: 2,
+        stride: 16,
+    };
+    let mut f = Vec::new();
+    Request::SetTensor2d {
+        tensor: t,
+        region,
+        data: &data,
+    }
+    .encode(&mut f);
+    assert_eq!(f.len(), 9 + 328 + 16);
+    assert_eq!(f[0], 18);
+    assert_eq!(region.span(), Some(24));
+    // Data must be exactly size × n_copies.
+    let short = &f[9..f.len() - 1];
+    assert!(Request::decode(Major::V8, Command::SetTensor2d, short, &Limits::default()).is_err());
+    // The 8.0 commands are not commands on a 7.0 connection.
+    for b in 18..=22u8 {
+        let h = FrameHeader { cmd: b, size: 4 };
+        assert_eq!(
+            check_frame(Major::V7, &h, &Limits::default()),
+            Err(DecodeError::UnknownCommand(b))
+        );
+    }
+    // RPC_CMD_NONE moved to 23.
+    let h = FrameHeader { cmd: 23, size: 0 };
+    assert!(check_frame(Major::V8, &h, &Limits::default()).is_err());
 }

@@ -20,10 +20,16 @@ fn unknown_commands() {
     let l = Limits::default();
     for b in [18u8, 19, 20, 100, 255] {
         assert_eq!(
-            check_frame(&frame(b, 0), &l),
+            check_frame(Major::V7, &frame(b, 0), &l),
             Err(DecodeError::UnknownCommand(b))
         );
-        assert_eq!(Command::try_from(b), Err(DecodeError::UnknownCommand(b)));
+        assert_eq!(Major::V7.command(b), None);
+    }
+    for b in [23u8, 24, 100, 255] {
+        assert_eq!(
+            check_frame(Major::V8, &frame(b, 0), &l),
+            Err(DecodeError::UnknownCommand(b))
+        );
     }
     assert_eq!(
         DecodeError::UnknownCommand(18).to_string(),
@@ -33,12 +39,21 @@ fn unknown_commands() {
 
 #[test]
 fn fixed_size_commands_need_the_exact_size() {
+    for major in Major::ALL {
+        fixed_sizes(major);
+    }
+}
+
+fn fixed_sizes(major: Major) {
     let l = Limits::default();
-    for cmd in Command::ALL {
-        let PayloadSize::Exact(n) = cmd.request_size() else {
+    for cmd in Command::ALL
+        .into_iter()
+        .filter(|c| major.command(c.as_u8()).is_some())
+    {
+        let PayloadSize::Exact(n) = cmd.request_size(major) else {
             continue;
         };
-        assert_eq!(check_frame(&frame(cmd as u8, n), &l), Ok(cmd));
+        assert_eq!(check_frame(major, &frame(cmd as u8, n), &l), Ok(cmd));
         let mut wrong = vec![n + 1, n.wrapping_add(1 << 32), u64::MAX, 1 << 40];
         if n > 0 {
             wrong.extend([0, n - 1]);
@@ -49,18 +64,18 @@ fn fixed_size_commands_need_the_exact_size() {
                 got,
                 expected: n,
             });
-            assert_eq!(check_frame(&frame(cmd as u8, got), &l), expected);
+            assert_eq!(check_frame(major, &frame(cmd as u8, got), &l), expected);
         }
         // Same through Request::decode with real (wrong-length) payloads.
         let too_long = vec![0u8; n as usize + 1];
         assert!(matches!(
-            Request::decode(cmd, &too_long, &l),
+            Request::decode(major, cmd, &too_long, &l),
             Err(DecodeError::BadSize { .. })
         ));
         if n > 0 {
             let too_short = vec![0u8; n as usize - 1];
             assert!(matches!(
-                Request::decode(cmd, &too_short, &l),
+                Request::decode(major, cmd, &too_short, &l),
                 Err(DecodeError::BadSize { .. })
             ));
         }
@@ -70,7 +85,7 @@ fn fixed_size_commands_need_the_exact_size() {
 #[test]
 fn hello_of_old_clients_is_refused() {
     // Spec §4.2: the 0-byte HELLO of pre-4.0 clients.
-    let err = check_frame(&frame(14, 0), &Limits::default()).unwrap_err();
+    let err = check_frame(Major::V7, &frame(14, 0), &Limits::default()).unwrap_err();
     assert_eq!(
         err,
         DecodeError::BadSize {
@@ -83,7 +98,8 @@ fn hello_of_old_clients_is_refused() {
         err.to_string(),
         "HELLO payload is 0 bytes, expected exactly 24"
     );
-    assert!(check_frame(&frame(15, 1), &Limits::default()).is_err()); // DEVICE_COUNT must be empty
+    assert!(check_frame(Major::V7, &frame(15, 1), &Limits::default()).is_err());
+    // DEVICE_COUNT must be empty
 }
 
 #[test]
@@ -94,7 +110,7 @@ fn set_tensor_size_bounds() {
     };
     let st = Command::SetTensor as u8;
     assert_eq!(
-        check_frame(&frame(st, 304), &l),
+        check_frame(Major::V7, &frame(st, 304), &l),
         Err(DecodeError::TooShort {
             what: "SET_TENSOR payload",
             need: 305,
@@ -102,14 +118,22 @@ fn set_tensor_size_bounds() {
         })
     );
     assert_eq!(
-        check_frame(&frame(st, 0), &l).unwrap_err().to_string(),
+        check_frame(Major::V7, &frame(st, 0), &l)
+            .unwrap_err()
+            .to_string(),
         "SET_TENSOR payload too short: need 305 bytes, got 0"
     );
-    assert_eq!(check_frame(&frame(st, 305), &l), Ok(Command::SetTensor));
-    assert_eq!(check_frame(&frame(st, 1 << 20), &l), Ok(Command::SetTensor));
+    assert_eq!(
+        check_frame(Major::V7, &frame(st, 305), &l),
+        Ok(Command::SetTensor)
+    );
+    assert_eq!(
+        check_frame(Major::V7, &frame(st, 1 << 20), &l),
+        Ok(Command::SetTensor)
+    );
     for got in [(1 << 20) + 1, 1 << 63, u64::MAX] {
         assert_eq!(
-            check_frame(&frame(st, got), &l),
+            check_frame(Major::V7, &frame(st, got), &l),
             Err(DecodeError::TooLarge {
                 what: "SET_TENSOR payload",
                 got,
@@ -118,8 +142,8 @@ fn set_tensor_size_bounds() {
         );
     }
     // Default: 8 GiB.
-    assert!(check_frame(&frame(st, 8 << 30), &Limits::default()).is_ok());
-    assert!(check_frame(&frame(st, (8 << 30) + 1), &Limits::default()).is_err());
+    assert!(check_frame(Major::V7, &frame(st, 8 << 30), &Limits::default()).is_ok());
+    assert!(check_frame(Major::V7, &frame(st, (8 << 30) + 1), &Limits::default()).is_err());
     assert!(matches!(
         SetTensorHeader::decode(&[0u8; 304]),
         Err(DecodeError::TooShort {
@@ -128,7 +152,7 @@ fn set_tensor_size_bounds() {
             ..
         })
     ));
-    assert!(Request::decode(Command::SetTensor, &[0u8; 304], &l).is_err());
+    assert!(Request::decode(Major::V7, Command::SetTensor, &[0u8; 304], &l).is_err());
 }
 
 #[test]
@@ -136,33 +160,39 @@ fn graph_compute_size_bounds() {
     let gc = Command::GraphCompute as u8;
     let l = Limits::default();
     assert!(matches!(
-        check_frame(&frame(gc, 11), &l),
+        check_frame(Major::V7, &frame(gc, 11), &l),
         Err(DecodeError::TooShort {
             need: 12,
             got: 11,
             ..
         })
     ));
-    assert_eq!(check_frame(&frame(gc, 12), &l), Ok(Command::GraphCompute));
+    assert_eq!(
+        check_frame(Major::V7, &frame(gc, 12), &l),
+        Ok(Command::GraphCompute)
+    );
     // Capped by the largest graph the node/tensor limits allow, well under max_request_size.
     let cap = graph_payload_size(1 << 20, 1 << 20).unwrap();
-    assert_eq!(l.max_payload(Command::GraphCompute), cap);
-    assert_eq!(check_frame(&frame(gc, cap), &l), Ok(Command::GraphCompute));
+    assert_eq!(l.max_payload(Major::V7, Command::GraphCompute), cap);
     assert_eq!(
-        check_frame(&frame(gc, cap + 1), &l),
+        check_frame(Major::V7, &frame(gc, cap), &l),
+        Ok(Command::GraphCompute)
+    );
+    assert_eq!(
+        check_frame(Major::V7, &frame(gc, cap + 1), &l),
         Err(DecodeError::TooLarge {
             what: "GRAPH_COMPUTE payload",
             got: cap + 1,
             limit: cap
         })
     );
-    assert!(check_frame(&frame(gc, u64::MAX), &l).is_err());
+    assert!(check_frame(Major::V7, &frame(gc, u64::MAX), &l).is_err());
     let small = Limits {
         max_request_size: 100,
         ..l
     };
-    assert_eq!(small.max_payload(Command::GraphCompute), 100);
-    assert!(check_frame(&frame(gc, 101), &small).is_err());
+    assert_eq!(small.max_payload(Major::V7, Command::GraphCompute), 100);
+    assert!(check_frame(Major::V7, &frame(gc, 101), &small).is_err());
 }
 
 #[test]
@@ -172,13 +202,13 @@ fn truncated_graphs() {
     let g = &fx.graph;
     // Every strict prefix is an error, and none panics.
     for len in 0..g.len() {
-        let err = Graph::decode(&g[..len], &l).unwrap_err();
+        let err = Graph::decode(Major::V7, &g[..len], &l).unwrap_err();
         assert!(
             matches!(err, DecodeError::TooShort { .. }),
             "prefix {len}: {err}"
         );
     }
-    assert!(Graph::decode(g, &l).is_ok());
+    assert!(Graph::decode(Major::V7, g, &l).is_ok());
 }
 
 #[test]
@@ -187,12 +217,12 @@ fn graph_trailing_bytes_rejected() {
     let mut g = fx.graph.clone();
     g.push(0);
     assert_eq!(
-        Graph::decode(&g, &Limits::default()),
+        Graph::decode(Major::V7, &g, &Limits::default()),
         Err(DecodeError::Malformed(
             "trailing bytes after GRAPH_COMPUTE tensors"
         ))
     );
-    assert!(Request::decode(Command::GraphCompute, &g, &Limits::default()).is_err());
+    assert!(Request::decode(Major::V7, Command::GraphCompute, &g, &Limits::default()).is_err());
 }
 
 #[test]
@@ -201,7 +231,7 @@ fn graph_count_overflow() {
     let mut p = graph_head(0, u32::MAX);
     p.extend_from_slice(&[0u8; 16]);
     assert_eq!(
-        Graph::decode(&p, &Limits::default()),
+        Graph::decode(Major::V7, &p, &Limits::default()),
         Err(DecodeError::TooLarge {
             what: "GRAPH_COMPUTE n_nodes",
             got: u32::MAX as u64,
@@ -215,7 +245,7 @@ fn graph_count_overflow() {
         max_graph_tensors: u32::MAX,
     };
     assert!(matches!(
-        Graph::decode(&p, &open),
+        Graph::decode(Major::V7, &p, &open),
         Err(DecodeError::TooShort { .. })
     ));
 
@@ -225,14 +255,14 @@ fn graph_count_overflow() {
     p.extend_from_slice(&u32::MAX.to_le_bytes());
     p.extend_from_slice(&[0u8; 296]);
     assert!(matches!(
-        Graph::decode(&p, &Limits::default()),
+        Graph::decode(Major::V7, &p, &Limits::default()),
         Err(DecodeError::TooLarge {
             what: "GRAPH_COMPUTE n_tensors",
             ..
         })
     ));
     assert!(matches!(
-        Graph::decode(&p, &open),
+        Graph::decode(Major::V7, &p, &open),
         Err(DecodeError::TooShort { .. })
     ));
 
@@ -240,7 +270,7 @@ fn graph_count_overflow() {
     let mut p = graph_head(0, 0x2000_0000);
     p.extend_from_slice(&0u32.to_le_bytes());
     assert!(matches!(
-        Graph::decode(&p, &open),
+        Graph::decode(Major::V7, &p, &open),
         Err(DecodeError::TooShort { .. })
     ));
 }
@@ -254,12 +284,12 @@ fn graph_limits_are_inclusive() {
     };
     let t = RpcTensor::new(1, 0);
     let mut ok = Vec::new();
-    encode_graph(0, &[1, 1], &[t], &mut ok);
-    assert!(Graph::decode(&ok, &l).is_ok());
+    encode_graph(0, None, &[1, 1], &[t], &mut ok);
+    assert!(Graph::decode(Major::V7, &ok, &l).is_ok());
     let mut too_many_nodes = Vec::new();
-    encode_graph(0, &[1, 1, 1], &[t], &mut too_many_nodes);
+    encode_graph(0, None, &[1, 1, 1], &[t], &mut too_many_nodes);
     assert!(matches!(
-        Graph::decode(&too_many_nodes, &l),
+        Graph::decode(Major::V7, &too_many_nodes, &l),
         Err(DecodeError::TooLarge {
             got: 3,
             limit: 2,
@@ -267,9 +297,9 @@ fn graph_limits_are_inclusive() {
         })
     ));
     let mut too_many_tensors = Vec::new();
-    encode_graph(0, &[1], &[t, t], &mut too_many_tensors);
+    encode_graph(0, None, &[1], &[t, t], &mut too_many_tensors);
     assert!(matches!(
-        Graph::decode(&too_many_tensors, &l),
+        Graph::decode(Major::V7, &too_many_tensors, &l),
         Err(DecodeError::TooLarge {
             got: 2,
             limit: 1,
@@ -282,7 +312,7 @@ fn graph_limits_are_inclusive() {
 fn bad_responses() {
     for cmd in Command::ALL
         .into_iter()
-        .filter(|c| c.has_response() && *c != Command::GetTensor)
+        .filter(|c| c.has_response() && !matches!(c, Command::GetTensor | Command::GetTensor2d))
     {
         let n = Response::fixed_size(cmd).unwrap() as usize;
         for len in [0, n.saturating_sub(1), n + 1] {
@@ -315,7 +345,7 @@ fn bad_responses() {
     );
     assert_eq!(
         DecodeError::NoResponse(Command::FreeBuffer).to_string(),
-        "FREE_BUFFER has no response in protocol 7.x"
+        "FREE_BUFFER has no response"
     );
 }
 

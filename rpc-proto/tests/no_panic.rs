@@ -26,16 +26,24 @@ fn limit_sets() -> [Limits; 3] {
 /// Returns whether `bytes` decoded as a complete request frame.
 fn exercise(bytes: &[u8], limits: &Limits) -> bool {
     let mut frame_ok = false;
+    for major in Major::ALL {
+        frame_ok |= exercise_major(major, bytes, limits);
+    }
+    frame_ok
+}
+
+fn exercise_major(major: Major, bytes: &[u8], limits: &Limits) -> bool {
+    let mut frame_ok = false;
     // As a whole frame.
     if let Some((head, payload)) = bytes.split_first_chunk::<FRAME_HEADER_SIZE>() {
         let h = FrameHeader::decode(head);
         assert_eq!(&h.encode(), head);
-        if let Ok(cmd) = check_frame(&h, limits) {
+        if let Ok(cmd) = check_frame(major, &h, limits) {
             let n = usize::try_from(h.size)
                 .unwrap_or(usize::MAX)
                 .min(payload.len());
             if let Some(p) = payload.get(..n) {
-                if let Ok(req) = Request::decode(cmd, p, limits) {
+                if let Ok(req) = Request::decode(major, cmd, p, limits) {
                     // check_frame accepted h.size and decode accepted p.len(): for fixed
                     // sizes they are equal.
                     let mut again = Vec::new();
@@ -48,7 +56,7 @@ fn exercise(bytes: &[u8], limits: &Limits) -> bool {
     }
     // As a payload of every command.
     for cmd in Command::ALL {
-        if let Ok(req) = Request::decode(cmd, bytes, limits) {
+        if let Ok(req) = Request::decode(major, cmd, bytes, limits) {
             assert_eq!(req.command(), cmd);
             let mut again = Vec::new();
             req.encode_payload(&mut again);
@@ -60,7 +68,7 @@ fn exercise(bytes: &[u8], limits: &Limits) -> bool {
             assert_eq!(Response::decode(cmd, &again).as_ref(), Ok(&rsp));
         }
     }
-    if let Ok(g) = Graph::decode(bytes, limits) {
+    if let Ok(g) = Graph::decode(major, bytes, limits) {
         let mut again = Vec::new();
         g.encode(&mut again);
         assert_eq!(again, bytes);
@@ -118,7 +126,7 @@ fn mutate(rng: &mut Rng, v: &mut Vec<u8>) {
                 let s = sizes[rng.below(sizes.len())];
                 v[1..9].copy_from_slice(&s.to_le_bytes());
             }
-            5 if !v.is_empty() => v[0] = rng.below(20) as u8,
+            5 if !v.is_empty() => v[0] = rng.below(25) as u8,
             _ => {}
         }
     }
@@ -128,8 +136,9 @@ fn mutate(rng: &mut Rng, v: &mut Vec<u8>) {
 fn mutated_frames_never_panic() {
     let fx = Fixture::new();
     let seeds: Vec<Vec<u8>> = fx
-        .requests()
+        .requests(Major::V8)
         .iter()
+        .chain(fx.requests(Major::V7).iter())
         .map(|r| {
             let mut v = Vec::new();
             r.encode(&mut v);
@@ -163,9 +172,11 @@ fn every_frame_header_checks_without_panic() {
             };
             for l in &limit_sets() {
                 let h = FrameHeader { cmd, size };
-                if let Ok(c) = check_frame(&h, l) {
-                    assert_eq!(c as u8, cmd);
-                    assert!(size <= l.max_payload(c));
+                for major in Major::ALL {
+                    if let Ok(c) = check_frame(major, &h, l) {
+                        assert_eq!(c as u8, cmd);
+                        assert!(size <= l.max_payload(major, c));
+                    }
                 }
             }
         }

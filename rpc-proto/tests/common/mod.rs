@@ -42,22 +42,28 @@ pub fn busy_tensor(id: u64) -> RpcTensor {
 /// Owns the variable-size parts of the sample requests.
 pub struct Fixture {
     pub data: Vec<u8>,
+    /// A 7.0.0 GRAPH_COMPUTE payload.
     pub graph: Vec<u8>,
+    /// The same graph in 8.0.0's layout (uid 21).
+    pub graph8: Vec<u8>,
 }
 
 impl Fixture {
     pub fn new() -> Self {
         let tensors: Vec<RpcTensor> = (1..=3).map(busy_tensor).collect();
         let mut graph = Vec::new();
-        encode_graph(1, &[3, 2], &tensors, &mut graph);
+        encode_graph(1, None, &[3, 2], &tensors, &mut graph);
+        let mut graph8 = Vec::new();
+        encode_graph(1, Some(21), &[3, 2], &tensors, &mut graph8);
         Fixture {
             data: (0..=255u8).cycle().take(1000).collect(),
             graph,
+            graph8,
         }
     }
 
-    /// One request per command (several for some), in command order.
-    pub fn requests(&self) -> Vec<Request<'_>> {
+    /// One request per command of `major` (several for some), in command order.
+    pub fn requests(&self, major: Major) -> Vec<Request<'_>> {
         let t = busy_tensor(10);
         let mut srcs = Box::new([RpcTensor::default(); GGML_MAX_SRC]);
         for (i, s) in srcs.iter_mut().enumerate().take(3) {
@@ -106,9 +112,20 @@ impl Fixture {
                 src: t,
                 dst: busy_tensor(11),
             },
-            Request::GraphCompute(Graph::decode(&self.graph, &Limits::default()).unwrap()),
+            Request::GraphCompute(
+                Graph::decode(
+                    major,
+                    match major {
+                        Major::V7 => &self.graph,
+                        Major::V8 => &self.graph8,
+                    },
+                    &Limits::default(),
+                )
+                .unwrap(),
+            ),
             Request::GraphCompute(Graph {
                 device: 0,
+                uid: (major == Major::V8).then_some(0),
                 node_ids: &[],
                 tensors: &[],
             }),
@@ -124,13 +141,59 @@ impl Fixture {
                 caps: core::array::from_fn(|i| i as u8 + 1),
             },
             Request::DeviceCount,
-            Request::GraphRecompute { device: 0 },
+            Request::GraphRecompute {
+                device: 0,
+                uid: (major == Major::V8).then_some(u64::MAX - 1),
+            },
             Request::MemsetTensor {
                 tensor: t,
                 offset: 4,
                 size: 100,
                 value: 0xff,
             },
+        ]
+        .into_iter()
+        .chain(if major == Major::V8 {
+            self.requests_v8_only(t)
+        } else {
+            Vec::new()
+        })
+        .collect()
+    }
+
+    fn requests_v8_only(&self, t: RpcTensor) -> Vec<Request<'_>> {
+        vec![
+            Request::SetTensor2d {
+                tensor: t,
+                region: Region2d {
+                    offset: 8,
+                    size: 100,
+                    n_copies: 10,
+                    stride: 128,
+                },
+                data: &self.data,
+            },
+            Request::GetTensor2d {
+                tensor: t,
+                region: Region2d {
+                    offset: 0,
+                    size: 672,
+                    n_copies: 53,
+                    stride: 672,
+                },
+            },
+            Request::CommInit(CommInit {
+                device: 0,
+                rank: 1,
+                world: 2,
+                port: 52111,
+                host: CommInit::host_field("127.0.0.1").unwrap(),
+            }),
+            Request::CommAllreduce {
+                device: 0,
+                tensor: t,
+            },
+            Request::CommFree { device: 3 },
         ]
     }
 }
@@ -161,7 +224,11 @@ pub fn responses() -> Vec<Response> {
             total: 2 << 30,
         },
         Response::GetAllocSize { alloc_size: 16 },
-        Response::hello([0; 24]),
+        Response::hello(Major::V7, [0; 24]),
+        Response::hello(Major::V8, [0; 24]),
+        Response::GetTensor2d(vec![1, 2, 3, 4]),
+        Response::CommInit { ok: 1 },
+        Response::CommInit { ok: 0 },
         Response::Hello {
             major: 7,
             minor: 0,
