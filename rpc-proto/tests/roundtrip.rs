@@ -68,10 +68,9 @@ fn every_response_round_trips() {
         let size = u64::from_le_bytes(*prefix);
         assert_eq!(size, payload.len() as u64);
         assert_eq!(size, rsp.payload_len());
-        let requested = if let Response::GetTensor(d) = rsp {
-            d.len() as u64
-        } else {
-            0
+        let requested = match rsp {
+            Response::GetTensor(d) | Response::GetTensor2d(d) => d.len() as u64,
+            _ => 0,
         };
         Response::check_size(cmd, size, requested).unwrap();
         if let Some(n) = Response::fixed_size(cmd) {
