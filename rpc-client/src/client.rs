@@ -1,10 +1,12 @@
-//! The async connection over any transport: one method per protocol 7.0.0 command.
+//! The async connection over any transport: one method per command of protocol 8.0.0 and 7.0.0
+//! (the server's HELLO reply says which the connection speaks).
 
 use std::net::SocketAddr;
 
 use rpc_proto::{
-    encode_graph, graph_payload_size, Command, FrameHeader, Parts, Request, Response, RpcTensor,
-    SetTensorHeader, CONN_CAPS_SIZE, GGML_MAX_SRC, RESPONSE_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
+    encode_graph, graph_payload_size, CommInit, Command, FrameHeader, Major, Parts, Region2d,
+    Request, Response, RpcTensor, SetTensorHeader, CONN_CAPS_SIZE, GGML_MAX_SRC,
+    RESPONSE_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
 };
 use rpc_transport::{TcpTransport, Transport};
 use tokio::io::AsyncWriteExt;
@@ -33,7 +35,8 @@ pub struct DeviceMemory {
     pub total: u64,
 }
 
-/// A connection to a ggml RPC server speaking protocol 7.0.0, over any [`Transport`]: TCP
+/// A connection to a ggml RPC server speaking protocol 8.0.0 or 7.0.0 (whichever its HELLO reply
+/// announces: the request is the same in both), over any [`Transport`]: TCP
 /// ([`TcpTransport`], the default, [`Client::connect`]) or whatever [`crate::negotiate_client`]
 /// negotiated in HELLO (RDMA in upstream's flavors or the lean framing, else TCP).
 ///
@@ -51,9 +54,14 @@ pub struct DeviceMemory {
 pub struct Client<T: Transport = TcpTransport> {
     t: T,
     version: Option<(u8, u8, u8)>,
+    major: Option<Major>,
     caps: [u8; CONN_CAPS_SIZE],
     scratch: Vec<u8>,
 }
+
+/// The uid [`Client::graph_compute`] stores its graph under on an 8.0 server, so that
+/// [`Client::graph_recompute`] keeps 7.0's meaning (the device's last graph) on both majors.
+pub const LAST_GRAPH_UID: u64 = 1;
 
 impl<T: Transport> std::fmt::Debug for Client<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -66,7 +74,7 @@ impl<T: Transport> std::fmt::Debug for Client<T> {
 
 impl Client<TcpTransport> {
     /// Connects (with `TCP_NODELAY`) and performs the HELLO handshake: sends 24 zero
-    /// capability bytes and accepts a server announcing `7.x` with `x <= 0`
+    /// capability bytes and accepts a server announcing `8.0.x` or `7.0.x`
     /// (else [`ClientError::VersionMismatch`]).
     pub async fn connect(addr: impl ToSocketAddrs) -> Result<Client> {
         let mut c = Self::connect_raw(addr).await?;
@@ -106,6 +114,7 @@ impl<T: Transport> Client<T> {
         Client {
             t,
             version: None,
+            major: None,
             caps: [0; CONN_CAPS_SIZE],
             scratch: Vec::with_capacity(4096),
         }
@@ -131,6 +140,7 @@ impl<T: Transport> Client<T> {
         Client {
             t: f(self.t),
             version: self.version,
+            major: self.major,
             caps: self.caps,
             scratch: self.scratch,
         }
@@ -144,6 +154,7 @@ impl<T: Transport> Client<T> {
         Ok(Client {
             t: f(self.t)?,
             version: self.version,
+            major: self.major,
             caps: self.caps,
             scratch: self.scratch,
         })
@@ -169,14 +180,15 @@ impl<T: Transport> Client<T> {
         else {
             return Err(unexpected(&rsp));
         };
-        if !rpc_proto::version_compatible(major, minor) {
+        let Some(m) = Major::from_number(major).filter(|m| m.accepts(major, minor)) else {
             return Err(ClientError::VersionMismatch {
                 major,
                 minor,
                 patch,
             });
-        }
+        };
         self.version = Some((major, minor, patch));
+        self.major = Some(m);
         self.caps = caps;
         Ok((major, minor, patch))
     }
@@ -184,6 +196,24 @@ impl<T: Transport> Client<T> {
     /// The server's protocol version from HELLO (`None` before the handshake).
     pub fn server_version(&self) -> Option<(u8, u8, u8)> {
         self.version
+    }
+
+    /// The protocol major this connection speaks: the server's, from HELLO; before the handshake
+    /// (raw tests) the current one, [`Major::CURRENT`].
+    pub fn major(&self) -> Major {
+        self.major.unwrap_or(Major::CURRENT)
+    }
+
+    /// Sets the major without a HELLO (tests that send raw frames after a handshake of their own).
+    pub fn assume_major(&mut self, major: Major) {
+        self.major = Some(major);
+    }
+
+    fn needs_v8(&self, what: &'static str) -> Result<()> {
+        match self.major() {
+            Major::V8 => Ok(()),
+            Major::V7 => Err(ClientError::InvalidArgument(what)),
+        }
     }
 
     /// The server's transport capabilities from HELLO (all zero for a TCP-only server).
@@ -404,11 +434,36 @@ impl<T: Transport> Client<T> {
         Ok(())
     }
 
-    /// GRAPH_COMPUTE (10): builds and runs a graph on `device`. `node_ids` are the nodes in
-    /// execution order; `tensors` must contain every tensor they reach, sources first.
+    /// GRAPH_COMPUTE (10): builds and runs a graph on `device` and has the server keep it as the
+    /// device's last graph (8.0: under [`LAST_GRAPH_UID`]). `node_ids` are the nodes in execution
+    /// order; `tensors` must contain every tensor they reach, sources first.
     pub async fn graph_compute(
         &mut self,
         device: u32,
+        node_ids: &[u64],
+        tensors: &[RpcTensor],
+    ) -> Result<()> {
+        let uid = (self.major() == Major::V8).then_some(LAST_GRAPH_UID);
+        self.send_graph(device, uid, node_ids, tensors).await
+    }
+
+    /// GRAPH_COMPUTE (10) with an 8.0 graph uid: the server stores the graph under `uid` (0: runs
+    /// it without storing it; at 1024 stored graphs a new uid clears them all first).
+    pub async fn graph_compute_uid(
+        &mut self,
+        device: u32,
+        uid: u64,
+        node_ids: &[u64],
+        tensors: &[RpcTensor],
+    ) -> Result<()> {
+        self.needs_v8("graph uids need protocol 8")?;
+        self.send_graph(device, Some(uid), node_ids, tensors).await
+    }
+
+    async fn send_graph(
+        &mut self,
+        device: u32,
+        uid: Option<u64>,
         node_ids: &[u64],
         tensors: &[RpcTensor],
     ) -> Result<()> {
@@ -416,20 +471,108 @@ impl<T: Transport> Client<T> {
             .filter(|_| {
                 u32::try_from(node_ids.len()).is_ok() && u32::try_from(tensors.len()).is_ok()
             })
+            .and_then(|n| n.checked_add(if uid.is_some() { 8 } else { 0 }))
             .ok_or(ClientError::InvalidArgument("graph too large"))?;
         self.scratch.clear();
         self.scratch
             .extend_from_slice(&FrameHeader::new(Command::GraphCompute, size).encode());
-        encode_graph(device, node_ids, tensors, &mut self.scratch);
+        encode_graph(device, uid, node_ids, tensors, &mut self.scratch);
         self.t
             .send_message(Parts::of_frame(&self.scratch).as_slice())
             .await?;
         Ok(())
     }
 
-    /// GRAPH_RECOMPUTE (16): re-runs the graph stored by the last GRAPH_COMPUTE on `device`.
+    /// GRAPH_RECOMPUTE (16): re-runs the device's last graph stored by
+    /// [`Client::graph_compute`].
     pub async fn graph_recompute(&mut self, device: u32) -> Result<()> {
-        self.send(&Request::GraphRecompute { device }).await
+        let uid = (self.major() == Major::V8).then_some(LAST_GRAPH_UID);
+        self.send(&Request::GraphRecompute { device, uid }).await
+    }
+
+    /// GRAPH_RECOMPUTE (16) of the graph an 8.0 server stored under `uid` (a server without it
+    /// closes the connection).
+    pub async fn graph_recompute_uid(&mut self, device: u32, uid: u64) -> Result<()> {
+        self.needs_v8("graph uids need protocol 8")?;
+        self.send(&Request::GraphRecompute {
+            device,
+            uid: Some(uid),
+        })
+        .await
+    }
+
+    /// SET_TENSOR_2D (18, 8.0): writes `data` (`region.size · region.n_copies` bytes) as
+    /// `n_copies` chunks at tensor offsets `offset + i·stride`.
+    pub async fn set_tensor_2d(
+        &mut self,
+        tensor: &RpcTensor,
+        region: Region2d,
+        data: &[u8],
+    ) -> Result<()> {
+        self.needs_v8("SET_TENSOR_2D needs protocol 8")?;
+        if region.wire_len() != Some(data.len() as u64) {
+            return Err(ClientError::InvalidArgument(
+                "SET_TENSOR_2D data must be size × n_copies bytes",
+            ));
+        }
+        self.send(&Request::SetTensor2d {
+            tensor: *tensor,
+            region,
+            data,
+        })
+        .await
+    }
+
+    /// GET_TENSOR_2D (19, 8.0): reads `n_copies` chunks of `size` bytes from tensor offsets
+    /// `offset + i·stride`, packed.
+    pub async fn get_tensor_2d(&mut self, tensor: &RpcTensor, region: Region2d) -> Result<Vec<u8>> {
+        self.needs_v8("GET_TENSOR_2D needs protocol 8")?;
+        let len = region
+            .wire_len()
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or(ClientError::InvalidArgument(
+                "GET_TENSOR_2D size does not fit in memory",
+            ))?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(len).map_err(|_| {
+            ClientError::InvalidArgument("GET_TENSOR_2D size does not fit in memory")
+        })?;
+        out.resize(len, 0);
+        self.send(&Request::GetTensor2d {
+            tensor: *tensor,
+            region,
+        })
+        .await?;
+        self.read_header(Command::GetTensor2d, len as u64).await?;
+        self.t.read_exact(&mut out).await?;
+        Ok(out)
+    }
+
+    /// COMM_INIT (20, 8.0): asks the server to join the pairwise communicator of `device` as
+    /// `rank` of `world` (rank 0 listens on `port`, rank 1 dials `host:port`). `true` when it
+    /// joined; `false` means the client must reduce through itself.
+    pub async fn comm_init(&mut self, init: CommInit) -> Result<bool> {
+        self.needs_v8("COMM_INIT needs protocol 8")?;
+        match self.call(&Request::CommInit(init)).await? {
+            Response::CommInit { ok } => Ok(ok != 0),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// COMM_ALLREDUCE (21, 8.0): `tensor += the peer's tensor`, summed between the servers.
+    pub async fn comm_allreduce(&mut self, device: u32, tensor: &RpcTensor) -> Result<()> {
+        self.needs_v8("COMM_ALLREDUCE needs protocol 8")?;
+        self.send(&Request::CommAllreduce {
+            device,
+            tensor: *tensor,
+        })
+        .await
+    }
+
+    /// COMM_FREE (22, 8.0): leaves the communicator of `device`.
+    pub async fn comm_free(&mut self, device: u32) -> Result<()> {
+        self.needs_v8("COMM_FREE needs protocol 8")?;
+        self.send(&Request::CommFree { device }).await
     }
 
     /// INIT_TENSOR (12): lets the server's backend initialise `tensor` in its buffer.
@@ -484,7 +627,7 @@ impl<T: Transport> Client<T> {
     pub async fn round_trip(&mut self, frame: &[u8]) -> Result<Vec<u8>> {
         let cmd = frame
             .first()
-            .and_then(|&b| Command::from_u8(b))
+            .and_then(|&b| self.major().command(b))
             .ok_or(ClientError::InvalidArgument("not a request frame"))?;
         self.t
             .send_message(Parts::of_frame(frame).as_slice())

@@ -21,8 +21,8 @@ pub enum ClientError {
     #[error("bad response: {0}")]
     BadResponse(String),
     /// The server's HELLO reply announces a protocol version this client does not speak
-    /// (it accepts `7.x` with `x <= 0`, like the stock client).
-    #[error("server speaks protocol {major}.{minor}.{patch}, this client needs 7.0.x")]
+    /// (it accepts `8.0.x` and `7.0.x`).
+    #[error("server speaks protocol {major}.{minor}.{patch}, this client speaks 8.0.x and 7.0.x")]
     VersionMismatch {
         /// Server protocol major version.
         major: u8,

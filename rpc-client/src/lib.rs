@@ -1,5 +1,6 @@
-//! Async client (tokio) for the ggml RPC protocol **7.0.0**, the protocol of llama.cpp's
-//! `ggml-rpc-server` and of this workspace's `rpc-server`.
+//! Async client (tokio) for the ggml RPC protocol, **8.0.0** and **7.0.0** (whichever the server
+//! announces in HELLO), the protocol of llama.cpp's `ggml-rpc-server` and of this workspace's
+//! `rpc-server`.
 //!
 //! [`Client`] has one method per command over any `rpc_transport::Transport` and shares the wire
 //! codec with the server (`rpc-proto`): over TCP with [`Client::connect`], or over whatever
@@ -37,12 +38,12 @@ mod error;
 mod negotiate;
 mod tensor;
 
-pub use client::{Client, DeviceMemory, RemoteBuffer, Result};
+pub use client::{Client, DeviceMemory, RemoteBuffer, Result, LAST_GRAPH_UID};
 pub use error::ClientError;
 pub use negotiate::{negotiate_client, Negotiated};
 pub use tensor::{contiguous_nb, nbytes, ops, type_traits, types, TensorBuilder};
 
 pub use rpc_proto::{
-    fnv1a64, Command, RpcTensor, TENSOR_FLAG_COMPUTE, TENSOR_FLAG_INPUT, TENSOR_FLAG_LOSS,
-    TENSOR_FLAG_OUTPUT, TENSOR_FLAG_PARAM,
+    fnv1a64, CommInit, Command, Major, Region2d, RpcTensor, TENSOR_FLAG_COMPUTE, TENSOR_FLAG_INPUT,
+    TENSOR_FLAG_LOSS, TENSOR_FLAG_OUTPUT, TENSOR_FLAG_PARAM,
 };
