@@ -198,11 +198,14 @@ fn real_main() -> anyhow::Result<()> {
         } else {
             opts.rdma.clone()
         };
+        let major = rpc_proto::Major::from_number(args.session_major)
+            .context("--session-major: 7 or 8")?;
         std::process::exit(crate::isolate::child_main(crate::isolate::Child {
             caps,
             pending,
             peer: args.session_peer.clone().unwrap_or_default(),
             config,
+            major,
             limits: opts.limits,
             rdma,
             conn,
@@ -216,10 +219,8 @@ fn real_main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let listener = server::bind(&args.host, args.port)
-            .await
-            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-        let local = listener.local_addr()?;
+        let listeners = bind_listeners(&args).await?;
+        let local = listeners[0].socket.local_addr()?;
         let metrics = match &args.metrics {
             Some(spec) => {
                 let (host, port) = spec
@@ -244,13 +245,21 @@ fn real_main() -> anyhow::Result<()> {
             eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
         }
         println!(
-            "Starting RPC server v{}.{}.{} (rpc-server {})",
-            rpc_proto::PROTO_MAJOR,
-            rpc_proto::PROTO_MINOR,
-            rpc_proto::PROTO_PATCH,
+            "Starting RPC server v{} (rpc-server {})",
+            listeners[0].major,
             env!("CARGO_PKG_VERSION")
         );
-        println!("  endpoint       : {local}");
+        for l in &listeners {
+            println!(
+                "  endpoint       : {} (protocol {}: {})",
+                l.socket.local_addr()?,
+                l.major,
+                match l.major {
+                    rpc_proto::Major::V8 => "llama.cpp since October 2026",
+                    rpc_proto::Major::V7 => "llama.cpp before October 2026",
+                }
+            );
+        }
         match &config.cache {
             Some(c) => match c.max_size() {
                 Some(m) => println!(
@@ -329,9 +338,35 @@ fn real_main() -> anyhow::Result<()> {
             });
             tokio::spawn(crate::metrics::serve(m, src));
         }
-        server::serve(listener, config, opts, stats, shutdown_signal()).await;
+        server::serve(listeners, config, opts, stats, shutdown_signal()).await;
         Ok(())
     })
+}
+
+/// The listening sockets: `-p` speaks 8.0.0 (current upstream), `--proto7-port` 7.0.0.
+async fn bind_listeners(args: &Args) -> anyhow::Result<Vec<server::Listener>> {
+    use rpc_proto::Major;
+    let mut ports = vec![(args.port, Major::V8)];
+    if let Some(p7) = args.proto7_port {
+        if p7 == args.port {
+            bail!("--proto7-port {p7} is the same as -p: each port speaks one protocol major");
+        }
+        if Some(p7) == args.port.checked_add(rpc_proto::COMM_PORT_OFFSET) {
+            bail!(
+                "--proto7-port {p7} is -p + {}: an 8.0 client's tensor split makes rank 0 listen there",
+                rpc_proto::COMM_PORT_OFFSET
+            );
+        }
+        ports.push((p7, Major::V7));
+    }
+    let mut out = Vec::new();
+    for (port, major) in ports {
+        let socket = server::bind(&args.host, port)
+            .await
+            .with_context(|| format!("cannot listen on {}:{port}", args.host))?;
+        out.push(server::Listener::new(socket, major));
+    }
+    Ok(out)
 }
 
 /// The listener's settings from the flags (also what a session process configures itself from).

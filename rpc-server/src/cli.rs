@@ -49,8 +49,8 @@ fn parse_threads(s: &str) -> Result<usize, String> {
     }
 }
 
-/// A ggml RPC server (protocol 7.0.0): lets llama.cpp offload layers to this machine with
-/// `--rpc host:port`. Drop-in replacement for llama.cpp's `ggml-rpc-server`.
+/// A ggml RPC server (protocol 8.0.0, and 7.0.0 on a second port): lets llama.cpp offload layers
+/// to this machine with `--rpc host:port`. Drop-in replacement for llama.cpp's `ggml-rpc-server`.
 #[derive(Debug, Parser)]
 #[command(name = "rpc-server", version, about, long_about = None, args_conflicts_with_subcommands = true)]
 pub struct Args {
@@ -61,9 +61,17 @@ pub struct Args {
     #[arg(short = 'H', long, default_value = "127.0.0.1")]
     pub host: String,
 
-    /// Port to bind to.
+    /// Port to bind to. It speaks protocol 8.0.0, what llama.cpp built since October 2026 speaks
+    /// (see --proto7-port for older builds).
     #[arg(short, long, default_value_t = 50052, value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
+
+    /// Also serve protocol 7.0.0 (llama.cpp built before October 2026) on this port, same host,
+    /// same process and memory. A client of the other major aborts at its first connection with
+    /// "RPC server version mismatch": point it at the port of its major. Must differ from -p and
+    /// from -p + 1000 (an 8.0 client's tensor split makes rank 0 listen there).
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub proto7_port: Option<u16>,
 
     /// Devices to use, comma- or slash-separated (e.g. `CUDA0,CUDA1`); see --list-devices.
     /// Default: every GPU device, else the CPU.
@@ -163,6 +171,10 @@ pub struct Args {
     /// (internal) The front has no RDMA place for this session: stay on TCP.
     #[arg(long, hide = true, requires = "session_child")]
     pub session_tcp_only: bool,
+
+    /// Internal: the protocol major of the session process's connection (7 or 8).
+    #[arg(long, hide = true, requires = "session_child", default_value_t = 8)]
+    pub session_major: u8,
 
     /// Largest request accepted (bytes, or with a K/M/G/T suffix).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16G")]

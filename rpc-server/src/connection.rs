@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_proto::{
-    check_frame, Command, DecodeError, FrameHeader, Limits, Request, Response, SetTensorHeader,
+    check_frame, Command, DecodeError, FrameHeader, Limits, Major, Request, Response,
+    SetTensorHeader,
 };
 use rpc_transport::rdma::negotiate::{lean_name, READY};
 use rpc_transport::rdma::{Flavor, RdmaTransport};
@@ -190,6 +191,7 @@ async fn read_body<R: Transport>(
 async fn read_hello<R: Transport>(
     rd: &mut R,
     within: Duration,
+    major: Major,
     limits: &Limits,
 ) -> Result<Option<[u8; rpc_proto::CONN_CAPS_SIZE]>, ConnectionError> {
     let deadline = Instant::now() + within;
@@ -207,7 +209,7 @@ async fn read_hello<R: Transport>(
     if h.cmd != Command::Hello as u8 {
         return Err(ConnectionError::ExpectedHello(h.cmd));
     }
-    check_frame(&h, limits)?;
+    check_frame(major, &h, limits)?;
     let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
     if !read_exact_by(rd, &mut caps, Some(deadline)).await? {
         return Err(no_hello());
@@ -220,6 +222,8 @@ async fn read_hello<R: Transport>(
 #[derive(Clone)]
 pub struct ConnectionContext {
     pub config: Arc<SessionConfig>,
+    /// The protocol major of the listener this connection came in on.
+    pub major: Major,
     pub limits: Limits,
     pub stats: Arc<Stats>,
     pub rdma: Arc<RdmaConfig>,
@@ -248,7 +252,7 @@ pub async fn serve(
     let hello = conn
         .idle_timeout
         .map_or(conn.hello_timeout, |t| t.min(conn.hello_timeout));
-    let Some(caps) = read_hello(&mut tcp, hello, &ctx.limits).await? else {
+    let Some(caps) = read_hello(&mut tcp, hello, ctx.major, &ctx.limits).await? else {
         return Ok(());
     };
     let mut stop = ctx.shutdown.clone();
@@ -263,8 +267,8 @@ pub async fn serve(
         // that process's to set up, in the HELLO reply).
         let mut pending = None;
         if !crate::isolate::offers_rdma(&ctx.rdma, &caps) {
-            send_hello(&mut tcp, [0; rpc_proto::CONN_CAPS_SIZE], &ctx.stats).await?;
-            let front = Session::with_budget(ctx.config.clone(), conn.budget.clone());
+            send_hello(&mut tcp, ctx.major, [0; rpc_proto::CONN_CAPS_SIZE], &ctx.stats).await?;
+            let front = Session::new(ctx.config.clone(), ctx.major, conn.budget.clone());
             match serve_queries(&mut tcp, front, &ctx, Deadlines::of(conn)).await? {
                 Some(h) => pending = Some(h.encode()),
                 None => return Ok(()),
@@ -290,6 +294,7 @@ pub async fn serve_hello<F: FnOnce()>(
 ) -> Result<(), ConnectionError> {
     let ConnectionContext {
         config,
+        major,
         limits,
         stats,
         rdma,
@@ -299,9 +304,9 @@ pub async fn serve_hello<F: FnOnce()>(
     let deadlines = Deadlines::of(&conn);
     // Blocking (queue-pair setup): fine, this thread serves only this connection.
     let (reply_caps, activated) = crate::rdma::negotiate(&rdma, local_ip, &caps);
-    send_hello(&mut tcp, reply_caps, &stats).await?;
+    send_hello(&mut tcp, major, reply_caps, &stats).await?;
     ready();
-    let session = Session::with_budget(config, conn.budget.clone());
+    let session = Session::new(config, major, conn.budget.clone());
     let Some(activated) = activated else {
         return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
     };
@@ -359,20 +364,15 @@ pub async fn serve_hello<F: FnOnce()>(
     }
 }
 
-/// Sends the HELLO reply with `caps` (all zero: TCP), counted.
+/// Sends the HELLO reply of a `major` listener with `caps` (all zero: TCP), counted.
 async fn send_hello(
     tcp: &mut BlockingTcpTransport,
+    major: Major,
     caps: [u8; rpc_proto::CONN_CAPS_SIZE],
     stats: &Stats,
 ) -> Result<(), ConnectionError> {
     let mut out = Vec::with_capacity(64);
-    Response::Hello {
-        major: rpc_proto::PROTO_MAJOR,
-        minor: rpc_proto::PROTO_MINOR,
-        patch: rpc_proto::PROTO_PATCH,
-        caps,
-    }
-    .encode(&mut out);
+    Response::hello(major, caps).encode(&mut out);
     stats.command(
         tcp.name(),
         Command::Hello,
@@ -412,12 +412,12 @@ async fn serve_queries(
         let Some(h) = next_header(tcp, idle, deadlines.stall, &mut shutdown).await? else {
             return Ok(None);
         };
-        let cmd = check_frame(&h, limits)?;
+        let cmd = check_frame(ctx.major, &h, limits)?;
         if !front_answers(cmd, h.size) {
             return Ok(Some(h));
         }
         read_payload(tcp, &mut payload, h.size, deadlines.stall).await?;
-        let req = Request::decode(cmd, &payload, limits)?;
+        let req = Request::decode(ctx.major, cmd, &payload, limits)?;
         let reply = answer(&mut session, cmd, req)?;
         let sent = reply.as_ref().map_or(0, |r| encode_response(r, &mut out));
         stats.command(tcp.name(), cmd, h.size, sent);
@@ -435,7 +435,7 @@ pub async fn serve_commands<F: FnOnce()>(
     ready: F,
 ) -> Result<(), ConnectionError> {
     ready();
-    let session = Session::with_budget(ctx.config, ctx.conn.budget.clone());
+    let session = Session::new(ctx.config, ctx.major, ctx.conn.budget.clone());
     let deadlines = Deadlines::of(&ctx.conn);
     run(
         &mut tcp,
@@ -566,7 +566,8 @@ pub async fn run<T: Transport>(
         let Some(h) = next_header(rd, idle, deadlines.stall, &mut shutdown).await? else {
             break;
         };
-        let cmd = check_frame(&h, &limits)?;
+        let major = session.major();
+        let cmd = check_frame(major, &h, &limits)?;
         // A token's server-side time starts with its GRAPH_RECOMPUTE's header (read just now).
         let arrived = (cmd == Command::GraphRecompute).then(Instant::now);
         if cmd == Command::SetTensor && h.size >= STREAM_MIN {
@@ -586,7 +587,7 @@ pub async fn run<T: Transport>(
             false => None,
         };
         read_payload(rd, &mut payload, h.size, deadlines.stall).await?;
-        let req = Request::decode(cmd, &payload, &limits)?;
+        let req = Request::decode(major, cmd, &payload, &limits)?;
         // GET_TENSOR from host memory: send straight from the tensor (one copy to the wire).
         if let Request::GetTensor {
             tensor,

@@ -155,7 +155,9 @@ pub async fn hand_off(
         .arg("--session-child")
         .arg(hex(caps))
         .arg("--session-peer")
-        .arg(peer.to_string());
+        .arg(peer.to_string())
+        .arg("--session-major")
+        .arg(ctx.major.number().to_string());
     if rdma_place.is_none() {
         cmd.arg("--session-tcp-only");
     }
@@ -333,6 +335,8 @@ pub struct Child {
     pub pending: Option<[u8; rpc_proto::FRAME_HEADER_SIZE]>,
     pub peer: String,
     pub config: Arc<SessionConfig>,
+    /// The protocol major of the listener the client came in on (`--session-major`).
+    pub major: rpc_proto::Major,
     pub limits: Limits,
     pub rdma: Arc<RdmaConfig>,
     pub conn: ConnectionOptions,
@@ -569,6 +573,7 @@ pub fn child_main(c: Child) -> i32 {
     let sandbox = c.sandbox;
     let ctx = ConnectionContext {
         config: c.config.clone(),
+        major: c.major,
         limits: c.limits,
         stats: stats.clone(),
         rdma: c.rdma.clone(),

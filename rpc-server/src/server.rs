@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpc_proto::Limits;
+use rpc_proto::{Limits, Major};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
@@ -158,9 +158,38 @@ pub async fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
     }))
 }
 
-/// Serves until `shutdown` resolves.
+/// A listening socket and the protocol major its connections speak (the HELLO request is the
+/// same in both, so the port is what tells them apart).
+pub struct Listener {
+    pub socket: TcpListener,
+    pub major: Major,
+}
+
+impl Listener {
+    pub fn new(socket: TcpListener, major: Major) -> Listener {
+        Listener { socket, major }
+    }
+}
+
+/// The next connection on any of `listeners`, with the major of the one it came in on.
+async fn accept_any(
+    listeners: &[Listener],
+) -> (std::io::Result<(tokio::net::TcpStream, SocketAddr)>, Major) {
+    std::future::poll_fn(|cx| {
+        for l in listeners {
+            if let std::task::Poll::Ready(r) = l.socket.poll_accept(cx) {
+                return std::task::Poll::Ready((r, l.major));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// Serves the connections of every listener (one set of slots, budgets and counters for all)
+/// until `shutdown` resolves.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Vec<Listener>,
     config: Arc<SessionConfig>,
     opts: ServerOptions,
     stats: Arc<Stats>,
@@ -194,9 +223,9 @@ pub async fn serve(
             p = handshakes.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             _ = &mut shutdown => break,
         };
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
+        let (stream, peer, major) = tokio::select! {
+            (r, major) = accept_any(&listeners) => match r {
+                Ok((s, p)) => (s, p, major),
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -235,6 +264,7 @@ pub async fn serve(
         };
         let ctx = ConnectionContext {
             config: config.clone(),
+            major,
             limits: opts.limits,
             stats: stats.clone(),
             rdma: opts.rdma.clone(),
@@ -256,7 +286,7 @@ pub async fn serve(
     }
     tracing::info!("shutting down: no new connections, waiting for running commands");
     let _ = stop_tx.send(true);
-    drop(listener);
+    drop(listeners);
     drop(alive_tx);
     let grace = opts.shutdown_grace;
     if tokio::time::timeout(grace, alive_rx.recv()).await.is_err() {

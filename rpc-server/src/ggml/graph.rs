@@ -115,6 +115,15 @@ impl Graph {
         })
     }
 
+    /// Host memory this graph holds: its context's pool and its index lists.
+    pub fn footprint(&self) -> u64 {
+        let lists = self.segments.len() * 8
+            + self.tensors.len() * 8
+            + self.nodes.len() * 4
+            + self._buffers.len() * 8;
+        (self._ctx.size() + lists) as u64
+    }
+
     /// Number of segments (at least one).
     pub fn segments(&self) -> usize {
         self.segments.len()

@@ -89,6 +89,8 @@ pub struct TensorSpec {
 /// An owned, no-alloc ggml context (tensor metadata only; data lives in buffers).
 pub(crate) struct Context {
     raw: *mut sys::ggml_context,
+    /// Bytes of the context's memory pool.
+    size: usize,
 }
 
 // SAFETY: a context is plain memory owned by one session at a time.
@@ -113,7 +115,7 @@ impl Context {
         };
         // SAFETY: valid params; ggml allocates the pool itself; NULL handled below.
         let raw = unsafe { sys::ggml_init(params) };
-        (!raw.is_null()).then_some(Context { raw })
+        (!raw.is_null()).then_some(Context { raw, size: mem })
     }
 
     /// A context with room for `n_tensors` tensors and one graph of each size in `graph_sizes`.
@@ -135,11 +137,16 @@ impl Context {
         };
         // SAFETY: valid params; ggml allocates the pool itself; NULL handled below.
         let raw = unsafe { sys::ggml_init(params) };
-        (!raw.is_null()).then_some(Context { raw })
+        (!raw.is_null()).then_some(Context { raw, size: mem })
     }
 
     pub(crate) fn raw(&self) -> *mut sys::ggml_context {
         self.raw
+    }
+
+    /// Bytes of the context's memory pool.
+    pub(crate) fn size(&self) -> usize {
+        self.size
     }
 
     /// Creates the tensor described by `spec` inside this context.

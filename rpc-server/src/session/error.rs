@@ -15,6 +15,10 @@ pub enum SessionError {
     InvalidGraph(String),
     #[error("GRAPH_RECOMPUTE on device {0} without a stored graph")]
     NoStoredGraph(u32),
+    #[error("device: {device}, graph with uid {uid} not found")]
+    GraphNotFound { device: u32, uid: u64 },
+    #[error("no communicator for device {0}")]
+    NoCommunicator(u32),
     #[error("HELLO is only allowed as the first command")]
     UnexpectedHello,
     #[error("cannot create a backend on device {0}")]

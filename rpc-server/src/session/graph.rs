@@ -20,12 +20,11 @@ enum Mark {
 }
 
 impl Session {
-    pub(super) fn graph_compute(&mut self, g: &WireGraph<'_>) -> Result<(), SessionError> {
+    /// Validates, builds and runs a wire graph; returns it for the caller to keep (or not).
+    pub(super) fn graph_compute(&mut self, g: &WireGraph<'_>) -> Result<StoredGraph, SessionError> {
         let started = std::time::Instant::now();
         self.device(g.device)?;
         let device = g.device as usize;
-        // A new graph replaces the stored one even if it fails to build.
-        self.graphs[device] = None;
 
         // id -> index into g.tensors; the first occurrence of a duplicate id wins (as upstream).
         let mut index: HashMap<u64, u32> = HashMap::with_capacity(g.tensors.len());
@@ -247,8 +246,7 @@ impl Session {
             total_us = started.elapsed().as_micros() as u64,
             "GRAPH_COMPUTE"
         );
-        self.graphs[device] = Some(stored);
-        Ok(())
+        Ok(stored)
     }
 }
 
@@ -257,6 +255,17 @@ pub(crate) struct StoredGraph {
     pub(crate) graph: Graph,
     /// `checks[i]` run right before segment `i` is computed.
     checks: Vec<Vec<DataCheck>>,
+}
+
+impl StoredGraph {
+    /// Host memory the stored graph takes (its ggml context and bookkeeping), charged to the
+    /// connection's budget while it is kept.
+    pub(crate) fn footprint(&self) -> u64 {
+        let checks: usize = self.checks.iter().map(Vec::len).sum();
+        self.graph
+            .footprint()
+            .saturating_add((checks * std::mem::size_of::<DataCheck>()) as u64)
+    }
 }
 
 /// Computes every segment, running each segment's data checks first.

@@ -6,6 +6,7 @@
 
 mod error;
 mod graph;
+mod graph_cache;
 mod limits;
 mod tensor;
 mod validate;
@@ -14,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::Rng;
-use rpc_proto::{Request, Response, RpcTensor, SetTensorHeader};
+use rpc_proto::{CommInit, Major, Region2d, Request, Response, RpcTensor, SetTensorHeader};
 
 pub use error::SessionError;
 pub use limits::{MemoryBudget, MemoryLimits, Upstream};
@@ -25,6 +26,7 @@ use crate::cache::WeightCache;
 use crate::ggml::{Backend, Buffer, Device, ScratchTensors};
 use crate::local_weights::LocalWeights;
 use graph::StoredGraph;
+use graph_cache::{GraphCache, Slot};
 
 /// Server-wide settings every session reads.
 pub struct SessionConfig {
@@ -45,10 +47,14 @@ struct BufferEntry {
 /// Per-connection state.
 pub struct Session {
     config: Arc<SessionConfig>,
+    /// The protocol major of the connection (fixed by its listener).
+    major: Major,
     buffers: HashMap<u64, BufferEntry>,
     backends: Vec<Option<Backend>>,
-    graphs: Vec<Option<StoredGraph>>,
-    /// Server-wide memory account; `held` is this session's share of it.
+    /// Per device: the graphs kept for GRAPH_RECOMPUTE (`graph_cache.rs`).
+    graphs: Vec<GraphCache<StoredGraph>>,
+    /// Server-wide memory account; `held` is this session's share of it (buffers and stored
+    /// graphs).
     budget: Arc<MemoryBudget>,
     held: u64,
     /// Whether this session ever allocated a buffer (its memory is trimmed when it ends).
@@ -61,19 +67,16 @@ const VBASE_MIN: u64 = 1 << 40;
 const VBASE_SPAN: u64 = (1 << 47) - (1 << 40);
 
 impl Session {
-    /// A session without memory limits.
-    pub fn new(config: Arc<SessionConfig>) -> Session {
-        Session::with_budget(config, Arc::new(MemoryBudget::unlimited()))
-    }
-
-    /// A session whose buffers count against `budget` (shared by the server's sessions).
-    pub fn with_budget(config: Arc<SessionConfig>, budget: Arc<MemoryBudget>) -> Session {
+    /// A session of a `major` connection whose buffers and stored graphs count against `budget`
+    /// (shared by the server's sessions; [`MemoryBudget::unlimited`] for none).
+    pub fn new(config: Arc<SessionConfig>, major: Major, budget: Arc<MemoryBudget>) -> Session {
         let n = config.devices.len();
         Session {
             config,
+            major,
             buffers: HashMap::new(),
             backends: (0..n).map(|_| None).collect(),
-            graphs: (0..n).map(|_| None).collect(),
+            graphs: (0..n).map(|_| GraphCache::default()).collect(),
             budget,
             held: 0,
             allocated_any: false,
@@ -96,6 +99,11 @@ impl Session {
             .ok_or(SessionError::UnknownBuffer(handle))
     }
 
+    /// The protocol major of this session's connection.
+    pub fn major(&self) -> Major {
+        self.major
+    }
+
     /// The memory budget this session's buffers count against.
     pub fn budget(&self) -> &Arc<MemoryBudget> {
         &self.budget
@@ -113,7 +121,7 @@ impl Session {
     /// session that does must never end on silence (a long-running `llama-server` sits idle
     /// between requests with its model here); budgets, not silence, bound what it may hold.
     pub fn holds_state(&self) -> bool {
-        !self.buffers.is_empty() || self.graphs.iter().any(Option::is_some)
+        !self.buffers.is_empty() || self.graphs.iter().any(GraphCache::holds_any)
     }
 
     /// Executes one request. `Ok(None)` for commands without a reply.
@@ -142,14 +150,16 @@ impl Session {
                     .buffers
                     .remove(&remote_ptr)
                     .ok_or(SessionError::UnknownBuffer(remote_ptr))?;
-                self.budget.release(e.buffer.size());
-                self.held = self.held.saturating_sub(e.buffer.size());
-                // A stored graph pointing into this buffer can never be recomputed (#25703).
-                for g in self.graphs.iter_mut() {
-                    if g.as_ref().is_some_and(|g| g.graph.uses(&e.buffer)) {
-                        *g = None;
-                    }
-                }
+                self.release(e.buffer.size());
+                // 7.0: a stored graph pointing into this buffer can never be recomputed
+                // (#25703). 8.0: every stored graph is dropped, as the stock server does.
+                let major = self.major;
+                let freed: u64 = self
+                    .graphs
+                    .iter_mut()
+                    .map(|c| c.drop_graphs(|g| major == Major::V8 || g.graph.uses(&e.buffer)))
+                    .sum();
+                self.release(freed);
                 None
             }
             Request::BufferClear { remote_ptr, value } => {
@@ -249,23 +259,145 @@ impl Session {
                 Some(Response::GetAllocSize { alloc_size })
             }
             Request::GraphCompute(g) => {
-                self.graph_compute(&g)?;
+                self.device(g.device)?;
+                let d = g.device as usize;
+                let slot = Slot::of(g.uid);
+                // The slot's old graph (or, at 1024, every graph) goes before the new one is
+                // built, even if that fails.
+                if let Some(slot) = slot {
+                    let freed = self.graphs[d].make_room(slot);
+                    self.release(freed);
+                }
+                let stored = self.graph_compute(&g)?;
+                if let Some(slot) = slot {
+                    let bytes = stored.footprint();
+                    if !self.budget.try_reserve(self.held, bytes) {
+                        return Err(SessionError::OutOfMemory(
+                            "stored graphs over the memory limit (--max-alloc-per-connection)",
+                        ));
+                    }
+                    self.held += bytes;
+                    self.graphs[d].insert(slot, stored, bytes);
+                }
                 None
             }
-            Request::GraphRecompute { device } => {
+            Request::GraphRecompute { device, uid } => {
                 self.device(device)?;
                 let d = device as usize;
-                let mut graph = self.graphs[d]
-                    .take()
-                    .ok_or(SessionError::NoStoredGraph(device))?;
-                let r = self
-                    .backend(d)
-                    .and_then(|b| graph::run_graph(b, &mut graph));
-                self.graphs[d] = Some(graph);
-                r?;
+                let missing = || match uid {
+                    None => SessionError::NoStoredGraph(device),
+                    Some(uid) => SessionError::GraphNotFound { device, uid },
+                };
+                let slot = Slot::of(uid).ok_or_else(missing)?;
+                // A stock client recomputes only what it stored; a miss closes (as stock).
+                let Session {
+                    graphs, backends, ..
+                } = self;
+                let graph = graphs[d].get_mut(slot).ok_or_else(missing)?;
+                let backend = match &mut backends[d] {
+                    Some(b) => b,
+                    None => return Err(missing()),
+                };
+                graph::run_graph(backend, graph)?;
+                None
+            }
+            Request::SetTensor2d {
+                tensor,
+                region,
+                data,
+            } => {
+                let (buf, off) = self.resolve_region_2d("SET_TENSOR_2D", &tensor, region)?;
+                for (i, chunk) in data.chunks(region.size as usize).enumerate() {
+                    // In bounds: i < n_copies, so off + i·stride + size ≤ off + span.
+                    buf.write(off + i as u64 * region.stride, chunk);
+                }
+                None
+            }
+            Request::GetTensor2d { tensor, region } => {
+                let (buf, off) = self.resolve_region_2d("GET_TENSOR_2D", &tensor, region)?;
+                // size · n_copies may far exceed the region (stride 0 repeats one chunk): the
+                // reply is charged to the budget before it is allocated.
+                let len = region.wire_len().unwrap_or(u64::MAX);
+                let _charge = self
+                    .budget
+                    .charge(self.held, len)
+                    .ok_or(SessionError::OutOfMemory("GET_TENSOR_2D reply"))?;
+                let ulen = usize::try_from(len)
+                    .map_err(|_| SessionError::OutOfMemory("GET_TENSOR_2D reply"))?;
+                let mut out = Vec::new();
+                out.try_reserve_exact(ulen)
+                    .map_err(|_| SessionError::OutOfMemory("GET_TENSOR_2D reply"))?;
+                out.resize(ulen, 0);
+                for (i, chunk) in out.chunks_mut(region.size as usize).enumerate() {
+                    buf.read(off + i as u64 * region.stride, chunk);
+                }
+                Some(Response::GetTensor2d(out))
+            }
+            Request::CommInit(init) => Some(Response::CommInit {
+                ok: u8::from(self.comm_init(&init)),
+            }),
+            Request::CommAllreduce { device, tensor } => {
+                self.device(device)?;
+                let _ = tensor;
+                return Err(SessionError::NoCommunicator(device));
+            }
+            Request::CommFree { device } => {
+                self.device(device)?;
                 None
             }
         })
+    }
+
+    /// COMM_INIT: whether this server joined the device's pairwise communicator. A server
+    /// that cannot answers 0 and the client reduces through itself (never a close: the stock
+    /// client would abort).
+    fn comm_init(&mut self, init: &CommInit) -> bool {
+        if self.device(init.device).is_err() || init.world != 2 || init.rank >= init.world {
+            return false;
+        }
+        tracing::info!(
+            device = init.device,
+            rank = init.rank,
+            "COMM_INIT: collectives between servers are not available here; the client reduces through itself"
+        );
+        false
+    }
+
+    /// The region of a SET_TENSOR_2D / GET_TENSOR_2D, checked as the stock server checks it
+    /// before a byte moves: size and count non-zero, the span `(n_copies − 1)·stride + size`
+    /// without overflow, inside the tensor's buffer and inside the tensor itself.
+    fn resolve_region_2d(
+        &self,
+        what: &'static str,
+        tensor: &RpcTensor,
+        region: Region2d,
+    ) -> Result<(Arc<Buffer>, u64), SessionError> {
+        let oob = |detail: String| SessionError::OutOfBounds { what, detail };
+        let span = region.span().ok_or_else(|| {
+            oob(format!(
+                "size={} n_copies={} stride={}: zero or overflowing",
+                region.size, region.n_copies, region.stride
+            ))
+        })?;
+        region
+            .wire_len()
+            .ok_or_else(|| oob("size × n_copies overflows".into()))?;
+        usize::try_from(region.size).map_err(|_| oob("chunk too large".into()))?;
+        let spec = self.resolve_tensor(tensor, UnknownBuffer::Reject)?;
+        let tsize = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
+        if region.offset > tsize || span > tsize - region.offset {
+            return Err(oob(format!(
+                "offset={} span={span} tensor size={tsize}",
+                region.offset
+            )));
+        }
+        self.resolve_region(what, tensor, region.offset, span)
+    }
+
+    /// Gives `n` bytes of this session's holding back to the budget.
+    fn release(&mut self, n: u64) {
+        self.budget.release(n);
+        self.held = self.held.saturating_sub(n);
     }
 
     fn alloc_buffer(&mut self, device: u32, size: u64) -> Result<Response, SessionError> {
