@@ -30,8 +30,8 @@ fn parse_endpoint(s: &str) -> Result<String, String> {
     }
 }
 
-/// Relays ggml RPC (protocol 7.0.0) from an unmodified, TCP-only llama.cpp to remote workers,
-/// over RDMA when it can engage, else TCP.
+/// Relays ggml RPC (protocol 8.0.0, and 7.0.0 on --proto7-port) from an unmodified, TCP-only
+/// llama.cpp to remote workers, over RDMA when it can engage, else TCP.
 ///
 /// Run it next to llama.cpp, then point llama.cpp at the local ports:
 ///
@@ -39,7 +39,9 @@ fn parse_endpoint(s: &str) -> Result<String, String> {
 ///   llama-cli -m model.gguf --rpc 127.0.0.1:50152,127.0.0.1:50153
 ///
 /// Local ports: `--listen` once per worker in the same order, or by default `--host` with
-/// consecutive ports from `--base-port` (worker i listens on base-port + i).
+/// consecutive ports from `--base-port` (worker i listens on base-port + i). They speak
+/// protocol 8.0.0 (llama.cpp since October 2026); with `--proto7-port N` worker i also listens
+/// on port N + i of the same address, speaking 7.0.0 (older llama.cpp).
 #[derive(Debug, Parser)]
 #[command(name = "rpc-shim", version, verbatim_doc_comment)]
 pub struct Args {
@@ -59,6 +61,12 @@ pub struct Args {
     /// First local port without --listen: worker i listens on base-port + i.
     #[arg(short = 'p', long, default_value_t = DEFAULT_BASE_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     pub base_port: u16,
+
+    /// Also listen for 7.0.0 clients (llama.cpp before October 2026): worker i on port N + i of
+    /// its listen address. Toward an 8.0.0 worker their graphs get a fixed uid; the other ports
+    /// speak 8.0.0.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub proto7_port: Option<u16>,
 
     /// Transport to the workers: `auto` offers RDMA in HELLO when a local RDMA device owns the
     /// route to the worker and uses TCP otherwise (per worker and connection); `tcp` never offers
@@ -127,6 +135,32 @@ impl Args {
             })
             .collect()
     }
+
+    /// The 7.0.0 listen address of each worker, in `--worker` order (empty without
+    /// `--proto7-port`): port `N + i` on the address of its 8.0.0 listener, none of them one of
+    /// the 8.0.0 addresses.
+    pub fn proto7_addrs(&self) -> Result<Vec<String>, String> {
+        let Some(base) = self.proto7_port else {
+            return Ok(Vec::new());
+        };
+        let v8 = self.listen_addrs()?;
+        let v7 = v8
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let host = a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h);
+                u16::try_from(usize::from(base) + i)
+                    .map(|p| format!("{host}:{p}"))
+                    .map_err(|_| "--proto7-port + number of workers exceeds 65535".to_string())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(a) = v7.iter().find(|a| v8.contains(a)) {
+            return Err(format!(
+                "--proto7-port: {a} is also an 8.0.0 listen address; choose ports apart"
+            ));
+        }
+        Ok(v7)
+    }
 }
 
 #[cfg(test)]
@@ -145,6 +179,53 @@ mod tests {
         let a = Args::try_parse_from(["rpc-shim", "-w", "h:1", "--base-port", "6000", "-H", "::1"])
             .unwrap();
         assert_eq!(a.listen_addrs().unwrap(), ["[::1]:6000"]);
+    }
+
+    #[test]
+    fn proto7_ports_follow_the_listen_addresses() {
+        let a = Args::try_parse_from(["rpc-shim", "-w", "a:1", "-w", "b:2"]).unwrap();
+        assert!(
+            a.proto7_addrs().unwrap().is_empty(),
+            "no 7.0 port by default"
+        );
+        let a = Args::try_parse_from([
+            "rpc-shim",
+            "-w",
+            "a:1",
+            "-w",
+            "b:2",
+            "--proto7-port",
+            "50252",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.proto7_addrs().unwrap(),
+            ["127.0.0.1:50252", "127.0.0.1:50253"]
+        );
+        let a = Args::try_parse_from([
+            "rpc-shim",
+            "-w",
+            "a:1",
+            "-l",
+            "[::1]:7000",
+            "--proto7-port",
+            "7100",
+        ])
+        .unwrap();
+        assert_eq!(a.proto7_addrs().unwrap(), ["[::1]:7100"]);
+        // Worker 0's 7.0 port would be worker 1's 8.0 port (50153).
+        let a = Args::try_parse_from([
+            "rpc-shim",
+            "-w",
+            "a:1",
+            "-w",
+            "b:2",
+            "--proto7-port",
+            "50153",
+        ])
+        .unwrap();
+        assert!(a.proto7_addrs().is_err());
+        assert!(Args::try_parse_from(["rpc-shim", "-w", "a:1", "--proto7-port", "0"]).is_err());
     }
 
     #[test]

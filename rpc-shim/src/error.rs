@@ -50,7 +50,9 @@ pub enum ShimError {
         secs: f64,
     },
     /// The worker announced a protocol version this shim does not relay.
-    #[error("worker {worker} speaks protocol {major}.{minor}.{patch}; the shim relays 7.0.x")]
+    #[error(
+        "worker {worker} speaks protocol {major}.{minor}.{patch}; the shim relays 8.0.x and 7.0.x"
+    )]
     Version {
         /// `host:port` of the worker.
         worker: String,
@@ -85,6 +87,17 @@ pub enum ShimError {
     /// The worker was found dead (its idle connection closed or it cannot be reached).
     #[error("worker {0} is gone")]
     WorkerDown(String),
+    /// The client's listener speaks a newer protocol than the worker (8.0.0 client, 7.0.0
+    /// worker): 8.0's graph uids, strided copies and collectives have no 7.0 equivalent.
+    #[error("worker {worker} speaks protocol {worker_major} but this client connection speaks {client_major}, which a {worker_major} worker cannot serve: upgrade the worker (our rpc-server serves both), or use a {worker_major} llama.cpp on the shim's port of that protocol")]
+    WorkerTooOld {
+        /// `host:port` of the worker.
+        worker: String,
+        /// What the worker announced.
+        worker_major: rpc_proto::Major,
+        /// What the client's listener speaks.
+        client_major: rpc_proto::Major,
+    },
     /// `--transport rdma` and RDMA could not engage for this connection.
     #[error("worker {worker}: RDMA required (--transport rdma) but {reason}")]
     RdmaRequired {
@@ -139,6 +152,7 @@ impl ShimError {
             ShimError::Connect { .. }
                 | ShimError::Timeout { .. }
                 | ShimError::Version { .. }
+                | ShimError::WorkerTooOld { .. }
                 | ShimError::Upstream { .. }
                 | ShimError::BadResponse { .. }
                 | ShimError::Unsolicited(_)

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use rpc_proto::Major;
 use rpc_shim::cli::Args;
 use rpc_shim::{Options, RdmaSettings, RealConnector, TransportMode, Worker};
 
@@ -63,6 +64,7 @@ fn describe_transport(
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let listen = args.listen_addrs().map_err(anyhow::Error::msg)?;
+    let listen7 = args.proto7_addrs().map_err(anyhow::Error::msg)?;
     let mut mode = args.transport;
     if std::env::var_os("GGML_RPC_NO_RDMA").is_some() && mode == TransportMode::Auto {
         mode = TransportMode::Tcp;
@@ -97,38 +99,59 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ..Options::default()
     };
 
+    // One worker (cache, control connection) per --worker, behind its 8.0.0 listener and, with
+    // --proto7-port, a 7.0.0 one.
     let mut running = Vec::new();
-    for (worker, local) in args.workers.iter().zip(&listen) {
+    for (i, (worker, local)) in args.workers.iter().zip(&listen).enumerate() {
         let w = Worker::new(
             worker.clone(),
             RealConnector::new(worker.clone(), opts.clone(), rdma.clone()),
             opts.clone(),
         );
-        let r = rpc_shim::start(local, w)
-            .await
-            .with_context(|| format!("cannot listen on {local} (for worker {worker})"))?;
-        running.push(r);
+        let locals =
+            std::iter::once((local, Major::V8)).chain(listen7.get(i).map(|a| (a, Major::V7)));
+        for (local, major) in locals {
+            let r = rpc_shim::start(local, major, w.clone())
+                .await
+                .with_context(|| {
+                    format!("cannot listen on {local} (protocol {major}, for worker {worker})")
+                })?;
+            running.push(r);
+        }
     }
 
     println!(
-        "rpc-shim {} — ggml RPC 7.0.0 relay for TCP-only llama.cpp",
-        env!("CARGO_PKG_VERSION")
+        "rpc-shim {} — ggml RPC relay for TCP-only llama.cpp (protocol 8.0.0{})",
+        env!("CARGO_PKG_VERSION"),
+        if listen7.is_empty() {
+            ""
+        } else {
+            "; 7.0.0 on the --proto7-port ports"
+        }
     );
     println!(
         "  transport : {}",
         describe_transport(mode, flavor, rdma.lean)
     );
     for r in &running {
-        println!("  {}  ->  {}", r.local, r.worker.addr());
+        println!("  {}  speaks {}  ->  {}", r.local, r.major, r.worker.addr());
     }
-    println!(
-        "  usage     : llama-cli -m MODEL --rpc {}",
-        running
+    for major in [Major::V8, Major::V7] {
+        let eps: Vec<String> = running
             .iter()
+            .filter(|r| r.major == major)
             .map(|r| r.endpoint())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+            .collect();
+        if !eps.is_empty() {
+            println!(
+                "  usage     : llama-cli -m MODEL --rpc {}   (llama.cpp speaking {major})",
+                eps.join(",")
+            );
+        }
+    }
+    for r in &running {
+        tracing::info!(listen = %r.local, protocol = %r.major, worker = %r.worker.addr(), "listening");
+    }
     let running: Vec<Arc<_>> = running.into_iter().map(Arc::new).collect();
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -138,7 +161,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
-    for r in &running {
+    for r in running.iter().filter(|r| r.major == Major::V8) {
         let s = r.worker.stats().snapshot();
         tracing::info!(worker = %r.worker.addr(), ?s, "totals");
     }

@@ -17,6 +17,17 @@
 //! for the client or the worker. Each frame keeps upstream's part boundaries (cmd, size, payload),
 //! which the Linux RDMA flavor requires; large payloads are streamed in chunks.
 //!
+//! # Protocol majors
+//!
+//! A client connection speaks the major of the listener it came in on (8.0.0 or 7.0.0): its
+//! HELLO is answered with it and every frame is parsed by it. Toward the worker the upstream
+//! connection speaks whatever the worker announced. A 7.0 client with an 8.0 worker is
+//! translated: GRAPH_COMPUTE gets the fixed uid [`rpc_client::LAST_GRAPH_UID`] and GRAPH_RECOMPUTE
+//! `{device}` becomes `{device, LAST_GRAPH_UID}`, which keeps 7.0's "the device's last graph"
+//! (each GRAPH_COMPUTE overwrites that one stored graph). An 8.0 client with a 7.0 worker is
+//! refused (closed, with an error naming both versions): graph uids, strided copies and
+//! collectives have no faithful 7.0 form.
+//!
 //! # Upstream connection
 //!
 //! Opened on the first command that the cache cannot answer and that is not a query answerable
@@ -29,8 +40,9 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 
+use rpc_client::LAST_GRAPH_UID;
 use rpc_proto::{
-    check_frame, Command, FrameHeader, Response, CONN_CAPS_SIZE, FRAME_HEADER_SIZE,
+    check_frame, Command, FrameHeader, Major, Request, Response, CONN_CAPS_SIZE, FRAME_HEADER_SIZE,
     RESPONSE_HEADER_SIZE,
 };
 use rpc_transport::Transport;
@@ -60,18 +72,20 @@ const RELAY_CHUNK: usize = 256 * 1024;
 /// Responses up to this size are read whole and written in one go.
 const SMALL_RESPONSE: u64 = 64 * 1024;
 
-/// Serves one client connection until it closes or fails; logs the outcome.
+/// Serves one client connection of a `major` listener until it closes or fails; logs the
+/// outcome.
 pub(crate) async fn serve<C: Connector>(
     stream: TcpStream,
     peer: SocketAddr,
     worker: Arc<Worker<C>>,
+    major: Major,
 ) {
     ShimStats::inc(&worker.core.stats.client_connections);
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!(%peer, "cannot set TCP_NODELAY on the client connection: {e}");
         return;
     }
-    let mut s = Session::new(stream, worker);
+    let mut s = Session::new(stream, worker, major);
     let r = s.run().await;
     if let Err(ShimError::Upstream { err, .. }) = &r {
         let over_rdma = s.up.as_ref().is_some_and(|u| u.name().starts_with("RDMA"));
@@ -81,6 +95,9 @@ pub(crate) async fn serve<C: Connector>(
     }
     match r {
         Ok(()) => tracing::debug!(%peer, worker = %s.worker.addr(), "client connection closed"),
+        Err(e @ ShimError::WorkerTooOld { .. }) => {
+            tracing::error!(%peer, "closing the client connection: {e}")
+        }
         Err(e) if e.is_upstream() => tracing::warn!(%peer, "closing the client connection: {e}"),
         Err(e) => {
             tracing::info!(%peer, worker = %s.worker.addr(), "closing the client connection: {e}")
@@ -134,23 +151,29 @@ enum Wake {
 
 struct Session<C: Connector> {
     worker: Arc<Worker<C>>,
+    /// What the client speaks (its listener's major).
+    major: Major,
     rd: BufReader<OwnedReadHalf>,
     wr: OwnedWriteHalf,
     up: Option<C::Conn>,
+    /// What the upstream connection speaks (the worker's HELLO), once it is open.
+    up_major: Major,
     batch: Batch,
     scratch: Vec<u8>,
     down: watch::Receiver<u64>,
 }
 
 impl<C: Connector> Session<C> {
-    fn new(stream: TcpStream, worker: Arc<Worker<C>>) -> Session<C> {
+    fn new(stream: TcpStream, worker: Arc<Worker<C>>, major: Major) -> Session<C> {
         let (rd, wr) = stream.into_split();
         let down = worker.down();
         Session {
             worker,
+            major,
             rd: BufReader::with_capacity(READ_BUFFER, rd),
             wr,
             up: None,
+            up_major: major,
             batch: Batch::default(),
             scratch: Vec::with_capacity(4096),
             down,
@@ -163,6 +186,23 @@ impl<C: Connector> Session<C> {
 
     fn up_err(&self) -> impl FnOnce(io::Error) -> ShimError + '_ {
         ShimError::upstream(self.worker.addr())
+    }
+
+    /// Whether this client's frames are rewritten from 7.0 to 8.0 (GRAPH_COMPUTE, GRAPH_RECOMPUTE).
+    fn translates(&self) -> bool {
+        self.major == Major::V7 && self.up_major == Major::V8
+    }
+
+    /// Refuses a worker that cannot serve this client's major (an 8.0 client, a 7.0 worker).
+    fn check_worker_major(&self, worker: Major) -> Result<(), ShimError> {
+        if self.major == Major::V8 && worker == Major::V7 {
+            return Err(ShimError::WorkerTooOld {
+                worker: self.addr().to_string(),
+                worker_major: worker,
+                client_major: self.major,
+            });
+        }
+        Ok(())
     }
 
     async fn run(&mut self) -> Result<(), ShimError> {
@@ -192,7 +232,7 @@ impl<C: Connector> Session<C> {
                 }
             }
             let h = self.read_header().await?;
-            let cmd = check_frame(&h, &self.worker.core.opts.limits)?;
+            let cmd = check_frame(self.major, &h, &self.worker.core.opts.limits)?;
             if cmd == Command::Hello {
                 return Err(ShimError::SecondHello);
             }
@@ -204,8 +244,10 @@ impl<C: Connector> Session<C> {
         }
     }
 
-    /// The client's HELLO, answered locally: 7.0.0 and zero caps (the client stays on TCP to
-    /// the shim). `Ok(false)` if the client closed before sending anything.
+    /// The client's HELLO, answered locally: the listener's major and zero caps (the client
+    /// stays on TCP to the shim). A worker already known to speak an older major than the client
+    /// is refused here, so the client fails at its first connection, as it would directly.
+    /// `Ok(false)` if the client closed before sending anything.
     async fn hello(&mut self) -> Result<bool, ShimError> {
         let mut first = [0u8; 1];
         if self.rd.read(&mut first).await.map_err(ShimError::Client)? == 0 {
@@ -220,6 +262,7 @@ impl<C: Connector> Session<C> {
             .await
             .map_err(ShimError::Client)?;
         check_frame(
+            self.major,
             &FrameHeader {
                 cmd: first[0],
                 size: u64::from_le_bytes(size),
@@ -236,8 +279,11 @@ impl<C: Connector> Session<C> {
                 "client offered RDMA to the shim; answering zero caps (the client stays on TCP)"
             );
         }
+        if let Some(m) = self.worker.major() {
+            self.check_worker_major(m)?;
+        }
         self.scratch.clear();
-        Response::hello([0; CONN_CAPS_SIZE]).encode(&mut self.scratch);
+        Response::hello(self.major, [0; CONN_CAPS_SIZE]).encode(&mut self.scratch);
         self.wr
             .write_all(&self.scratch)
             .await
@@ -375,16 +421,18 @@ impl<C: Connector> Session<C> {
     /// stock server serves one connection at a time).
     async fn open_upstream(&mut self) -> Result<(), ShimError> {
         self.worker.release_control();
-        let up = self.worker.connector.open().await?;
+        let (up, up_major) = self.worker.connector.open().await?;
+        self.worker.core.set_major(up_major);
         let stats = &self.worker.core.stats;
         ShimStats::inc(&stats.session_connections);
         if up.name() != "TCP" {
             ShimStats::inc(&stats.rdma_sessions);
         }
-        tracing::info!(worker = %self.addr(), transport = up.name(), "upstream connection opened for a client");
+        tracing::info!(worker = %self.addr(), transport = up.name(), worker_protocol = %up_major, client_protocol = %self.major, "upstream connection opened for a client");
         self.up = Some(up);
+        self.up_major = up_major;
         self.worker.session_opened();
-        Ok(())
+        self.check_worker_major(up_major)
     }
 
     /// Every other command: over this connection's own upstream connection.
@@ -394,44 +442,62 @@ impl<C: Connector> Session<C> {
         }
         ShimStats::inc(&self.worker.core.stats.frames_forwarded);
         if cmd.has_response() {
-            // ALLOC_BUFFER, BUFFER_GET_BASE, SET_TENSOR_HASH, GET_TENSOR, COPY_TENSOR: all small.
+            // ALLOC_BUFFER, BUFFER_GET_BASE, SET_TENSOR_HASH, GET_TENSOR, COPY_TENSOR,
+            // GET_TENSOR_2D, COMM_INIT: all small and fixed-size (checked by check_frame).
             let frame = self.read_frame(h).await?;
-            let get_size = if cmd == Command::GetTensor {
-                let at = FRAME_HEADER_SIZE + rpc_proto::RPC_TENSOR_SIZE + 8;
-                frame
-                    .get(at..at + 8)
-                    .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
-                    .unwrap_or(0)
-            } else {
-                0
-            };
+            let payload = frame.get(FRAME_HEADER_SIZE..).unwrap_or_default();
+            let req = Request::decode(self.major, cmd, payload, &self.worker.core.opts.limits)?;
+            let reply_len = req.reply_data_len();
             self.batch.push_frame(&frame);
             self.flush().await?;
-            return self.relay_response(cmd, get_size).await;
+            return self.relay_response(cmd, reply_len).await;
         }
+        let uid = self.translates().then_some(LAST_GRAPH_UID);
         if h.size <= INLINE_MAX {
-            let frame = self.read_frame(h).await?;
+            let mut frame = self.read_frame(h).await?;
+            if let (Some(uid), Command::GraphCompute | Command::GraphRecompute) = (uid, cmd) {
+                frame = insert_uid(&frame, uid);
+            }
             self.batch.push_frame(&frame);
             if self.batch.bytes.len() >= BATCH_MAX {
                 self.flush().await?;
             }
             return Ok(());
         }
-        self.stream_request(h).await
+        let uid = uid.filter(|_| cmd == Command::GraphCompute);
+        self.stream_request(h, uid).await
     }
 
-    /// Streams a large request (SET_TENSOR weights, big graphs) upstream in chunks.
-    async fn stream_request(&mut self, h: FrameHeader) -> Result<(), ShimError> {
+    /// Streams a large request (SET_TENSOR weights, big graphs) upstream in chunks; with `uid`,
+    /// a 7.0 GRAPH_COMPUTE goes out as 8.0's, that uid after the device.
+    async fn stream_request(&mut self, h: FrameHeader, uid: Option<u64>) -> Result<(), ShimError> {
         self.flush().await?;
         let addr = self.worker.core.addr.clone();
         let Some(up) = self.up.as_mut() else {
             return Err(ShimError::WorkerDown(addr));
         };
-        let head = h.encode();
+        let mut left = h.size;
+        let head = FrameHeader {
+            size: h.size + if uid.is_some() { 8 } else { 0 },
+            ..h
+        }
+        .encode();
         up.send_message(&[&head[..1], &head[1..]])
             .await
             .map_err(ShimError::upstream(&addr))?;
-        let mut left = h.size;
+        if let Some(uid) = uid {
+            // check_frame guaranteed the 7.0 graph header (12 bytes) is there.
+            let mut first = [0u8; 4 + 8];
+            self.rd
+                .read_exact(&mut first[..4])
+                .await
+                .map_err(ShimError::Client)?;
+            first[4..].copy_from_slice(&uid.to_le_bytes());
+            up.send_message(&[&first])
+                .await
+                .map_err(ShimError::upstream(&addr))?;
+            left -= 4;
+        }
         self.scratch.resize(CHUNK, 0);
         while left > 0 {
             let want = (left as usize).min(CHUNK);
@@ -508,6 +574,22 @@ impl<C: Connector> Drop for Session<C> {
     }
 }
 
+/// A 7.0 GRAPH_COMPUTE or GRAPH_RECOMPUTE frame as 8.0's: `uid` inserted after the leading
+/// `u32 device`, the size 8 larger. (The frame passed `check_frame` for 7.0: the device is there.)
+fn insert_uid(frame: &[u8], uid: u64) -> Vec<u8> {
+    let at = (FRAME_HEADER_SIZE + 4).min(frame.len());
+    let (head, rest) = frame.split_at(at);
+    let mut out = Vec::with_capacity(frame.len() + 8);
+    out.extend_from_slice(head);
+    out.extend_from_slice(&uid.to_le_bytes());
+    out.extend_from_slice(rest);
+    let size = (out.len() - FRAME_HEADER_SIZE.min(out.len())) as u64;
+    if let Some(s) = out.get_mut(1..FRAME_HEADER_SIZE) {
+        s.copy_from_slice(&size.to_le_bytes());
+    }
+    out
+}
+
 /// Reads the size prefix of the response to `cmd` from the upstream connection and checks it
 /// (`get_size`: the size a GET_TENSOR asked for).
 async fn read_response_size<T: Transport>(
@@ -542,5 +624,39 @@ mod tests {
             [1, 8, 1, 8, 4],
             "cmd, size, payload per frame; no SEND for an empty payload"
         );
+    }
+
+    #[test]
+    fn uid_goes_after_the_device() {
+        let limits = rpc_proto::Limits::default();
+        // 7.0 GRAPH_RECOMPUTE {device 3} → 8.0 {3, uid}.
+        let f = insert_uid(&[16, 4, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0], 0x0102);
+        assert_eq!(f.len(), 9 + 12);
+        let h = FrameHeader::decode(f[..9].try_into().unwrap());
+        let cmd = check_frame(Major::V8, &h, &limits).unwrap();
+        assert_eq!(
+            Request::decode(Major::V8, cmd, &f[9..], &limits).unwrap(),
+            Request::GraphRecompute {
+                device: 3,
+                uid: Some(0x0102)
+            }
+        );
+        // A 7.0 graph (one node, one tensor) decodes as the same graph with the uid in 8.0.
+        let t = rpc_proto::RpcTensor::default();
+        let mut v7 = Vec::new();
+        rpc_proto::encode_graph(2, None, &[7], &[t], &mut v7);
+        let mut frame = FrameHeader::new(Command::GraphCompute, v7.len() as u64)
+            .encode()
+            .to_vec();
+        frame.extend_from_slice(&v7);
+        let f = insert_uid(&frame, LAST_GRAPH_UID);
+        let h = FrameHeader::decode(f[..9].try_into().unwrap());
+        assert_eq!(h.size, v7.len() as u64 + 8);
+        let g = rpc_proto::Graph::decode(Major::V8, &f[9..], &limits).unwrap();
+        assert_eq!(
+            (g.device, g.uid, g.nodes().collect::<Vec<_>>()),
+            (2, Some(LAST_GRAPH_UID), vec![7])
+        );
+        assert_eq!(g.tensors, [t]);
     }
 }

@@ -1,4 +1,5 @@
-//! Listening: one local port per worker, one task per client connection.
+//! Listening: one local port per worker and protocol major (8.0.0; 7.0.0 with `--proto7-port`),
+//! one task per client connection.
 
 use std::future::Future;
 use std::io;
@@ -6,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rpc_proto::Major;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -14,11 +16,12 @@ use crate::session;
 use crate::upstream::Connector;
 use crate::worker::Worker;
 
-/// Accepts client connections on `listener` for `worker` until `shutdown` resolves. Client
-/// connections already running continue on their own tasks.
+/// Accepts client connections speaking `major` on `listener` for `worker` until `shutdown`
+/// resolves. Client connections already running continue on their own tasks.
 pub async fn serve<C: Connector>(
     listener: TcpListener,
     worker: Arc<Worker<C>>,
+    major: Major,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -34,8 +37,8 @@ pub async fn serve<C: Connector>(
             },
             _ = &mut shutdown => break,
         };
-        tracing::debug!(%peer, worker = %worker.addr(), "client connected");
-        tokio::spawn(session::serve(stream, peer, worker.clone()));
+        tracing::debug!(%peer, worker = %worker.addr(), protocol = %major, "client connected");
+        tokio::spawn(session::serve(stream, peer, worker.clone(), major));
     }
 }
 
@@ -44,6 +47,8 @@ pub async fn serve<C: Connector>(
 pub struct Running<C: Connector> {
     /// The local address clients connect to.
     pub local: SocketAddr,
+    /// The protocol its clients speak.
+    pub major: Major,
     /// The worker behind it.
     pub worker: Arc<Worker<C>>,
     stop: Option<oneshot::Sender<()>>,
@@ -68,20 +73,25 @@ impl<C: Connector> Drop for Running<C> {
     }
 }
 
-/// Binds `listen` and serves `worker` on it from a background task.
-pub async fn start<C: Connector>(listen: &str, worker: Arc<Worker<C>>) -> io::Result<Running<C>> {
+/// Binds `listen` and serves `worker` on it to clients speaking `major`, from a background task.
+pub async fn start<C: Connector>(
+    listen: &str,
+    major: Major,
+    worker: Arc<Worker<C>>,
+) -> io::Result<Running<C>> {
     let listener = TcpListener::bind(listen).await?;
     let local = listener.local_addr()?;
     let (stop, rx) = oneshot::channel::<()>();
     let w = worker.clone();
     let task = tokio::spawn(async move {
-        serve(listener, w, async {
+        serve(listener, w, major, async {
             let _ = rx.await;
         })
         .await
     });
     Ok(Running {
         local,
+        major,
         worker,
         stop: Some(stop),
         task: Some(task),

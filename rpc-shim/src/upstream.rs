@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rpc_client::negotiate_client;
-use rpc_proto::{Command, Limits};
+use rpc_proto::{Command, Limits, Major};
 use rpc_transport::rdma::negotiate::{ClientConfig, ClientConn};
 use rpc_transport::rdma::real::RdmaOptions;
 use rpc_transport::rdma::Flavor;
@@ -61,9 +61,9 @@ pub trait Connector: Send + Sync + 'static {
     /// The connection after HELLO.
     type Conn: Transport + 'static;
 
-    /// Connects, performs HELLO (and transport negotiation) and returns the connection, within
-    /// bounded time.
-    fn open(&self) -> impl Future<Output = Result<Self::Conn, ShimError>> + Send;
+    /// Connects, performs HELLO (and transport negotiation) and returns the connection with the
+    /// protocol major the worker announced in its HELLO reply, within bounded time.
+    fn open(&self) -> impl Future<Output = Result<(Self::Conn, Major), ShimError>> + Send;
 
     /// An activated RDMA connection failed in a way that points at the RDMA path itself (a
     /// corrupt or lost frame, an error completion, no completion in time): the client's connection
@@ -285,7 +285,7 @@ impl RealConnector {
         }
     }
 
-    async fn attempt(&self, offer_rdma: bool) -> Result<Upstream, ShimError> {
+    async fn attempt(&self, offer_rdma: bool) -> Result<(Upstream, Major), ShimError> {
         let stream = connect_tcp(&self.addr, &self.opts).await?;
         let permit = if offer_rdma {
             self.rdma.budget.clone().try_acquire_owned().ok()
@@ -305,16 +305,20 @@ impl RealConnector {
         let n = negotiate_client(stream, &cfg)
             .await
             .map_err(|e| self.negotiation_error(e))?;
+        let major = n.client.major();
         let conn = n.client.into_transport();
         match n.why_tcp {
             Some(why) => {
                 if cfg.rdma {
                     self.no_rdma(&why)?;
                 }
-                Ok(Upstream {
-                    conn,
-                    _permit: None,
-                })
+                Ok((
+                    Upstream {
+                        conn,
+                        _permit: None,
+                    },
+                    major,
+                ))
             }
             None => {
                 let flavor = match self.rdma.flavor {
@@ -327,10 +331,13 @@ impl RealConnector {
                     "upstream"
                 };
                 tracing::info!(worker = %self.addr, transport = conn.name(), "RDMA activated ({flavor}, {framing} framing)");
-                Ok(Upstream {
-                    conn,
-                    _permit: permit,
-                })
+                Ok((
+                    Upstream {
+                        conn,
+                        _permit: permit,
+                    },
+                    major,
+                ))
             }
         }
     }
@@ -347,7 +354,7 @@ impl Connector for RealConnector {
         }
     }
 
-    async fn open(&self) -> Result<Upstream, ShimError> {
+    async fn open(&self) -> Result<(Upstream, Major), ShimError> {
         let offer = match self.rdma.mode {
             TransportMode::Tcp => false,
             TransportMode::Auto => !self.rdma_off.load(Relaxed),

@@ -22,12 +22,12 @@
 //! (process killed, machine gone), or the connection fails, [`Worker::down`] fires and every client connection without
 //! an upstream connection of its own is closed, like a direct client connection would be.
 
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_client::Client;
-use rpc_proto::Command;
+use rpc_proto::{Command, Major};
 use rpc_transport::{TcpTransport, Transport};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -66,12 +66,27 @@ pub(crate) struct Core {
     down: watch::Sender<u64>,
     /// Client connections holding an upstream connection of their own.
     sessions: AtomicUsize,
+    /// The major the worker announced in its last HELLO reply (0: not known yet).
+    major: AtomicU8,
 }
 
 impl Core {
     /// Signals that the worker is gone: client connections without their own upstream close.
     pub fn mark_down(&self) {
         self.down.send_modify(|n| *n += 1);
+    }
+
+    /// The protocol major the worker announced in its last HELLO reply, once one was read.
+    pub fn major(&self) -> Option<Major> {
+        Major::from_number(self.major.load(SeqCst))
+    }
+
+    /// Records the major of a HELLO reply of the worker (control or upstream connection).
+    pub fn set_major(&self, major: Major) {
+        let old = self.major.swap(major.number(), SeqCst);
+        if old != major.number() {
+            tracing::info!(worker = %self.addr, "the worker speaks protocol {major}");
+        }
     }
 
     async fn open_control(&self) -> Result<Control, ShimError> {
@@ -90,6 +105,7 @@ impl Core {
                 ))
             }
         }
+        self.set_major(t.major());
         ShimStats::inc(&self.stats.control_connections);
         tracing::debug!(worker = %self.addr, "control connection up");
         if self.opts.prefetch {
@@ -126,7 +142,7 @@ impl Core {
 
     async fn query_on(&self, t: &mut Control, frame: &[u8]) -> Result<Vec<u8>, ShimError> {
         ShimStats::inc(&self.stats.control_queries);
-        let Some(cmd) = frame.first().and_then(|&b| Command::from_u8(b)) else {
+        let Some(cmd) = frame.first().and_then(|&b| t.major().command(b)) else {
             return Err(ShimError::Unsolicited(self.addr.clone()));
         };
         match tokio::time::timeout(self.opts.query_timeout, t.round_trip(frame)).await {
@@ -270,6 +286,7 @@ impl<C: Connector> Worker<C> {
             opts,
             down,
             sessions: AtomicUsize::new(0),
+            major: AtomicU8::new(0),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(control_task(core.clone(), rx));
@@ -291,6 +308,12 @@ impl<C: Connector> Worker<C> {
     /// The worker's counters.
     pub fn stats(&self) -> &Arc<ShimStats> {
         &self.core.stats
+    }
+
+    /// The protocol major the worker announced in its last HELLO reply (`None` before the
+    /// first connection to it).
+    pub fn major(&self) -> Option<Major> {
+        self.core.major()
     }
 
     /// The worker's query cache.
