@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use rpc_client::{ops, Client, ClientError, RpcTensor, TensorBuilder, TENSOR_FLAG_COMPUTE};
+use rpc_client::{
+    ops, Client, ClientError, Major, RpcTensor, TensorBuilder, TENSOR_FLAG_COMPUTE,
+};
 use rpc_server::cache::WeightCache;
 use rpc_server::ggml::{Device, DeviceKind};
 use rpc_server::local_weights::LocalWeights;
@@ -27,11 +29,15 @@ pub use rpc_proto;
 /// How long a test waits for the server to close a connection (or to answer).
 pub const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// An `rpc-server` serving on 127.0.0.1 (random port) from a background thread, with the
-/// CPU device and one compute thread. Dropping it shuts the server down.
+/// An `rpc-server` serving on 127.0.0.1 (random ports) from a background thread, with the
+/// CPU device and one compute thread; protocol 7.0.0 on [`TestServer::addr`] (the suite written
+/// for 7.0.0 runs there unchanged) and 8.0.0 on [`TestServer::addr8`], one server behind both.
+/// Dropping it shuts the server down.
 pub struct TestServer {
-    /// Where to connect.
+    /// Where to connect for protocol 7.0.0.
     pub addr: SocketAddr,
+    /// Where to connect for protocol 8.0.0.
+    pub addr8: SocketAddr,
     /// The server's counters.
     pub stats: Arc<Stats>,
     /// Its devices and weight cache.
@@ -113,22 +119,29 @@ impl TestServer {
                     .build()
                     .expect("server runtime");
                 rt.block_on(async move {
-                    let listener = server::bind("127.0.0.1", 0)
-                        .await
-                        .expect("bind 127.0.0.1:0");
-                    addr_tx
-                        .send(listener.local_addr().expect("local addr"))
-                        .expect("test gone");
+                    let mut listeners = Vec::new();
+                    for major in [Major::V7, Major::V8] {
+                        let socket = server::bind("127.0.0.1", 0)
+                            .await
+                            .expect("bind 127.0.0.1:0");
+                        listeners.push(server::Listener::new(socket, major));
+                    }
+                    let addrs: Vec<SocketAddr> = listeners
+                        .iter()
+                        .map(|l| l.socket.local_addr().expect("local addr"))
+                        .collect();
+                    addr_tx.send((addrs[0], addrs[1])).expect("test gone");
                     let stop = async {
                         let _ = stop_rx.await;
                     };
-                    server::serve(listener, cfg, opts, st, stop).await;
+                    server::serve(listeners, cfg, opts, st, stop).await;
                 });
             })
             .expect("spawn server thread");
-        let addr = addr_rx.recv().expect("server thread failed to start");
+        let (addr, addr8) = addr_rx.recv().expect("server thread failed to start");
         TestServer {
             addr,
+            addr8,
             stats,
             config,
             stop: Some(stop_tx),

@@ -66,7 +66,11 @@ async fn relay(mut tcp: TcpStream, rules: Rules, done: Arc<AtomicUsize>) {
     let server = tokio::spawn(async move {
         let r = rpc_server::connection::run(
             &mut srv,
-            Session::new(config),
+            Session::new(
+                config,
+                rpc_proto::Major::V8,
+                Arc::new(rpc_server::session::MemoryBudget::unlimited()),
+            ),
             Limits::default(),
             Arc::new(Stats::default()),
             Default::default(),
