@@ -8,16 +8,22 @@
 //! never panic, and count frames, bytes and round trips; the request
 //! parser also zeroes the HELLO transport caps so an RDMA-capable client stays on TCP through the
 //! relay (the relay can only carry bytes).
+//!
+//! Command bytes are named and classified by protocol 8.0.0's table, whichever major the relayed
+//! connection speaks: 0..=17 mean the same in 7.0.0, and 18..=22 (8.0's SET_TENSOR_2D,
+//! GET_TENSOR_2D, COMM_INIT, COMM_ALLREDUCE, COMM_FREE) are never sent by a 7.0 client (18 is its
+//! client-internal `RPC_CMD_NONE`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use rpc_proto::{Command, FrameHeader, Scanned, Scanner, CONN_CAPS_SIZE};
+use rpc_proto::{Command, FrameHeader, Major, Scanned, Scanner, CONN_CAPS_SIZE};
 use rpc_transport::rdma::wire::Framing;
 
 use crate::links::LinkProfile;
 
-/// Number of command slots (command bytes 0..=17, plus one for unknown bytes).
-pub const CMD_SLOTS: usize = 19;
+/// Number of command slots (command bytes 0..=22 of 8.0.0, a superset of 7.0.0's 0..=17, plus
+/// one for unknown bytes).
+pub const CMD_SLOTS: usize = Command::ALL.len() + 1;
 const UNKNOWN: usize = CMD_SLOTS - 1;
 
 /// MTUs the RDMA wire-cost counters count packets at: RoCE's common 1024 (soft-RoCE in the test
@@ -228,7 +234,7 @@ impl Traffic {
             let name = if i == UNKNOWN {
                 "UNKNOWN"
             } else {
-                Command::from_u8(i as u8).map_or("UNKNOWN", Command::name)
+                command(i as u8).map_or("UNKNOWN", Command::name)
             };
             let v = n as f64 / per;
             if (v - v.round()).abs() < 1e-9 {
@@ -239,6 +245,11 @@ impl Traffic {
         }
         parts.join(" ")
     }
+}
+
+/// The command of a request byte of either major (see the module docs).
+fn command(b: u8) -> Option<Command> {
+    Major::V8.command(b)
 }
 
 /// Incremental parser of the client → server stream.
@@ -298,7 +309,7 @@ impl RequestParser {
         let msg = size.saturating_add(9);
         c.c2s_uc
             .fetch_add(LinkProfile::tb5_rdma().wire_bytes(msg), Relaxed);
-        let command = Command::from_u8(cmd);
+        let command = command(cmd);
         let psize = usize::try_from(size).unwrap_or(usize::MAX);
         // Upstream flavors flush every request; a lean peer coalesces the no-response ones into
         // the next request that waits for a response.
@@ -369,9 +380,86 @@ mod tests {
         }
         .encode(&mut v);
         Request::DeviceCount.encode(&mut v);
-        Request::GraphRecompute { device: 0 }.encode(&mut v);
+        Request::GraphRecompute {
+            device: 0,
+            uid: None,
+        }
+        .encode(&mut v);
         Request::GetAlignment { device: 0 }.encode(&mut v);
         v
+    }
+
+    /// 8.0.0's own commands are counted under their names; those with a response (GET_TENSOR_2D,
+    /// COMM_INIT) are round trips; a 12-byte GRAPH_RECOMPUTE is one frame.
+    #[test]
+    fn counts_the_8_0_commands() {
+        let t = rpc_proto::RpcTensor::default();
+        let region = rpc_proto::Region2d {
+            offset: 0,
+            size: 4,
+            n_copies: 2,
+            stride: 8,
+        };
+        let mut v = Vec::new();
+        for r in [
+            Request::SetTensor2d {
+                tensor: t,
+                region,
+                data: &[1; 8],
+            },
+            Request::GetTensor2d { tensor: t, region },
+            Request::CommInit(rpc_proto::CommInit {
+                device: 0,
+                rank: 1,
+                world: 2,
+                port: 52111,
+                host: rpc_proto::CommInit::host_field("127.0.0.1").unwrap(),
+            }),
+            Request::CommAllreduce {
+                device: 0,
+                tensor: t,
+            },
+            Request::GraphRecompute {
+                device: 0,
+                uid: Some(24),
+            },
+            Request::CommFree { device: 0 },
+        ] {
+            r.encode(&mut v);
+        }
+        for chunk in [1usize, 7, 4096] {
+            let c = Counters::default();
+            let mut p = RequestParser::new(true);
+            let mut data = v.clone();
+            for piece in data.chunks_mut(chunk) {
+                p.feed(piece, &c);
+            }
+            let s = c.snapshot();
+            assert_eq!(data, v, "nothing but HELLO caps is edited");
+            assert_eq!(
+                s.round_trips, 2,
+                "GET_TENSOR_2D and COMM_INIT wait for a reply"
+            );
+            assert_eq!(s.count(Command::GraphRecompute), 1);
+            assert_eq!(
+                s.cmd_bytes[usize::from(Command::GraphRecompute.as_u8())],
+                21
+            );
+            assert_eq!(
+                s.cmd_bytes[usize::from(Command::SetTensor2d.as_u8())],
+                9 + 328 + 8
+            );
+            assert_eq!(s.cmd_count[UNKNOWN], 0);
+            assert_eq!(
+                s.commands_summary(1.0),
+                "GRAPH_RECOMPUTEx1 SET_TENSOR_2Dx1 GET_TENSOR_2Dx1 COMM_INITx1 COMM_ALLREDUCEx1 COMM_FREEx1"
+            );
+        }
+        // RPC_CMD_NONE of 8.0 (23) and above: unknown.
+        let c = Counters::default();
+        let mut f = vec![23u8, 0, 0, 0, 0, 0, 0, 0, 0];
+        RequestParser::new(false).feed(&mut f, &c);
+        assert_eq!(c.snapshot().cmd_count[UNKNOWN], 1);
     }
 
     #[test]
@@ -410,7 +498,11 @@ mod tests {
             req.extend_from_slice(&308u64.to_le_bytes());
             req.resize(req.len() + 308, 0);
         }
-        Request::GraphRecompute { device: 0 }.encode(&mut req);
+        Request::GraphRecompute {
+            device: 0,
+            uid: None,
+        }
+        .encode(&mut req);
         req.push(Command::GetTensor.as_u8());
         req.extend_from_slice(&312u64.to_le_bytes());
         req.resize(req.len() + 312, 0);
