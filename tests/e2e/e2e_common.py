@@ -62,17 +62,70 @@ def resolve_ours(arg):
     return p
 
 
+COMM_OFFSET = 1000  # an 8.0 client's tensor split makes rank 0's server listen on its port + 1000
+_given_ports = set()
+
+
 def free_port(exclude=()):
-    for _ in range(100):
+    """A free loopback port, never one this process was given before nor one COMM_OFFSET above or
+    below such a port, and whose port + COMM_OFFSET is free too: any server may become rank 0 of a
+    stock 8.0 client's tensor split (proto8_e2e.py), which listens there."""
+    for _ in range(200):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         finally:
             s.close()
-        if port not in exclude:
-            return port
+        near = {port, port - COMM_OFFSET, port + COMM_OFFSET}
+        if port in exclude or near & _given_ports or not _bindable(port + COMM_OFFSET):
+            continue
+        _given_ports.add(port)
+        return port
     raise RuntimeError("no free port")
+
+
+def _bindable(port):
+    if port > 65535:
+        return False
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+_proto7_flag = {}
+
+
+def has_proto7_port(binary):
+    """Whether `binary` is a server that speaks 8.0.0 on -p and 7.0.0 on `--proto7-port` (ours;
+    the stock servers speak one major, on -p). From its --help, once per binary."""
+    if binary not in _proto7_flag:
+        try:
+            r = subprocess.run([binary, "--help"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=30)
+            _proto7_flag[binary] = b"--proto7-port" in r.stdout
+        except (OSError, subprocess.TimeoutExpired):
+            _proto7_flag[binary] = False
+    return _proto7_flag[binary]
+
+
+def wait_listening(host, port, timeout, proc=None):
+    """True once host:port accepts a connection (False after `timeout` s or if `proc` exits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
 
 
 def tail(path, n=25):
@@ -86,21 +139,34 @@ def tail(path, n=25):
 
 
 class Server:
-    """One RPC server process (stock ggml-rpc-server or ours; same CLI: -H -p -t)."""
+    """One RPC server process (stock ggml-rpc-server or ours; same CLI: -H -p -t).
 
-    def __init__(self, name, binary, port, logdir, threads=None, extra=(), env=None, host="127.0.0.1"):
-        self.name, self.binary, self.port, self.host = name, binary, port, host
+    `port` is where its clients connect, and `proto` the protocol major those clients speak.
+    proto=7 (every suite but proto8_e2e.py: the stock 7.0.0 tools): a server that speaks 8.0.0 on
+    -p (ours: it has --proto7-port) is started as `-p <spare port> --proto7-port <port>`, so its
+    7.0 clients reach the 7.0.0 listener at `port`; a stock server as `-p <port>`. proto=8: always
+    `-p <port>`."""
+
+    def __init__(self, name, binary, port, logdir, threads=None, extra=(), env=None, host="127.0.0.1", proto=7):
+        self.name, self.binary, self.port, self.host, self.proto = name, binary, port, host, proto
         self.threads, self.extra, self.env = threads, list(extra), dict(env or {})
         self.log_path = os.path.join(logdir, "server-%s.log" % name)
         self.proc = None
         self.starts = 0
+        self.spare_port = None  # ours with proto=7: its 8.0.0 listener (-p), which no test uses
 
     @property
     def endpoint(self):
         return "%s:%d" % (self.host, self.port)
 
     def cmd(self):
-        c = [self.binary, "-H", self.host, "-p", str(self.port)]
+        c = [self.binary, "-H", self.host]
+        if self.proto == 7 and has_proto7_port(self.binary):
+            if self.spare_port is None:  # kept across restarts
+                self.spare_port = free_port(exclude=(self.port, self.port - COMM_OFFSET))
+            c += ["-p", str(self.spare_port), "--proto7-port", str(self.port)]
+        else:
+            c += ["-p", str(self.port)]
         if self.threads:
             c += ["-t", str(self.threads)]
         return c + self.extra
@@ -113,16 +179,11 @@ class Server:
         self.proc = subprocess.Popen(self.cmd(), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                      start_new_session=True, env=dict(clean_env(), **self.env))
         logf.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server %s exited with %s during startup:\n%s"
-                                   % (self.name, self.proc.returncode, tail(self.log_path)))
-            try:
-                with socket.create_connection((self.host, self.port), timeout=1.0):
-                    return self
-            except OSError:
-                time.sleep(0.05)
+        if wait_listening(self.host, self.port, timeout, self.proc):
+            return self
+        if self.proc.poll() is not None:
+            raise RuntimeError("server %s exited with %s during startup:\n%s"
+                               % (self.name, self.proc.returncode, tail(self.log_path)))
         self.stop()
         raise RuntimeError("server %s did not listen on %s within %.0fs:\n%s"
                            % (self.name, self.endpoint, timeout, tail(self.log_path)))
@@ -197,12 +258,12 @@ class Servers:
         return False
 
 
-def run(cmd, timeout, out_path=None, err_path=None):
-    """Run a client tool in its own process group with stdin=/dev/null; returns
-    (rc, stdout bytes, stderr bytes, seconds). rc is None on timeout (group killed)."""
+def run(cmd, timeout, out_path=None, err_path=None, env=None):
+    """Run a client tool in its own process group with stdin=/dev/null (`env`: extra variables);
+    returns (rc, stdout bytes, stderr bytes, seconds). rc is None on timeout (group killed)."""
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True, env=clean_env())
+                         start_new_session=True, env=dict(clean_env(), **(env or {})))
     try:
         out, err = p.communicate(timeout=timeout)
         rc = p.returncode
@@ -226,10 +287,12 @@ def run(cmd, timeout, out_path=None, err_path=None):
     return rc, out, err, dt
 
 
-# ggml RPC command ids (rpc-proto/src/command.rs) and their upstream names.
+# ggml RPC command ids (rpc-proto/src/command.rs) and their upstream names: 0-17 in both majors,
+# 18-22 only in 8.0.0 (a 7.0.0 client never sends 18 or above).
 COMMANDS = ["ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", "FREE_BUFFER", "BUFFER_CLEAR",
             "SET_TENSOR", "SET_TENSOR_HASH", "GET_TENSOR", "COPY_TENSOR", "GRAPH_COMPUTE", "GET_DEVICE_MEMORY",
-            "INIT_TENSOR", "GET_ALLOC_SIZE", "HELLO", "DEVICE_COUNT", "GRAPH_RECOMPUTE", "MEMSET_TENSOR"]
+            "INIT_TENSOR", "GET_ALLOC_SIZE", "HELLO", "DEVICE_COUNT", "GRAPH_RECOMPUTE", "MEMSET_TENSOR",
+            "SET_TENSOR_2D", "GET_TENSOR_2D", "COMM_INIT", "COMM_ALLREDUCE", "COMM_FREE"]
 
 
 class FrameCounter:
