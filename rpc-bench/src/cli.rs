@@ -1,13 +1,45 @@
 //! What every subcommand shares: the `--links`, `--csv`, `--md` and `--no-progress` flags
-//! ([`Common`]): the links (each once) with their sources for the report, the report written out.
+//! ([`Common`]): the links (each once) with their sources for the report, the report written out;
+//! and what the subcommands that run stock tools share, `--proto` and `--bin` ([`Stock`]).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use bench_report::Table;
 use clap::Args;
+use rpc_proto::Major;
 
 use crate::links::{self, LinkProfile};
+use crate::tools::default_bin;
+
+/// Which stock llama.cpp tools run (`e2e`, `load`), by the protocol they speak.
+#[derive(Args, Debug, Clone)]
+pub struct Stock {
+    /// Protocol of the stock tools and servers: 8 (llama.cpp since October 2026,
+    /// `STOCK_PROTO=8 scripts/stock-llama.sh`) or 7 (`scripts/stock-llama.sh`). Our rpc-server
+    /// speaks 8.0.0 on -p and 7.0.0 on --proto7-port; a client of the other major aborts.
+    #[arg(long, default_value = "8", value_parser = parse_major)]
+    pub proto: Major,
+    /// Directory of the stock llama.cpp tools; default: $STOCK_BIN (7) or $STOCK_BIN8 (8), else
+    /// the stock build of that protocol `scripts/stock-llama.sh` cached.
+    #[arg(long)]
+    pub bin: Option<PathBuf>,
+}
+
+impl Stock {
+    /// The directory of the stock tools.
+    pub fn dir(&self) -> PathBuf {
+        self.bin.clone().unwrap_or_else(|| default_bin(self.proto))
+    }
+}
+
+fn parse_major(s: &str) -> Result<Major, String> {
+    s.trim_end_matches(".0")
+        .parse::<u8>()
+        .ok()
+        .and_then(Major::from_number)
+        .ok_or_else(|| format!("'{s}': the protocol is 7 or 8"))
+}
 
 /// The flags of every subcommand.
 #[derive(Args, Debug, Clone)]

@@ -14,30 +14,61 @@ use rpc_transport::rdma::real::RdmaOptions;
 use rpc_transport::rdma::Flavor;
 use tokio::net::TcpStream;
 
-/// A server to measure: `[LABEL=]HOST:PORT`.
+/// A server to measure: `[LABEL=]HOST:PORT`; `e2e` also takes `[LABEL=]HOST:PORT,HOST:PORT,...`,
+/// several servers of one llama.cpp run (`--rpc A,B`, e.g. for `--split-mode tensor`).
 #[derive(Debug, Clone)]
 pub struct Target {
     /// Name in tables and charts (default: the address).
     pub label: String,
-    /// Resolved address.
+    /// Resolved address (the first one).
     pub addr: SocketAddr,
+    /// The further servers of the same run, in `--rpc` order.
+    pub peers: Vec<SocketAddr>,
+}
+
+impl Target {
+    /// Every server of the target, in `--rpc` order.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        std::iter::once(self.addr)
+            .chain(self.peers.iter().copied())
+            .collect()
+    }
 }
 
 impl FromStr for Target {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (label, hostport) = match s.split_once('=') {
+        let (label, hostports) = match s.split_once('=') {
             Some((l, h)) => (l.to_string(), h),
             None => (s.to_string(), s),
         };
-        let addr = hostport
-            .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve {hostport:?}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("{hostport:?} resolves to no address"))?;
-        Ok(Target { label, addr })
+        let mut addrs = hostports.split(',').map(|hostport| {
+            hostport
+                .to_socket_addrs()
+                .map_err(|e| format!("cannot resolve {hostport:?}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("{hostport:?} resolves to no address"))
+        });
+        let addr = addrs.next().ok_or("no server")??;
+        let peers = addrs.collect::<Result<_, _>>()?;
+        Ok(Target { label, addr, peers })
     }
+}
+
+/// The protocol major `addr` announces in its HELLO reply (one short connection).
+pub fn server_major(addr: SocketAddr) -> anyhow::Result<rpc_proto::Major> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let c = tokio::time::timeout(std::time::Duration::from_secs(10), Client::connect(addr))
+            .await
+            .map_err(|_| anyhow::anyhow!("{addr}: no HELLO reply within 10 s"))??;
+        let major = c.major();
+        c.shutdown().await?;
+        Ok(major)
+    })
 }
 
 /// RDMA settings.
@@ -88,5 +119,11 @@ mod tests {
         assert_eq!((tg.label.as_str(), tg.addr.port()), ("ours", 5));
         let tg: Target = "127.0.0.1:6".parse().unwrap();
         assert_eq!(tg.label, "127.0.0.1:6");
+        assert!(tg.peers.is_empty());
+        let tg: Target = "pair=127.0.0.1:7,127.0.0.1:8".parse().unwrap();
+        assert_eq!(tg.label, "pair");
+        let ports: Vec<u16> = tg.addrs().iter().map(|a| a.port()).collect();
+        assert_eq!(ports, [7, 8]);
+        assert!("x=127.0.0.1:7,".parse::<Target>().is_err());
     }
 }

@@ -9,7 +9,7 @@
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-use rpc_proto::{check_frame, FrameHeader, Limits, Request, Response};
+use rpc_proto::{check_frame, FrameHeader, Limits, Major, Request, Response};
 use rpc_transport::{BlockingTcpTransport, Transport};
 
 use crate::tools::ServerProcess;
@@ -79,18 +79,15 @@ fn serve(stream: TcpStream, poll_window: Duration) -> anyhow::Result<()> {
             }
             t.read_exact(&mut hb[1..]).await?;
             let h = FrameHeader::decode(&hb);
-            let cmd = check_frame(&h, &limits)?;
+            let cmd = check_frame(Major::CURRENT, &h, &limits)?;
             let size = usize::try_from(h.size)?;
             anyhow::ensure!(h.size <= MAX_GET + 4096, "request too large for the floor");
             payload.resize(size, 0);
             t.read_exact(&mut payload).await?;
-            let reply = match Request::decode(cmd, &payload, &limits)? {
-                Request::Hello { .. } => Response::Hello {
-                    major: rpc_proto::PROTO_MAJOR,
-                    minor: rpc_proto::PROTO_MINOR,
-                    patch: rpc_proto::PROTO_PATCH,
-                    caps: [0; rpc_proto::CONN_CAPS_SIZE],
-                },
+            let reply = match Request::decode(Major::CURRENT, cmd, &payload, &limits)? {
+                Request::Hello { .. } => {
+                    Response::hello(Major::CURRENT, [0; rpc_proto::CONN_CAPS_SIZE])
+                }
                 Request::AllocBuffer { size, .. } => Response::AllocBuffer {
                     remote_ptr: 1,
                     remote_size: size,

@@ -25,7 +25,7 @@ use bench_report::{human_bytes, progress_bar, us, ProgressBar, Table};
 use clap::Args;
 use rpc_client::{Client, RpcTensor, TensorBuilder};
 use rpc_proto::{
-    Command, PayloadSize, Request, Response, CONN_CAPS_SIZE, FRAME_HEADER_SIZE,
+    Command, Major, PayloadSize, Request, Response, CONN_CAPS_SIZE, FRAME_HEADER_SIZE,
     RESPONSE_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
 };
 use rpc_transport::cli::{RdmaClientArgs, TransportMode};
@@ -449,8 +449,12 @@ pub fn command(mut cfg: LatencyConfig) -> anyhow::Result<()> {
         cfg.server.push(Target {
             label: "echo floor".into(),
             addr: child.addr,
+            peers: Vec::new(),
         });
         floor = Some(child);
+    }
+    if let Some(t) = cfg.server.iter().find(|t| !t.peers.is_empty()) {
+        anyhow::bail!("{}: latency measures one server per --server", t.label);
     }
     let cfg = cfg;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -603,7 +607,8 @@ fn analytic_traffic(case: &Case) -> (f64, f64, f64) {
         head,
         reply + Response::fixed_size(Command::DeviceCount).unwrap_or(0),
     ];
-    let (PayloadSize::Exact(get) | PayloadSize::AtLeast(get)) = Command::GetTensor.request_size();
+    let (PayloadSize::Exact(get) | PayloadSize::AtLeast(get)) =
+        Command::GetTensor.request_size(Major::CURRENT);
     let n = case.bytes as u64;
     let msgs = match case.kind {
         CaseKind::Empty => device_count.to_vec(),

@@ -21,12 +21,13 @@ use anyhow::{bail, Context};
 use bench_report::chart::{self, Panel};
 use bench_report::{human_bytes, progress_bar, Table};
 use clap::Args;
+use rpc_proto::Major;
 
-use crate::cli::Common;
+use crate::cli::{Common, Stock};
 
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::Wire;
-use crate::tools::{default_bin, run_tool, through_relay, ServerProcess};
+use crate::tools::{run_tool, through_relay, ServerProcess};
 
 /// Server set-ups compared, in table order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,10 +79,10 @@ pub struct LoadConfig {
     /// Our rpc-server.
     #[arg(long, default_value = "target/release/rpc-server")]
     pub ours: PathBuf,
-    /// Directory of the stock llama.cpp tools (ggml-rpc-server, llama-completion); default:
-    /// $STOCK_BIN, else the stock build `scripts/stock-llama.sh` cached.
-    #[arg(long, default_value_os_t = default_bin())]
-    pub bin: PathBuf,
+    /// `--proto 7|8`: which stock tools (ggml-rpc-server, llama-completion) and which port of our
+    /// rpc-server (-p: 8.0.0, --proto7-port: 7.0.0); `--bin`.
+    #[command(flatten)]
+    pub stock: Stock,
     /// Server threads (-t), both servers.
     #[arg(short = 't', long, default_value_t = 2)]
     pub threads: u32,
@@ -126,17 +127,29 @@ impl LoadRow {
     }
 }
 
-/// Starts the server of `mode` on a free loopback port, with its own cache directory.
+/// Starts the server of `mode` on a free loopback port, with its own cache directory; ours
+/// speaking `--proto` 7.0.0 on its `--proto7-port`.
 fn start_server(cfg: &LoadConfig, mode: Mode) -> anyhow::Result<ServerProcess> {
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let (a, b) = (
+        TcpListener::bind("127.0.0.1:0")?,
+        TcpListener::bind("127.0.0.1:0")?,
+    );
+    let (port, port7) = (a.local_addr()?.port(), b.local_addr()?.port());
+    drop((a, b));
     let ours = !matches!(mode, Mode::StockCold | Mode::StockWarm);
     let exe = if ours {
         cfg.ours.clone()
     } else {
-        cfg.bin.join("ggml-rpc-server")
+        cfg.stock.dir().join("ggml-rpc-server")
     };
     let mut cmd = Command::new(&exe);
     cmd.args(["-p", &port.to_string(), "-t", &cfg.threads.to_string()]);
+    let port = if ours && cfg.stock.proto == Major::V7 {
+        cmd.args(["--proto7-port", &port7.to_string()]);
+        port7
+    } else {
+        port
+    };
     if mode.warm() {
         cmd.arg("-c");
     }
@@ -163,7 +176,7 @@ fn load_once(cfg: &LoadConfig, addr: SocketAddr, tag: &str) -> anyhow::Result<Du
     args.extend(["--rpc".into(), addr.to_string()]);
     let rest = "-ngl 99 -n 1 -p hello -c 256 -t 1 --temp 0 -s 1 -no-cnv --simple-io";
     args.extend(rest.split_whitespace().map(String::from));
-    let exe = cfg.bin.join("llama-completion");
+    let exe = cfg.stock.dir().join("llama-completion");
     let timeout = Duration::from_secs(cfg.timeout);
     run_tool(&exe, &args, timeout, &cfg.workdir, tag)?;
     let log = std::fs::read_to_string(cfg.workdir.join(format!("{tag}.err")))?;
@@ -201,8 +214,8 @@ pub fn parse_load_time(log: &str) -> Option<Duration> {
 pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
     for f in [
         cfg.ours.clone(),
-        cfg.bin.join("ggml-rpc-server"),
-        cfg.bin.join("llama-completion"),
+        cfg.stock.dir().join("ggml-rpc-server"),
+        cfg.stock.dir().join("llama-completion"),
         cfg.model.clone(),
     ] {
         if !f.is_file() {
@@ -253,8 +266,8 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
                 if link.kind == LinkKind::Native {
                     row.loads.push(load_once(cfg, server.addr, &tag)?);
                 } else {
-                    let (load, traffic) = through_relay(server.addr, Wire::of(link), |addr| {
-                        load_once(cfg, addr, &tag)
+                    let (load, traffic) = through_relay(&[server.addr], Wire::of(link), |a| {
+                        load_once(cfg, a[0], &tag)
                     })?;
                     row.loads.push(load);
                     row.sent = Some(traffic.c2s_bytes);
@@ -322,13 +335,14 @@ pub fn command(cfg: LoadConfig) -> anyhow::Result<()> {
         .len();
     let rows = run(&cfg)?;
     let mut md = format!(
-        "## rpc-bench load\n\nModel `{}` ({:.2} GB), loaded by stock `llama-completion -ngl 99 -n 1` ({}); \
+        "## rpc-bench load\n\nModel `{}` ({:.2} GB), loaded by stock `llama-completion -ngl 99 -n 1` ({}, protocol {}); \
          servers `-t {}` on loopback, each with its own cache directory; warm = `-c` after one untimed load; \
          `none` = plain loopback, other links through the link emulator. Load s = the client's load from its own log \
          (model load start to ready: weights on the worker, context made, warm-up decode done), median of {} round(s); effective GB/s = model size ÷ load s.\n\n",
         cfg.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
         model_bytes as f64 / 1e9,
-        cfg.bin.display(),
+        cfg.stock.dir().display(),
+        cfg.stock.proto,
         cfg.threads,
         cfg.rounds.max(1),
     );

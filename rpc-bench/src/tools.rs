@@ -11,15 +11,22 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use rpc_proto::Major;
 
 use crate::relay::{Relay, RelayOptions, Wire};
 use crate::traffic::Traffic;
 
-/// Default directory of the stock tools: `$STOCK_BIN`, else the newest TCP-only stock build that
-/// `scripts/stock-llama.sh` left in its cache (`$RPC_CACHE_DIR`, default `~/.cache/ggml-rpc-rs`,
-/// then `llama-cpp-python-0.3.36/src-rdma-OFF*/build/bin`; the suffix is a hash of its patches).
-pub fn default_bin() -> PathBuf {
-    if let Some(b) = std::env::var_os("STOCK_BIN").filter(|b| !b.is_empty()) {
+/// Default directory of the stock tools speaking `major`: `$STOCK_BIN` (7.0) or `$STOCK_BIN8`
+/// (8.0), else the newest TCP-only stock build that `scripts/stock-llama.sh` (`STOCK_PROTO=8`
+/// for 8.0) left in its cache (`$RPC_CACHE_DIR`, default `~/.cache/ggml-rpc-rs`, then
+/// `llama-cpp-python-0.3.36` or `xllamacpp-2026.10.11549`, then `src-rdma-OFF*/build/bin`; the
+/// suffix is a hash of its patches).
+pub fn default_bin(major: Major) -> PathBuf {
+    let (var, package) = match major {
+        Major::V7 => ("STOCK_BIN", "llama-cpp-python-0.3.36"),
+        Major::V8 => ("STOCK_BIN8", "xllamacpp-2026.10.11549"),
+    };
+    if let Some(b) = std::env::var_os(var).filter(|b| !b.is_empty()) {
         return b.into();
     }
     let cache = std::env::var_os("RPC_CACHE_DIR")
@@ -29,12 +36,12 @@ pub fn default_bin() -> PathBuf {
             let home = std::env::var_os("HOME").unwrap_or_default();
             Path::new(&home).join(".cache/ggml-rpc-rs")
         });
-    let root = cache.join("llama-cpp-python-0.3.36");
+    let root = cache.join(package);
     let newest = std::fs::read_dir(&root).ok().and_then(|rd| {
         rd.filter_map(|e| e.ok())
             .filter(|e| e.file_name().to_string_lossy().starts_with("src-rdma-OFF"))
             .map(|e| e.path().join("build/bin"))
-            .filter(|b| b.join("llama-bench").is_file())
+            .filter(|b| b.join("ggml-rpc-server").is_file())
             .max_by_key(|b| b.metadata().and_then(|m| m.modified()).ok())
     });
     newest.unwrap_or_else(|| root.join("src-rdma-OFF/build/bin"))
@@ -143,17 +150,25 @@ impl ServerProcess {
     }
 }
 
-/// Runs `f` against a relay to `server` over `wire` (`f` gets the relay's address) and returns
-/// its result and the traffic it caused.
+/// Runs `f` against one relay per server over `wire` (`f` gets the relays' addresses, in the
+/// order of `servers`) and returns its result and the traffic it caused, summed over the relays.
 pub fn through_relay<T>(
-    server: SocketAddr,
+    servers: &[SocketAddr],
     wire: Wire,
-    f: impl FnOnce(SocketAddr) -> anyhow::Result<T>,
+    f: impl FnOnce(&[SocketAddr]) -> anyhow::Result<T>,
 ) -> anyhow::Result<(T, Traffic)> {
-    let relay = Relay::start(server, wire, RelayOptions::default())?;
-    let before = relay.counters().snapshot();
-    let out = f(relay.addr())?;
+    let relays = servers
+        .iter()
+        .map(|&s| Relay::start(s, wire, RelayOptions::default()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let traffic = || {
+        relays
+            .iter()
+            .fold(Traffic::default(), |t, r| t.plus(&r.counters().snapshot()))
+    };
+    let before = traffic();
+    let out = f(&relays.iter().map(Relay::addr).collect::<Vec<_>>())?;
     // The client has exited; let the relay threads forward the last bytes.
     std::thread::sleep(Duration::from_millis(100));
-    Ok((out, relay.counters().snapshot().since(&before)))
+    Ok((out, traffic().since(&before)))
 }

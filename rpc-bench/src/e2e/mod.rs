@@ -11,6 +11,10 @@
 //! emulated link, in rounds that visit every link and server in turn (averaged); optionally (`--direct`) one run with no relay at all, e.g. with a
 //! llama.cpp built with RDMA on two machines. Projections: `base + round trips × RTT + bytes ÷
 //! bandwidth`, where `base` is the measured `none` time (compute + loopback + relay).
+//!
+//! A target of several servers (`--server A,B`) is one `llama-bench --rpc A,B` run, each server
+//! behind its own relay, their traffic summed (`--split-mode tensor` needs two; the servers' own
+//! allreduce link, which the stock 8.0 servers open between themselves, is not relayed).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,13 +23,13 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use bench_report::{human_bytes, progress_bar};
-use clap::Args;
+use clap::{Args, ValueEnum};
 
-use crate::cli::Common;
-use crate::conn::Target;
+use crate::cli::{Common, Stock};
+use crate::conn::{server_major, Target};
 use crate::links::LinkKind;
 use crate::relay::Wire;
-use crate::tools::{default_bin, run_tool, through_relay};
+use crate::tools::{run_tool, through_relay};
 use crate::traffic::Traffic;
 use crate::Origin;
 
@@ -38,16 +42,20 @@ pub use report::{
 /// Settings of an end-to-end run: its command line.
 #[derive(Args, Debug, Clone)]
 pub struct E2eConfig {
-    /// Server (worker) to measure, `[LABEL=]HOST:PORT`; repeat for several.
-    #[arg(long, required = true, value_name = "[LABEL=]HOST:PORT")]
+    /// Server (worker) to measure, `[LABEL=]HOST:PORT`; repeat for several. Several servers of
+    /// one run (`llama-bench --rpc A,B`): `[LABEL=]HOST:PORT,HOST:PORT`.
+    #[arg(long, required = true, value_name = "[LABEL=]HOST:PORT[,...]")]
     pub server: Vec<Target>,
     /// GGUF model (e.g. the output of scripts/test-model.sh).
     #[arg(long)]
     pub model: PathBuf,
-    /// Directory of the stock llama.cpp tools (llama-bench); default: $STOCK_BIN, else the
-    /// stock build `scripts/stock-llama.sh` cached.
-    #[arg(long, default_value_os_t = default_bin())]
-    pub bin: PathBuf,
+    /// `--proto 7|8` (which stock llama-bench; every server must speak it) and `--bin`.
+    #[command(flatten)]
+    pub stock: Stock,
+    /// How llama-bench splits the model over the servers of a target (`-sm`): `layer` (whole
+    /// layers per server) or `tensor` (every weight split across two servers).
+    #[arg(long, value_enum, default_value = "layer")]
+    pub split_mode: SplitMode,
     /// Prompt tokens (llama-bench -p).
     #[arg(short = 'p', long, default_value_t = 64)]
     pub n_prompt: u32,
@@ -102,6 +110,25 @@ pub struct E2eConfig {
     /// More `llama-bench` arguments per entry of `targets` (the placement's flags).
     #[arg(skip)]
     pub target_args: Vec<Vec<String>>,
+}
+
+/// llama-bench's `-sm` values this benchmark runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SplitMode {
+    /// Whole layers per server.
+    Layer,
+    /// Every weight split across the servers (the meta backend; 8.0 adds collectives).
+    Tensor,
+}
+
+impl SplitMode {
+    /// The `-sm` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitMode::Layer => "layer",
+            SplitMode::Tensor => "tensor",
+        }
+    }
 }
 
 /// Prompt processing or generation.
@@ -213,23 +240,25 @@ pub fn parse_llama_bench_json(s: &str) -> anyhow::Result<Vec<BenchResult>> {
     Ok(out)
 }
 
-/// Runs `llama-bench` once against `addr`.
+/// Runs `llama-bench` once against `addrs` (`--rpc`).
 fn llama_bench(
     cfg: &E2eConfig,
     ti: usize,
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     p: u32,
     n: u32,
     reps: u32,
     tag: &str,
 ) -> anyhow::Result<Vec<BenchResult>> {
     let mut args: Vec<String> = vec!["-m".into(), cfg.model.display().to_string()];
-    let (ngl, t) = (&cfg.ngl, cfg.threads);
-    let fixed = format!("--rpc {addr} -ngl {ngl} -p {p} -n {n} -r {reps} -t {t} -o json");
+    let (ngl, t, sm) = (&cfg.ngl, cfg.threads, cfg.split_mode.name());
+    let rpc = addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let rpc = rpc.join(",");
+    let fixed = format!("--rpc {rpc} -ngl {ngl} -sm {sm} -p {p} -n {n} -r {reps} -t {t} -o json");
     args.extend(fixed.split_whitespace().map(String::from));
     args.extend(cfg.bench_args.split_whitespace().map(String::from));
     args.extend(cfg.target_args.get(ti).into_iter().flatten().cloned());
-    let exe = cfg.bin.join("llama-bench");
+    let exe = cfg.stock.dir().join("llama-bench");
     let timeout = Duration::from_secs(cfg.timeout);
     let out = run_tool(&exe, &args, timeout, &cfg.logdir, tag)?;
     std::fs::write(cfg.logdir.join(format!("{tag}.json")), &out).ok();
@@ -271,15 +300,29 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
     if cfg.reps < 2 {
         bail!("--reps must be at least 2 (the round-trip counting compares 1 and R repetitions)");
     }
-    let exe = cfg.bin.join("llama-bench");
+    let exe = cfg.stock.dir().join("llama-bench");
     if !exe.is_file() {
         bail!(
-            "{} not found (--bin DIR: the directory of the stock llama.cpp tools)",
-            exe.display()
+            "{} not found (--bin DIR: the directory of the stock llama.cpp tools; \
+             the {} build: STOCK_PROTO={} STOCK_TARGETS=llama-bench scripts/stock-llama.sh)",
+            exe.display(),
+            cfg.stock.proto,
+            cfg.stock.proto.number()
         );
     }
     if !cfg.model.is_file() {
         bail!("model {} not found", cfg.model.display());
+    }
+    // A stock client aborts on a server of the other major: say which port instead.
+    for addr in cfg.server.iter().flat_map(Target::addrs) {
+        let major = server_major(addr).with_context(|| format!("HELLO to {addr}"))?;
+        if major != cfg.stock.proto {
+            bail!(
+                "{addr} speaks protocol {major}, llama-bench (--proto) {}: give the server's port \
+                 of that protocol (our rpc-server: -p speaks 8.0.0, --proto7-port 7.0.0)",
+                cfg.stock.proto
+            );
+        }
     }
     let (pp, tg) = (Phase::Pp(cfg.n_prompt), Phase::Tg(cfg.n_gen));
     let (np, ng, reps, rounds) = (cfg.n_prompt, cfg.n_gen, cfg.reps, cfg.rounds.max(1));
@@ -336,11 +379,11 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
             pb.set_message(format!("{}: {msg}", target.label));
             let tag = format!("{}-{tag}", slug(target));
             per_target.push(match wire {
-                Some(w) => through_relay(target.addr, *w, |addr| {
-                    llama_bench(cfg, ti, addr, *p, *n, *r, &tag)
+                Some(w) => through_relay(&target.addrs(), *w, |addrs| {
+                    llama_bench(cfg, ti, addrs, *p, *n, *r, &tag)
                 })?,
                 None => (
-                    llama_bench(cfg, ti, target.addr, *p, *n, *r, &tag)?,
+                    llama_bench(cfg, ti, &target.addrs(), *p, *n, *r, &tag)?,
                     Traffic::default(),
                 ),
             });

@@ -305,7 +305,8 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
             targets.push((
                 Target {
                     label,
-                    addr: t.addr,
+                    peers: t.peers.clone(),
+                    ..*t
                 },
                 args,
             ));
@@ -320,21 +321,26 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
     let (rows, notes) = run(&cfg)?;
     let mut md = String::new();
     md.push_str(&format!(
-        "## rpc-bench e2e\n\nClient: stock `llama-bench -ngl {} -p {} -n {} -r {} -t {} {}` ({}), model `{}`; servers: {}; \
+        "## rpc-bench e2e\n\nClient: stock `llama-bench -ngl {} -sm {} -p {} -n {} -r {} -t {} {}` ({}, protocol {}), model `{}`; servers: {}; \
          timings averaged over {} rounds (each round runs every link for every server in turn).\n\
          Per token: pp = one {}-token batch ÷ {}, tg = one generated token. Round trips and bytes are counted \
          exactly by the relay (difference between -r 1 and -r {} runs). `numbers`: *measured (relay, no delay)* \
          is the base; *measured (emulated link)* ran through the user-space link emulator; *projected* = base + \
          round trips × RTT + bytes ÷ bandwidth (t/s in parentheses are projected).\n\n",
         cfg.ngl,
+        cfg.split_mode.name(),
         cfg.n_prompt,
         cfg.n_gen,
         cfg.reps,
         cfg.threads,
         cfg.bench_args,
-        cfg.bin.display(),
+        cfg.stock.dir().display(),
+        cfg.stock.proto,
         cfg.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
-        cfg.targets.iter().map(|t| format!("{} ({})", t.label, t.addr)).collect::<Vec<_>>().join(", "),
+        cfg.targets.iter().map(|t| {
+            let addrs = t.addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>();
+            format!("{} ({})", t.label, addrs.join(" + "))
+        }).collect::<Vec<_>>().join(", "),
         cfg.rounds,
         cfg.n_prompt,
         cfg.n_prompt,
