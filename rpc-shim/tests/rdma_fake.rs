@@ -134,15 +134,18 @@ impl Connector for FakeConnector {
         self.tcp_only.store(true, SeqCst);
     }
 
-    async fn open(&self) -> Result<FakeConn, ShimError> {
+    async fn open(&self) -> Result<(FakeConn, Major), ShimError> {
         if self.tcp_only.load(SeqCst) {
             let tcp = TcpStream::connect(self.worker)
                 .await
                 .map_err(ShimError::upstream("fake"))?;
-            let tcp = hello(tcp).await?;
+            let (tcp, major) = hello(tcp).await?;
             self.tcp_opens.fetch_add(1, SeqCst);
-            return Ok(FakeConn::Tcp(
-                rpc_transport::TcpTransport::new(tcp).map_err(ShimError::upstream("fake"))?,
+            return Ok((
+                FakeConn::Tcp(
+                    rpc_transport::TcpTransport::new(tcp).map_err(ShimError::upstream("fake"))?,
+                ),
+                major,
             ));
         }
         let up = ShimError::upstream("fake");
@@ -154,7 +157,7 @@ impl Connector for FakeConnector {
         let tcp = TcpStream::connect(self.worker)
             .await
             .map_err(ShimError::upstream("fake"))?;
-        let tcp = hello(tcp).await?;
+        let (tcp, major) = hello(tcp).await?;
         // The TCP liveness anchor: the far side closes it when the worker's connection ends, as a
         // worker process does.
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -180,9 +183,12 @@ impl Connector for FakeConnector {
             a.post_all_receives().unwrap();
             b.post_all_receives().unwrap();
             tokio::spawn(bridge(RdmaTransport::new(b, Some(far_anchor), "lean"), tcp));
-            return Ok(FakeConn::Lean(RdmaTransport::new(a, Some(anchor), "lean")));
+            return Ok((
+                FakeConn::Lean(RdmaTransport::new(a, Some(anchor), "lean")),
+                major,
+            ));
         }
-        Ok(match self.rules {
+        let conn = match self.rules {
             Rules::Rc => {
                 let (a, b) = fake::pair(Rules::Rc, RC_TX_SIZE, RC_RX_SIZE, 256);
                 let mut a = RcLink::new(Recording {
@@ -204,20 +210,25 @@ impl Connector for FakeConnector {
                 tokio::spawn(bridge(RdmaTransport::new(b, Some(far_anchor), "uc"), tcp));
                 FakeConn::Uc(RdmaTransport::new(a, Some(anchor), "uc"))
             }
-        })
+        };
+        Ok((conn, major))
     }
 }
 
-/// HELLO as a client on a fresh stream (`TCP_NODELAY`); the stream back, for the bridge.
-async fn hello(tcp: TcpStream) -> Result<TcpStream, ShimError> {
+/// HELLO as a client on a fresh stream (`TCP_NODELAY`); the stream back, for the bridge, and
+/// the major the worker announced.
+async fn hello(tcp: TcpStream) -> Result<(TcpStream, Major), ShimError> {
     let up = ShimError::upstream("fake");
     let mut c = rpc_client::Client::new(rpc_transport::TcpTransport::new(tcp).map_err(up)?);
     c.hello()
         .await
         .map_err(|e| ShimError::from_client("fake", rpc_proto::Command::Hello, e))?;
-    c.into_transport()
+    let major = c.major();
+    let tcp = c
+        .into_transport()
         .into_stream()
-        .map_err(ShimError::upstream("fake"))
+        .map_err(ShimError::upstream("fake"))?;
+    Ok((tcp, major))
 }
 
 /// Carries bytes between the far end of a fake queue pair and the worker's TCP connection until
@@ -309,7 +320,7 @@ async fn fake_shim(
         connector.device.clone(),
     );
     let w = Worker::new(server.addr.to_string(), connector, test_opts());
-    let shim = rpc_shim::start("127.0.0.1:0", w).await.unwrap();
+    let shim = rpc_shim::start("127.0.0.1:0", Major::V7, w).await.unwrap();
     (server, shim, sends, opened, device)
 }
 
@@ -441,7 +452,11 @@ async fn rc_segmentation_of_a_token_burst() {
         burst.extend_from_slice(&pattern(len, i as u64));
         sizes.push((rpc_proto::SET_TENSOR_HEADER_SIZE + len) as u64);
     }
-    rpc_proto::Request::GraphRecompute { device: 0 }.encode(&mut burst);
+    rpc_proto::Request::GraphRecompute {
+        device: 0,
+        uid: None,
+    }
+    .encode(&mut burst);
     sizes.push(4);
     rpc_proto::Request::GetTensor {
         tensor: s,
@@ -473,7 +488,7 @@ async fn corrupt_lean_frame_fails_the_connection_and_falls_back_to_tcp() {
             connector.opened.clone(),
         );
         let w = Worker::new(server.addr.to_string(), connector, test_opts());
-        let shim = rpc_shim::start("127.0.0.1:0", w).await.unwrap();
+        let shim = rpc_shim::start("127.0.0.1:0", Major::V7, w).await.unwrap();
 
         // The first stateful command opens the lean connection; the worker's reply is corrupted.
         let mut c = connect(shim.local).await;

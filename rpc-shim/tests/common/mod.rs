@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 pub use rpc_client::{
     ops, types, Client, ClientError, RpcTensor, TensorBuilder, TENSOR_FLAG_COMPUTE,
 };
+pub use rpc_proto::Major;
 pub use rpc_shim::{Options, RdmaSettings, RealConnector, Running, Worker};
 pub use rpc_tests::*;
 
@@ -22,19 +23,29 @@ pub fn test_opts() -> Options {
     }
 }
 
-/// A TCP-only shim on 127.0.0.1:0 in front of `worker`.
+/// A TCP-only shim on 127.0.0.1:0 in front of `worker`, speaking 7.0.0 to its clients (the
+/// suite written for 7.0.0; `TestServer::addr` is a 7.0.0 worker).
 pub async fn shim_tcp(worker: SocketAddr, opts: Options) -> Running<RealConnector> {
-    shim_tcp_addr(&worker.to_string(), opts).await
+    shim_tcp_major(worker, Major::V7, opts).await
+}
+
+/// Same, speaking `major` to its clients.
+pub async fn shim_tcp_major(
+    worker: SocketAddr,
+    major: Major,
+    opts: Options,
+) -> Running<RealConnector> {
+    shim_tcp_addr(&worker.to_string(), major, opts).await
 }
 
 /// Same, for a worker given as a string.
-pub async fn shim_tcp_addr(worker: &str, opts: Options) -> Running<RealConnector> {
+pub async fn shim_tcp_addr(worker: &str, major: Major, opts: Options) -> Running<RealConnector> {
     let w = Worker::new(
         worker,
         RealConnector::new(worker, opts.clone(), RdmaSettings::tcp()),
         opts,
     );
-    rpc_shim::start("127.0.0.1:0", w)
+    rpc_shim::start("127.0.0.1:0", major, w)
         .await
         .expect("bind the shim")
 }
