@@ -17,12 +17,17 @@
 //! Adding an op: one [`Family`] entry (its ops and a generator returning a [`Case`]); a new
 //! family goes at the end of [`FAMILIES`] (see [`family`]: the first eleven keep their bytes).
 #![no_main]
+// Shapes, strides and op_params are parallel 4- and 16-element arrays indexed together.
+#![allow(clippy::needless_range_loop)]
 
 #[path = "common/mod.rs"]
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use rpc_proto::{encode_graph, ggml_op as op, ggml_type as ty, RpcTensor, TENSOR_FLAG_COMPUTE, TENSOR_FLAG_PARAM};
+use rpc_proto::{
+    encode_graph, ggml_op as op, ggml_type as ty, Major, RpcTensor, TENSOR_FLAG_COMPUTE,
+    TENSOR_FLAG_PARAM,
+};
 
 /// Byte written around every tensor and checked after compute.
 const CANARY: u8 = 0xA5;
@@ -66,9 +71,36 @@ impl Gen<'_> {
     /// An `op_params` value: boundaries, small values the kernels branch on, or random bits.
     fn param(&mut self) -> i32 {
         match self.below(6) {
-            0 => self.pick(&[0, 1, -1, 2, 3, 4, 8, 16, 24, 40, 64, i32::MAX, i32::MIN, i32::MAX - 1]),
+            0 => self.pick(&[
+                0,
+                1,
+                -1,
+                2,
+                3,
+                4,
+                8,
+                16,
+                24,
+                40,
+                64,
+                i32::MAX,
+                i32::MIN,
+                i32::MAX - 1,
+            ]),
             1 => self.below(64) as i32 - 8,
-            2 => self.pick(&[0.0f32, 1.0, -1.0, 0.5, 1e-6, f32::NAN, f32::INFINITY, -f32::INFINITY, 1e30]).to_bits() as i32,
+            2 => self
+                .pick(&[
+                    0.0f32,
+                    1.0,
+                    -1.0,
+                    0.5,
+                    1e-6,
+                    f32::NAN,
+                    f32::INFINITY,
+                    -f32::INFINITY,
+                    1e30,
+                ])
+                .to_bits() as i32,
             _ => self.u32() as i32,
         }
     }
@@ -85,7 +117,12 @@ struct T {
 }
 
 fn t(ty: u32, ne: [i64; 4]) -> T {
-    T { ty, ne, nb: None, flags: 0 }
+    T {
+        ty,
+        ne,
+        nb: None,
+        flags: 0,
+    }
 }
 
 /// A generated single-op case: sources (by slot, `None` = absent), the result and its params.
@@ -99,7 +136,13 @@ struct Case {
 }
 
 fn case(op: u32, src: Vec<Option<T>>, dst: T) -> Case {
-    Case { op, src, dst, params: [0; 16], dst_is_src0: false }
+    Case {
+        op,
+        src,
+        dst,
+        params: [0; 16],
+        dst_is_src0: false,
+    }
 }
 
 fn f(x: f32) -> i32 {
@@ -134,7 +177,11 @@ fn nbytes(x: &T, nb: &[u64; 4]) -> Option<u64> {
     if x.ne.iter().any(|&n| n <= 0) {
         return Some(0);
     }
-    let mut n: u128 = if bs == 1 { ts as u128 } else { x.ne[0] as u128 * nb[0] as u128 / bs as u128 };
+    let mut n: u128 = if bs == 1 {
+        ts as u128
+    } else {
+        x.ne[0] as u128 * nb[0] as u128 / bs as u128
+    };
     for i in (if bs == 1 { 0 } else { 1 })..4 {
         n += (x.ne[i] as u128 - 1) * nb[i] as u128;
     }
@@ -173,7 +220,19 @@ fn gen_binary(g: &mut Gen) -> Case {
 }
 
 fn gen_unary(g: &mut Gen) -> Case {
-    let o = g.pick(&[op::SQR, op::SQRT, op::LOG, op::SIN, op::COS, op::SCALE, op::CLAMP, op::LEAKY_RELU, op::UNARY, op::GLU, op::SILU_BACK]);
+    let o = g.pick(&[
+        op::SQR,
+        op::SQRT,
+        op::LOG,
+        op::SIN,
+        op::COS,
+        op::SCALE,
+        op::CLAMP,
+        op::LEAKY_RELU,
+        op::UNARY,
+        op::GLU,
+        op::SILU_BACK,
+    ]);
     let ne = shape4(g, 40);
     let tya = float_ty(g);
     let mut c = case(o, vec![Some(t(tya, ne))], t(tya, ne));
@@ -206,12 +265,26 @@ fn gen_rows(g: &mut Gen) -> Case {
         let tya = g.pick(&[ty::F32, ty::F16, ty::Q8_0, ty::I32]);
         let ne0 = if tya == ty::Q8_0 { 32 * g.dim(2) } else { ne0 };
         let dt = if tya == ty::I32 { ty::I32 } else { ty::F32 };
-        case(op::GET_ROWS, vec![Some(t(tya, [ne0, nr, b2, b3])), Some(t(ty::I32, [n, b2, b3, 1]))], t(dt, [ne0, n, b2, b3]))
+        case(
+            op::GET_ROWS,
+            vec![
+                Some(t(tya, [ne0, nr, b2, b3])),
+                Some(t(ty::I32, [n, b2, b3, 1])),
+            ],
+            t(dt, [ne0, n, b2, b3]),
+        )
     } else {
         let dt = g.pick(&[ty::F32, ty::F16, ty::Q8_0]);
         let ne0 = if dt == ty::Q8_0 { 32 * g.dim(2) } else { ne0 };
         let it = g.pick(&[ty::I64, ty::I32]);
-        case(op::SET_ROWS, vec![Some(t(ty::F32, [ne0, n, b2, b3])), Some(t(it, [n, b2, b3, 1]))], t(dt, [ne0, nr, b2, b3]))
+        case(
+            op::SET_ROWS,
+            vec![
+                Some(t(ty::F32, [ne0, n, b2, b3])),
+                Some(t(it, [n, b2, b3, 1])),
+            ],
+            t(dt, [ne0, nr, b2, b3]),
+        )
     }
 }
 
@@ -220,19 +293,46 @@ fn gen_matmul(g: &mut Gen) -> Case {
     let (b2, b3, r2, r3) = (g.dim(2), g.dim(2), g.dim(2), g.dim(2));
     if g.chance(64) {
         // OUT_PROD: a [m, k], b [n, k] -> [m, n]
-        return case(op::OUT_PROD, vec![Some(t(ty::F32, [m, k, b2, b3])), Some(t(ty::F32, [nn, k, b2 * r2, b3 * r3]))], t(ty::F32, [m, nn, b2 * r2, b3 * r3]));
+        return case(
+            op::OUT_PROD,
+            vec![
+                Some(t(ty::F32, [m, k, b2, b3])),
+                Some(t(ty::F32, [nn, k, b2 * r2, b3 * r3])),
+            ],
+            t(ty::F32, [m, nn, b2 * r2, b3 * r3]),
+        );
     }
     let tya = g.pick(&[ty::F32, ty::F16, ty::Q8_0, ty::Q4_0]);
-    let k = if type_info(tya).1 > 1 { 32 * g.dim(3) } else { k };
+    let k = if type_info(tya).1 > 1 {
+        32 * g.dim(3)
+    } else {
+        k
+    };
     let tyb = if g.chance(220) { ty::F32 } else { ty::F16 };
-    let mut c = case(op::MUL_MAT, vec![Some(t(tya, [k, m, b2, b3])), Some(t(tyb, [k, nn, b2 * r2, b3 * r3]))], t(ty::F32, [m, nn, b2 * r2, b3 * r3]));
+    let mut c = case(
+        op::MUL_MAT,
+        vec![
+            Some(t(tya, [k, m, b2, b3])),
+            Some(t(tyb, [k, nn, b2 * r2, b3 * r3])),
+        ],
+        t(ty::F32, [m, nn, b2 * r2, b3 * r3]),
+    );
     // op_params[1]: GGML_HINT_SRC0_IS_HADAMARD (ggml_mul_mat_set_hint).
     c.params[1] = g.pick(&[0, 0, 1]);
     c
 }
 
 fn gen_norm(g: &mut Gen) -> Case {
-    let o = g.pick(&[op::NORM, op::RMS_NORM, op::L2_NORM, op::GROUP_NORM, op::SOFT_MAX, op::DIAG_MASK_INF, op::DIAG_MASK_ZERO, op::RMS_NORM_BACK]);
+    let o = g.pick(&[
+        op::NORM,
+        op::RMS_NORM,
+        op::L2_NORM,
+        op::GROUP_NORM,
+        op::SOFT_MAX,
+        op::DIAG_MASK_INF,
+        op::DIAG_MASK_ZERO,
+        op::RMS_NORM_BACK,
+    ]);
     let ne = shape4(g, 40);
     let mut c = case(o, vec![Some(t(ty::F32, ne))], t(ty::F32, ne));
     match o {
@@ -241,7 +341,8 @@ fn gen_norm(g: &mut Gen) -> Case {
             c.params[..2].copy_from_slice(&[f(1.0), f(g.pick(&[0.0, 8.0]))]);
             if g.chance(128) {
                 let mt = float_ty(g);
-                c.src.push(Some(t(mt, [ne[0], ne[1] + g.below(3) as i64, 1, 1])));
+                c.src
+                    .push(Some(t(mt, [ne[0], ne[1] + g.below(3) as i64, 1, 1])));
             }
             if g.chance(64) {
                 if c.src.len() < 2 {
@@ -267,8 +368,19 @@ fn gen_rope(g: &mut Gen) -> Case {
     let mode = g.pick(&[0, 2, 8, 24, 40]);
     let tya = float_ty(g);
     let npos = if mode & 8 != 0 { 4 * nt } else { nt };
-    let n_dims = if mode == 24 { ne0 / 2 } else { 2 * (1 + g.below(ne0 as u32 / 2) as i64) };
-    let mut c = case(o, vec![Some(t(tya, [ne0, nh, nt, 1])), Some(t(ty::I32, [npos, 1, 1, 1]))], t(tya, [ne0, nh, nt, 1]));
+    let n_dims = if mode == 24 {
+        ne0 / 2
+    } else {
+        2 * (1 + g.below(ne0 as u32 / 2) as i64)
+    };
+    let mut c = case(
+        o,
+        vec![
+            Some(t(tya, [ne0, nh, nt, 1])),
+            Some(t(ty::I32, [npos, 1, 1, 1])),
+        ],
+        t(tya, [ne0, nh, nt, 1]),
+    );
     if g.chance(100) {
         let nf = if g.chance(128) { n_dims / 2 } else { ne0 / 2 };
         c.src.push(Some(t(ty::F32, [nf, 1, 1, 1])));
@@ -295,9 +407,27 @@ fn gen_optimizer(g: &mut Gen) -> Case {
     let mut w = t(ty::F32, ne);
     w.flags = TENSOR_FLAG_PARAM;
     let mut c = if g.chance(160) {
-        case(op::OPT_STEP_ADAMW, vec![Some(w), Some(t(ty::F32, ne)), Some(t(ty::F32, ne)), Some(t(ty::F32, ne)), Some(t(ty::F32, [7, 1, 1, 1]))], t(ty::F32, ne))
+        case(
+            op::OPT_STEP_ADAMW,
+            vec![
+                Some(w),
+                Some(t(ty::F32, ne)),
+                Some(t(ty::F32, ne)),
+                Some(t(ty::F32, ne)),
+                Some(t(ty::F32, [7, 1, 1, 1])),
+            ],
+            t(ty::F32, ne),
+        )
     } else {
-        case(op::OPT_STEP_SGD, vec![Some(w), Some(t(ty::F32, ne)), Some(t(ty::F32, [2, 1, 1, 1]))], t(ty::F32, ne))
+        case(
+            op::OPT_STEP_SGD,
+            vec![
+                Some(w),
+                Some(t(ty::F32, ne)),
+                Some(t(ty::F32, [2, 1, 1, 1])),
+            ],
+            t(ty::F32, ne),
+        )
     };
     c.dst_is_src0 = true;
     c
@@ -307,9 +437,17 @@ fn gen_copy(g: &mut Gen) -> Case {
     let ne = shape4(g, 40);
     let tya = g.pick(&[ty::F32, ty::F16, ty::I32]);
     let tyd = g.pick(&[ty::F32, ty::F16, ty::Q8_0, ty::I32]);
-    let ne = if tyd == ty::Q8_0 { [32 * g.dim(2), ne[1], ne[2], ne[3]] } else { ne };
+    let ne = if tyd == ty::Q8_0 {
+        [32 * g.dim(2), ne[1], ne[2], ne[3]]
+    } else {
+        ne
+    };
     match g.below(3) {
-        0 => case(op::CPY, vec![Some(t(tya, ne)), Some(t(tyd, ne))], t(tyd, ne)),
+        0 => case(
+            op::CPY,
+            vec![Some(t(tya, ne)), Some(t(tyd, ne))],
+            t(tyd, ne),
+        ),
         1 => case(op::DUP, vec![Some(t(tya, ne))], t(tya, ne)),
         _ => {
             let mut d = ne;
@@ -324,15 +462,31 @@ fn gen_copy(g: &mut Gen) -> Case {
 }
 
 fn gen_reduce(g: &mut Gen) -> Case {
-    let o = g.pick(&[op::SUM, op::SUM_ROWS, op::MEAN, op::ARGMAX, op::ARGSORT, op::TOP_K, op::CUMSUM]);
+    let o = g.pick(&[
+        op::SUM,
+        op::SUM_ROWS,
+        op::MEAN,
+        op::ARGMAX,
+        op::ARGSORT,
+        op::TOP_K,
+        op::CUMSUM,
+    ]);
     let ne = shape4(g, 40);
     let a = Some(t(ty::F32, ne));
     let mut c = match o {
         op::SUM => case(o, vec![a], t(ty::F32, [1, 1, 1, 1])),
         op::SUM_ROWS | op::MEAN => case(o, vec![a], t(ty::F32, [1, ne[1], ne[2], ne[3]])),
-        op::ARGMAX => case(o, vec![Some(t(ty::F32, [ne[0], ne[1], 1, 1]))], t(ty::I32, [ne[1], 1, 1, 1])),
+        op::ARGMAX => case(
+            o,
+            vec![Some(t(ty::F32, [ne[0], ne[1], 1, 1]))],
+            t(ty::I32, [ne[1], 1, 1, 1]),
+        ),
         op::ARGSORT => case(o, vec![a], t(ty::I32, ne)),
-        op::TOP_K => case(o, vec![a], t(ty::I32, [g.dim(ne[0] as u32), ne[1], ne[2], ne[3]])),
+        op::TOP_K => case(
+            o,
+            vec![a],
+            t(ty::I32, [g.dim(ne[0] as u32), ne[1], ne[2], ne[3]]),
+        ),
         _ => case(o, vec![a], t(ty::F32, ne)),
     };
     c.params[0] = g.below(2) as i32;
@@ -340,14 +494,34 @@ fn gen_reduce(g: &mut Gen) -> Case {
 }
 
 fn gen_pool(g: &mut Gen) -> Case {
-    let o = g.pick(&[op::PAD, op::ROLL, op::POOL_1D, op::POOL_2D, op::UPSCALE, op::CONCAT, op::REPEAT]);
+    let o = g.pick(&[
+        op::PAD,
+        op::ROLL,
+        op::POOL_1D,
+        op::POOL_2D,
+        op::UPSCALE,
+        op::CONCAT,
+        op::REPEAT,
+    ]);
     let ne = shape4(g, 24);
     let a = Some(t(ty::F32, ne));
     let mut c;
     match o {
         op::PAD => {
             let p: Vec<i64> = (0..8).map(|_| g.below(3) as i64).collect();
-            c = case(o, vec![a], t(ty::F32, [ne[0] + p[0] + p[1], ne[1] + p[2] + p[3], ne[2] + p[4] + p[5], ne[3] + p[6] + p[7]]));
+            c = case(
+                o,
+                vec![a],
+                t(
+                    ty::F32,
+                    [
+                        ne[0] + p[0] + p[1],
+                        ne[1] + p[2] + p[3],
+                        ne[2] + p[4] + p[5],
+                        ne[3] + p[6] + p[7],
+                    ],
+                ),
+            );
             for i in 0..8 {
                 c.params[i] = p[i] as i32;
             }
@@ -360,23 +534,35 @@ fn gen_pool(g: &mut Gen) -> Case {
             }
         }
         op::POOL_1D => {
-            let (k, s) = (g.dim(3) as i64, g.dim(3) as i64);
+            let (k, s) = (g.dim(3), g.dim(3));
             let p = g.below(k as u32) as i64;
             let ow = (ne[0] + 2 * p - k) / s + 1;
             c = case(o, vec![a], t(ty::F32, [ow.max(0), ne[1], ne[2], ne[3]]));
             c.params[..4].copy_from_slice(&[g.below(2) as i32, k as i32, s as i32, p as i32]);
         }
         op::POOL_2D => {
-            let (k0, k1, s0, s1) = (g.dim(3) as i64, g.dim(3) as i64, g.dim(2) as i64, g.dim(2) as i64);
+            let (k0, k1, s0, s1) = (g.dim(3), g.dim(3), g.dim(2), g.dim(2));
             let (p0, p1) = (g.below(k0 as u32) as i64, g.below(k1 as u32) as i64);
             let ow = (ne[0] + 2 * p0 - k0) / s0 + 1;
             let oh = (ne[1] + 2 * p1 - k1) / s1 + 1;
             c = case(o, vec![a], t(ty::F32, [ow.max(0), oh.max(0), ne[2], ne[3]]));
-            c.params[..7].copy_from_slice(&[g.below(2) as i32, k0 as i32, k1 as i32, s0 as i32, s1 as i32, p0 as i32, p1 as i32]);
+            c.params[..7].copy_from_slice(&[
+                g.below(2) as i32,
+                k0 as i32,
+                k1 as i32,
+                s0 as i32,
+                s1 as i32,
+                p0 as i32,
+                p1 as i32,
+            ]);
         }
         op::UPSCALE => {
             let sf = g.dim(3);
-            c = case(o, vec![a], t(ty::F32, [ne[0] * sf, ne[1] * sf, ne[2], ne[3]]));
+            c = case(
+                o,
+                vec![a],
+                t(ty::F32, [ne[0] * sf, ne[1] * sf, ne[2], ne[3]]),
+            );
             c.params[0] = g.pick(&[0, 1, 2, 1 | 256, 2 | 256]);
         }
         op::CONCAT => {
@@ -390,21 +576,37 @@ fn gen_pool(g: &mut Gen) -> Case {
         }
         _ => {
             let r = [g.dim(2), g.dim(2), 1, 1];
-            c = case(o, vec![a], t(ty::F32, [ne[0] * r[0], ne[1] * r[1], ne[2], ne[3]]));
+            c = case(
+                o,
+                vec![a],
+                t(ty::F32, [ne[0] * r[0], ne[1] * r[1], ne[2], ne[3]]),
+            );
         }
     }
     c
 }
 
 fn gen_attention(g: &mut Gen) -> Case {
-    let (dk, dv, nq, nkv, h, hk) = (g.pick(&[32i64, 64, 40]), g.pick(&[32i64, 64, 40]), g.dim(4), g.dim(40), g.pick(&[1i64, 2, 4]), 1);
+    let (dk, dv, nq, nkv, h, hk) = (
+        g.pick(&[32i64, 64, 40]),
+        g.pick(&[32i64, 64, 40]),
+        g.dim(4),
+        g.dim(40),
+        g.pick(&[1i64, 2, 4]),
+        1,
+    );
     let kt = g.pick(&[ty::F16, ty::F32, ty::Q8_0]);
     let q = t(ty::F32, [dk, nq, h, 1]);
     let k = t(kt, [dk, nkv, hk, 1]);
     let v = t(kt, [dv, nkv, hk, 1]);
-    let mut c = case(op::FLASH_ATTN_EXT, vec![Some(q), Some(k), Some(v)], t(ty::F32, [dv, h, nq, 1]));
+    let mut c = case(
+        op::FLASH_ATTN_EXT,
+        vec![Some(q), Some(k), Some(v)],
+        t(ty::F32, [dv, h, nq, 1]),
+    );
     if g.chance(160) {
-        c.src.push(Some(t(ty::F16, [nkv, nq + g.below(3) as i64, 1, 1])));
+        c.src
+            .push(Some(t(ty::F16, [nkv, nq + g.below(3) as i64, 1, 1])));
     }
     if g.chance(64) {
         if c.src.len() < 4 {
@@ -412,7 +614,12 @@ fn gen_attention(g: &mut Gen) -> Case {
         }
         c.src.push(Some(t(ty::F32, [h, 1, 1, 1])));
     }
-    c.params[..4].copy_from_slice(&[f(0.125), f(g.pick(&[0.0, 8.0])), f(g.pick(&[0.0, 30.0])), g.pick(&[0, 10])]);
+    c.params[..4].copy_from_slice(&[
+        f(0.125),
+        f(g.pick(&[0.0, 8.0])),
+        f(g.pick(&[0.0, 30.0])),
+        g.pick(&[0, 10]),
+    ]);
     c
 }
 
@@ -423,7 +630,11 @@ fn gen_ssm(g: &mut Gen) -> Case {
     let (d_conv, n_t, d_inner, n_s) = (g.dim(4), g.dim(6), g.dim(16), g.dim(3));
     let sx = t(ty::F32, [d_conv - 1 + n_t, d_inner, n_s, 1]);
     let c = t(ty::F32, [d_conv, d_inner, 1, 1]);
-    case(op::SSM_CONV, vec![Some(sx), Some(c)], t(ty::F32, [d_inner, n_t, n_s, 1]))
+    case(
+        op::SSM_CONV,
+        vec![Some(sx), Some(c)],
+        t(ty::F32, [d_inner, n_t, n_s, 1]),
+    )
 }
 
 /// IM2COL (`ggml_im2col`), 1d or 2d: kernel src[0] (only its shape is read), input src[1],
@@ -431,18 +642,41 @@ fn gen_ssm(g: &mut Gen) -> Case {
 fn gen_conv(g: &mut Gen) -> Case {
     let (kw, kh, ic, oc, n) = (g.dim(3), g.dim(3), g.dim(3), g.dim(2), g.dim(2));
     let (iw, ih) = (kw + g.dim(12) - 1, kh + g.dim(8) - 1);
-    let (s0, s1, p0, p1, d0, d1) = (g.dim(2), g.dim(2), g.below(2) as i64, g.below(2) as i64, g.dim(2), g.dim(2));
+    let (s0, s1, p0, p1, d0, d1) = (
+        g.dim(2),
+        g.dim(2),
+        g.below(2) as i64,
+        g.below(2) as i64,
+        g.dim(2),
+        g.dim(2),
+    );
     let out = |i: i64, k: i64, s: i64, p: i64, d: i64| (i + 2 * p - d * (k - 1) - 1) / s + 1;
     let dt = float_ty(g);
     let it = if dt == ty::F32 { ty::F32 } else { float_ty(g) };
     let mut c = if g.chance(128) {
         let (ow, oh) = (out(iw, kw, s0, p0, d0), out(ih, kh, s1, p1, d1));
-        let mut c = case(op::IM2COL, vec![Some(t(ty::F16, [kw, kh, ic, oc])), Some(t(it, [iw, ih, ic, n]))], t(dt, [ic * kh * kw, ow, oh, n]));
-        c.params[..7].copy_from_slice(&[s0 as i32, s1 as i32, p0 as i32, p1 as i32, d0 as i32, d1 as i32, 1]);
+        let mut c = case(
+            op::IM2COL,
+            vec![
+                Some(t(ty::F16, [kw, kh, ic, oc])),
+                Some(t(it, [iw, ih, ic, n])),
+            ],
+            t(dt, [ic * kh * kw, ow, oh, n]),
+        );
+        c.params[..7].copy_from_slice(&[
+            s0 as i32, s1 as i32, p0 as i32, p1 as i32, d0 as i32, d1 as i32, 1,
+        ]);
         c
     } else {
         let ow = out(iw, kw, s0, p0, d0);
-        let mut c = case(op::IM2COL, vec![Some(t(ty::F16, [kw, ic, oc, 1])), Some(t(it, [iw, ic, n, 1]))], t(dt, [ic * kw, ow, n, 1]));
+        let mut c = case(
+            op::IM2COL,
+            vec![
+                Some(t(ty::F16, [kw, ic, oc, 1])),
+                Some(t(it, [iw, ic, n, 1])),
+            ],
+            t(dt, [ic * kw, ow, n, 1]),
+        );
         c.params[..7].copy_from_slice(&[s0 as i32, 0, p0 as i32, 0, d0 as i32, 0, 0]);
         c
     };
@@ -456,19 +690,58 @@ struct Family {
 }
 
 const FAMILIES: &[Family] = &[
-    Family { name: "binary", gen: gen_binary },
-    Family { name: "unary", gen: gen_unary },
-    Family { name: "rows", gen: gen_rows },
-    Family { name: "matmul", gen: gen_matmul },
-    Family { name: "norm", gen: gen_norm },
-    Family { name: "rope", gen: gen_rope },
-    Family { name: "optimizer", gen: gen_optimizer },
-    Family { name: "copy", gen: gen_copy },
-    Family { name: "reduce", gen: gen_reduce },
-    Family { name: "pool", gen: gen_pool },
-    Family { name: "attention", gen: gen_attention },
-    Family { name: "ssm", gen: gen_ssm },
-    Family { name: "conv", gen: gen_conv },
+    Family {
+        name: "binary",
+        gen: gen_binary,
+    },
+    Family {
+        name: "unary",
+        gen: gen_unary,
+    },
+    Family {
+        name: "rows",
+        gen: gen_rows,
+    },
+    Family {
+        name: "matmul",
+        gen: gen_matmul,
+    },
+    Family {
+        name: "norm",
+        gen: gen_norm,
+    },
+    Family {
+        name: "rope",
+        gen: gen_rope,
+    },
+    Family {
+        name: "optimizer",
+        gen: gen_optimizer,
+    },
+    Family {
+        name: "copy",
+        gen: gen_copy,
+    },
+    Family {
+        name: "reduce",
+        gen: gen_reduce,
+    },
+    Family {
+        name: "pool",
+        gen: gen_pool,
+    },
+    Family {
+        name: "attention",
+        gen: gen_attention,
+    },
+    Family {
+        name: "ssm",
+        gen: gen_ssm,
+    },
+    Family {
+        name: "conv",
+        gen: gen_conv,
+    },
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -641,7 +914,8 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // Placement: one buffer per tensor (the result shares src[0]'s when it is its view).
-    let mut h = common::Harness::new();
+    // Protocol 8.0.0 (the kernels do not depend on it); the graph is stored under uid 1.
+    let mut h = common::Harness::new(Major::V8);
     let mut tensors: Vec<RpcTensor> = Vec::new();
     let mut placed: Vec<Placed> = Vec::new();
     let mut all: Vec<T> = c.src.iter().flatten().cloned().collect();
@@ -657,7 +931,11 @@ fuzz_target!(|data: &[u8]| {
             (placed[0].buf, placed[0].offset)
         } else {
             let pre = g.pick(&[0u64, 32, 64]);
-            let post = if g.chance(128) { 0 } else { 1 + g.below(64) as u64 };
+            let post = if g.chance(128) {
+                0
+            } else {
+                1 + g.below(64) as u64
+            };
             let size = (pre + extent + post).max(1);
             if !h.exec(0, &alloc(size)) {
                 return;
@@ -678,7 +956,12 @@ fuzz_target!(|data: &[u8]| {
                 p.extend_from_slice(&mem);
                 assert!(h.exec(6, &p), "SET_TENSOR of a source");
             }
-            placed.push(Placed { buf, offset: pre, extent, size });
+            placed.push(Placed {
+                buf,
+                offset: pre,
+                extent,
+                size,
+            });
             (buf, pre)
         };
         let mut r = RpcTensor::new(k as u64 + 1, x.ty);
@@ -713,14 +996,17 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let mut payload = Vec::new();
-    encode_graph(0, &[dst_idx as u64 + 1], &tensors, &mut payload);
+    encode_graph(0, Some(1), &[dst_idx as u64 + 1], &tensors, &mut payload);
     let trace = std::env::var_os("OPS_TRACE").is_some();
     if trace {
         eprintln!("ops: family {} op {} params {:?}", fam.name, c.op, c.params);
         for (k, x) in tensors.iter().enumerate() {
             let ne: Vec<u32> = x.ne.iter().map(|v| v.get()).collect();
             let nb: Vec<u32> = x.nb.iter().map(|v| v.get()).collect();
-            eprintln!("ops:   tensor {k}: type {} ne {ne:?} nb {nb:?}", x.r#type.get());
+            eprintln!(
+                "ops:   tensor {k}: type {} ne {ne:?} nb {nb:?}",
+                x.r#type.get()
+            );
         }
     }
     let accepted = h.exec(10, &payload);
@@ -737,10 +1023,26 @@ fuzz_target!(|data: &[u8]| {
         q.extend_from_slice(&p.size.to_le_bytes());
         let mem = h.get_tensor(&q).expect("GET_TENSOR of a whole buffer");
         if trace {
-            eprintln!("ops: tensor {k}: offset {} extent {} size {}: {:02x?}", p.offset, p.extent, p.size, &mem[..mem.len().min(48)]);
+            eprintln!(
+                "ops: tensor {k}: offset {} extent {} size {}: {:02x?}",
+                p.offset,
+                p.extent,
+                p.size,
+                &mem[..mem.len().min(48)]
+            );
         }
         let end = (p.offset + p.extent) as usize;
-        let bad = mem[..p.offset as usize].iter().chain(&mem[end..]).position(|&b| b != CANARY);
-        assert!(bad.is_none(), "op {}: canary of tensor {k} overwritten (extent {} at offset {}, buffer {} bytes)", c.op, p.extent, p.offset, p.size);
+        let bad = mem[..p.offset as usize]
+            .iter()
+            .chain(&mem[end..])
+            .position(|&b| b != CANARY);
+        assert!(
+            bad.is_none(),
+            "op {}: canary of tensor {k} overwritten (extent {} at offset {}, buffer {} bytes)",
+            c.op,
+            p.extent,
+            p.offset,
+            p.size
+        );
     }
 });

@@ -1,6 +1,9 @@
 //! Shared harness of the server fuzz targets: an in-process rpc-server session on the CPU
 //! backend, driven by command frames whose buffer handles and data addresses are symbolic.
 //!
+//! A harness speaks one protocol major (7.0.0 or 8.0.0, [`Harness::new`]): command bytes,
+//! payload layouts (GRAPH_COMPUTE's uid, 8.0's commands 18..=22) and the session follow it.
+//!
 //! Input format (what `capture.py` writes from recorded client traffic), repeated:
 //!
 //! ```text
@@ -16,14 +19,20 @@
 
 use std::sync::{Arc, OnceLock};
 
-use rpc_proto::{check_frame, Command, FrameHeader, Limits, Request, Response, RpcTensor, RPC_TENSOR_SIZE};
+use rpc_proto::{
+    check_frame, Command, FrameHeader, Limits, Major, Request, Response, RpcTensor, RPC_TENSOR_SIZE,
+};
 use rpc_server::ggml::{Device, DeviceKind};
 use rpc_server::session::{MemoryBudget, MemoryLimits, Session, SessionConfig};
 
 /// Largest buffer an input may allocate (larger requests are clamped).
 pub const MAX_ALLOC: u64 = 8 << 20;
 
-pub const LIMITS: Limits = Limits { max_request_size: 16 << 20, max_graph_nodes: 4096, max_graph_tensors: 4096 };
+pub const LIMITS: Limits = Limits {
+    max_request_size: 16 << 20,
+    max_graph_nodes: 4096,
+    max_graph_tensors: 4096,
+};
 
 fn config() -> Arc<SessionConfig> {
     static CONFIG: OnceLock<Arc<SessionConfig>> = OnceLock::new();
@@ -31,13 +40,22 @@ fn config() -> Arc<SessionConfig> {
         .get_or_init(|| {
             // No rpc_server::ggml::load_backends(): it installs the callback that parks a thread
             // on a ggml assertion; under the fuzzer an assertion must abort and be reported.
-            let cpu = Device::all().into_iter().find(|d| d.kind() == DeviceKind::Cpu).expect("CPU device");
-            Arc::new(SessionConfig { devices: vec![cpu], n_threads: 1, cache: None, local: None })
+            let cpu = Device::all()
+                .into_iter()
+                .find(|d| d.kind() == DeviceKind::Cpu)
+                .expect("CPU device");
+            Arc::new(SessionConfig {
+                devices: vec![cpu],
+                n_threads: 1,
+                cache: None,
+                local: None,
+            })
         })
         .clone()
 }
 
 pub struct Harness {
+    major: Major,
     session: Session,
     handles: Vec<u64>,
     bases: Vec<u64>,
@@ -46,9 +64,19 @@ pub struct Harness {
 }
 
 impl Harness {
-    pub fn new() -> Harness {
-        let budget = Arc::new(MemoryBudget::new(MemoryLimits { per_connection: 64 << 20, total: 64 << 20 }));
-        Harness { session: Session::with_budget(config(), budget), handles: Vec::new(), bases: Vec::new(), last_get: None }
+    /// A fresh session of a `major` connection.
+    pub fn new(major: Major) -> Harness {
+        let budget = Arc::new(MemoryBudget::new(MemoryLimits {
+            per_connection: 64 << 20,
+            total: 64 << 20,
+        }));
+        Harness {
+            major,
+            session: Session::new(config(), major, budget),
+            handles: Vec::new(),
+            bases: Vec::new(),
+            last_get: None,
+        }
     }
 
     /// Number of buffers allocated so far (the last one's 1-based index).
@@ -69,16 +97,26 @@ impl Harness {
     }
 
     fn handle_of(&self, idx: u64) -> u64 {
-        match usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)).and_then(|i| self.handles.get(i)) {
+        match usize::try_from(idx)
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .and_then(|i| self.handles.get(i))
+        {
             Some(&h) => h,
             None => idx,
         }
     }
 
     fn translate_tensor(&self, b: &mut [u8]) {
-        let Some(mut t) = RpcTensor::from_wire(b) else { return };
+        let Some(mut t) = RpcTensor::from_wire(b) else {
+            return;
+        };
         let idx = t.buffer.get();
-        if let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)).filter(|&i| i < self.handles.len()) {
+        if let Some(i) = usize::try_from(idx)
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .filter(|&i| i < self.handles.len())
+        {
             t.buffer.set(self.handles[i]);
             t.data.set(self.bases[i].wrapping_add(t.data.get()));
         }
@@ -105,24 +143,35 @@ impl Harness {
     /// connection).
     pub fn exec(&mut self, cmd_byte: u8, payload: &[u8]) -> bool {
         let mut p = payload.to_vec();
-        let Some(cmd) = Command::from_u8(cmd_byte) else { return false };
+        let Some(cmd) = self.major.command(cmd_byte) else {
+            return false;
+        };
         match cmd {
-            Command::AllocBuffer => {
-                if p.len() == 12 {
-                    let size = u64::from_le_bytes(p[4..12].try_into().unwrap()).min(MAX_ALLOC);
-                    p[4..12].copy_from_slice(&size.to_le_bytes());
-                }
+            Command::AllocBuffer if p.len() == 12 => {
+                let size = u64::from_le_bytes(p[4..12].try_into().unwrap()).min(MAX_ALLOC);
+                p[4..12].copy_from_slice(&size.to_le_bytes());
             }
-            Command::BufferGetBase | Command::FreeBuffer | Command::BufferClear => self.translate_handle(&mut p),
-            Command::SetTensor | Command::SetTensorHash | Command::GetTensor | Command::InitTensor | Command::MemsetTensor => {
-                self.translate_tensors(&mut p, 0, 1)
+            Command::BufferGetBase | Command::FreeBuffer | Command::BufferClear => {
+                self.translate_handle(&mut p)
             }
+            Command::SetTensor
+            | Command::SetTensorHash
+            | Command::GetTensor
+            | Command::InitTensor
+            | Command::MemsetTensor
+            | Command::SetTensor2d
+            | Command::GetTensor2d => self.translate_tensors(&mut p, 0, 1),
+            Command::CommAllreduce => self.translate_tensors(&mut p, 4, 1),
             Command::CopyTensor => self.translate_tensors(&mut p, 0, 2),
             Command::GetAllocSize => self.translate_tensors(&mut p, 4, 11),
             Command::GraphCompute => {
-                if p.len() >= 8 {
-                    let n_nodes = u32::from_le_bytes(p[4..8].try_into().unwrap()) as usize;
-                    let at = 8usize.saturating_add(n_nodes.saturating_mul(8)).saturating_add(4);
+                // | u32 device | u64 uid (8.0) | u32 n_nodes | u64 ids[n_nodes] | u32 n_tensors | tensors |
+                let n_nodes_at = if self.major == Major::V8 { 12 } else { 4 };
+                if let Some(b) = p.get(n_nodes_at..n_nodes_at + 4) {
+                    let n_nodes = u32::from_le_bytes(b.try_into().unwrap()) as usize;
+                    let at = (n_nodes_at + 4)
+                        .saturating_add(n_nodes.saturating_mul(8))
+                        .saturating_add(4);
                     if at <= p.len() {
                         let n = (p.len() - at) / RPC_TENSOR_SIZE;
                         self.translate_tensors(&mut p, at, n);
@@ -131,12 +180,19 @@ impl Harness {
             }
             _ => {}
         }
-        let h = FrameHeader { cmd: cmd_byte, size: p.len() as u64 };
-        let Ok(cmd) = check_frame(&h, &LIMITS) else { return false };
+        let h = FrameHeader {
+            cmd: cmd_byte,
+            size: p.len() as u64,
+        };
+        let Ok(cmd) = check_frame(self.major, &h, &LIMITS) else {
+            return false;
+        };
         if cmd == Command::Hello {
             return true; // handled by the connection layer; a second one is refused there
         }
-        let Ok(req) = Request::decode(cmd, &p, &LIMITS) else { return false };
+        let Ok(req) = Request::decode(self.major, cmd, &p, &LIMITS) else {
+            return false;
+        };
         match self.session.handle(req) {
             Ok(Some(Response::AllocBuffer { remote_ptr, .. })) if remote_ptr != 0 => {
                 let base = match self.session.handle(Request::BufferGetBase { remote_ptr }) {
@@ -147,7 +203,7 @@ impl Harness {
                 self.bases.push(base);
                 true
             }
-            Ok(Some(Response::GetTensor(data))) => {
+            Ok(Some(Response::GetTensor(data) | Response::GetTensor2d(data))) => {
                 self.last_get = Some(data);
                 true
             }
