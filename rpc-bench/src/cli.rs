@@ -15,10 +15,11 @@ use crate::tools::default_bin;
 /// Which stock llama.cpp tools run (`e2e`, `load`), by the protocol they speak.
 #[derive(Args, Debug, Clone)]
 pub struct Stock {
-    /// Protocol of the stock tools and servers: 8 (llama.cpp since October 2026,
-    /// `STOCK_PROTO=8 scripts/stock-llama.sh`) or 7 (`scripts/stock-llama.sh`). Our rpc-server
-    /// speaks 8.0.0 on -p and 7.0.0 on --proto7-port; a client of the other major aborts.
-    #[arg(long, default_value = "8", value_parser = parse_major)]
+    /// Protocol of the stock tools and servers: 7 (`scripts/stock-llama.sh`, the default, what
+    /// the measurements so far used) or 8 (llama.cpp since October 2026,
+    /// `STOCK_PROTO=8 scripts/stock-llama.sh`). Our rpc-server speaks 8.0.0 on -p and 7.0.0 on
+    /// --proto7-port; a client of the other major aborts.
+    #[arg(long, default_value = "7", value_parser = parse_major)]
     pub proto: Major,
     /// Directory of the stock llama.cpp tools; default: $STOCK_BIN (7) or $STOCK_BIN8 (8), else
     /// the stock build of that protocol `scripts/stock-llama.sh` cached.
@@ -33,6 +34,7 @@ impl Stock {
     }
 }
 
+/// `7`, `8` (also `7.0`, `8.0.0`).
 fn parse_major(s: &str) -> Result<Major, String> {
     s.trim_end_matches(".0")
         .parse::<u8>()
@@ -100,5 +102,24 @@ impl Common {
     /// Prints `md`; writes it and `csv` where `--md` / `--csv` say.
     pub fn emit(&self, md: &str, csv: &Table) -> anyhow::Result<()> {
         bench_report::emit(md, csv, self.md.as_deref(), self.csv.as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_choice() {
+        assert_eq!(parse_major("7"), Ok(Major::V7));
+        assert_eq!(parse_major("8.0.0"), Ok(Major::V8));
+        assert!(
+            parse_major("9").is_err() && parse_major("70").is_err() && parse_major("").is_err()
+        );
+        let s = Stock {
+            proto: Major::V8,
+            bin: Some("/x".into()),
+        };
+        assert_eq!(s.dir(), PathBuf::from("/x"), "--bin wins over the default");
     }
 }

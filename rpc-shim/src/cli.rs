@@ -68,6 +68,11 @@ pub struct Args {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub proto7_port: Option<u16>,
 
+    /// A 7.0.0 listen address for the worker in the same position (repeat once per worker),
+    /// instead of --proto7-port.
+    #[arg(long = "listen7", value_name = "ADDR:PORT", value_parser = parse_endpoint, conflicts_with = "proto7_port")]
+    pub listen7: Vec<String>,
+
     /// Transport to the workers: `auto` offers RDMA in HELLO when a local RDMA device owns the
     /// route to the worker and uses TCP otherwise (per worker and connection); `tcp` never offers
     /// RDMA (also set by GGML_RPC_NO_RDMA); `rdma` refuses connections on which RDMA does not engage.
@@ -137,15 +142,34 @@ impl Args {
     }
 
     /// The 7.0.0 listen address of each worker, in `--worker` order (empty without
-    /// `--proto7-port`): port `N + i` on the address of its 8.0.0 listener, none of them one of
-    /// the 8.0.0 addresses.
+    /// `--proto7-port` and `--listen7`): `--listen7`, or port `N + i` on the address of its
+    /// 8.0.0 listener; none of them one of the 8.0.0 addresses.
     pub fn proto7_addrs(&self) -> Result<Vec<String>, String> {
-        let Some(base) = self.proto7_port else {
+        let v8 = self.listen_addrs()?;
+        let v7 = if !self.listen7.is_empty() {
+            if self.listen7.len() != self.workers.len() {
+                return Err(format!(
+                    "{} --listen7 for {} --worker: give one --listen7 per worker (same order), or none",
+                    self.listen7.len(),
+                    self.workers.len()
+                ));
+            }
+            self.listen7.clone()
+        } else if let Some(base) = self.proto7_port {
+            Self::proto7_ports(&v8, base)?
+        } else {
             return Ok(Vec::new());
         };
-        let v8 = self.listen_addrs()?;
-        let v7 = v8
-            .iter()
+        if let Some(a) = v7.iter().find(|a| v8.contains(a)) {
+            return Err(format!(
+                "{a} is both an 8.0.0 and a 7.0.0 listen address; choose ports apart"
+            ));
+        }
+        Ok(v7)
+    }
+
+    fn proto7_ports(v8: &[String], base: u16) -> Result<Vec<String>, String> {
+        v8.iter()
             .enumerate()
             .map(|(i, a)| {
                 let host = a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h);
@@ -153,13 +177,7 @@ impl Args {
                     .map(|p| format!("{host}:{p}"))
                     .map_err(|_| "--proto7-port + number of workers exceeds 65535".to_string())
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        if let Some(a) = v7.iter().find(|a| v8.contains(a)) {
-            return Err(format!(
-                "--proto7-port: {a} is also an 8.0.0 listen address; choose ports apart"
-            ));
-        }
-        Ok(v7)
+            .collect()
     }
 }
 
@@ -226,6 +244,34 @@ mod tests {
         .unwrap();
         assert!(a.proto7_addrs().is_err());
         assert!(Args::try_parse_from(["rpc-shim", "-w", "a:1", "--proto7-port", "0"]).is_err());
+        // --listen7: one per worker, not together with --proto7-port.
+        let a = Args::try_parse_from([
+            "rpc-shim",
+            "-w",
+            "a:1",
+            "-l",
+            "127.0.0.1:7000",
+            "--listen7",
+            "127.0.0.1:7700",
+        ])
+        .unwrap();
+        assert_eq!(a.proto7_addrs().unwrap(), ["127.0.0.1:7700"]);
+        let a = Args::try_parse_from(["rpc-shim", "-w", "a:1", "-w", "b:1", "--listen7", "h:1"])
+            .unwrap();
+        assert!(a.proto7_addrs().is_err());
+        let a = Args::try_parse_from(["rpc-shim", "-w", "a:1", "--listen7", "127.0.0.1:50152"])
+            .unwrap();
+        assert!(a.proto7_addrs().is_err(), "the 8.0.0 default port");
+        assert!(Args::try_parse_from([
+            "rpc-shim",
+            "-w",
+            "a:1",
+            "--listen7",
+            "h:1",
+            "--proto7-port",
+            "9"
+        ])
+        .is_err());
     }
 
     #[test]

@@ -126,7 +126,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         if listen7.is_empty() {
             ""
         } else {
-            "; 7.0.0 on the --proto7-port ports"
+            "; 7.0.0 on the --proto7-port / --listen7 ports"
         }
     );
     println!(
