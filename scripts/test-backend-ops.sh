@@ -22,9 +22,16 @@ tbo="$bin/test-backend-ops"
 logs="$(mktemp -d /tmp/test-backend-ops.XXXXXX)"
 echo "test-backend-ops: $tbo; logs in $logs"
 
+# Our rpc-server speaks 8.0.0 on -p; the stock 7.0.0 clients here reach its 7.0.0 listener
+# (--proto7-port) on the port they are given, and -p gets port + 7000, which nothing here uses.
+# A server without --proto7-port (stock, or ours before 8.0.0) listens with -p.
+listen_flags() { # binary port
+  case "$("$1" --help 2>&1)" in *--proto7-port*) echo "-p $(($2 + 7000)) --proto7-port $2" ;; *) echo "-p $2" ;; esac
+}
 server_pid=""
 start_server() {
-  "$SERVER" -H 127.0.0.1 -p "$PORT" -t "$THREADS" >>"$logs/server.log" 2>&1 &
+  # shellcheck disable=SC2046
+  "$SERVER" -H 127.0.0.1 $(listen_flags "$SERVER" "$PORT") -t "$THREADS" >>"$logs/server.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && return 0

@@ -5,11 +5,12 @@ same run (greedy output, byte for byte; nothing expected is hard-coded).
 
   layer     gemma-3-270m, stock 8.0 llama-completion, layer split: ours vs stock (one server),
             ours x2 vs stock x2 (--rpc a,b)
-  tensor    a synthetic llama (synth-llama-f16), -sm tensor over two servers (pairwise COMM_INIT /
-            COMM_ALLREDUCE between the servers, SET_TENSOR_2D): stock x2 is the reference; ours x2
-            (through frame-counting proxies: the 8.0-only commands must have reached our servers),
-            ours+stock and stock+ours (ours as rank 0, then as rank 1). Every run must say
-            "pairwise communicator initialized" (no fallback through the client).
+  tensor    a synthetic llama (synth-llama-f16), -sm tensor over two servers (SET_TENSOR_2D,
+            COMM_INIT, COMM_ALLREDUCE): stock x2 is the reference and must have set up the pairwise
+            communicator ("pairwise communicator initialized"); ours x2 (through frame-counting
+            proxies: the 8.0-only commands must have reached our servers), ours+stock and
+            stock+ours (ours as rank 0, then as rank 1). Whether a run had the communicator or fell
+            back to reducing through the client (a server may answer COMM_INIT with 0) is noted.
   both      ONE rpc-server process (-p P --proto7-port Q, also used by layer and tensor) serves a
             stock 8.0 client on P and a stock 7.0 client on Q at the same time; each gets the text
             it gets from its own stock server (8.0: the layer case's stock run; 7.0: a stock 7.0
@@ -50,9 +51,12 @@ import synth_models  # noqa: E402
 TENSOR_MODEL = "synth-llama-f16"
 COMM_OK = b"pairwise communicator initialized"
 MISMATCH_RE = re.compile(rb"RPC server version mismatch: [0-9.]+")
-# What a stock 8.0 client's tensor split sends to each of its servers (delta doc section C/D);
-# GET_TENSOR_2D only for multi-row logit reads, so it is not required.
-TENSOR_COMMANDS = ("SET_TENSOR_2D", "COMM_INIT", "COMM_ALLREDUCE", "COMM_FREE", "GRAPH_RECOMPUTE")
+# What a stock 8.0 client's tensor split sends to each of its servers (delta doc sections C, D)
+# whether or not the servers set up the pairwise communicator; COMM_ALLREDUCE and COMM_FREE only
+# when they did, GET_TENSOR_2D only for multi-row logit reads (counted, not required).
+TENSOR_COMMANDS = ("SET_TENSOR_2D", "COMM_INIT", "GRAPH_RECOMPUTE")
+TENSOR_COUNTED = TENSOR_COMMANDS + ("COMM_ALLREDUCE", "COMM_FREE", "GET_TENSOR_2D")
+TENSOR_TIMEOUT = 90.0  # s; a stock rank 0 whose peer never dials waits in accept() without a timeout
 
 # (mode, endpoints in --rpc order, the mode it must equal; None: a reference)
 LAYER_MODES = [
@@ -73,6 +77,7 @@ MISMATCH_MODES = [
     ("7.0 client -> our 8.0 port", 7, "oursA", "stockA"),
 ]
 OTHER = {"stock7": "stock 7.0 server", "stockA": "stock 8.0 server"}
+MISMATCH_ATTEMPTS = 5
 GROUPS = ("layer", "tensor", "both", "mismatch", "http")
 
 
@@ -85,6 +90,7 @@ class Suite:
         self.refs = {}  # (group, mode) -> stdout
         self.srv = {}
         self.proxies = {}
+        self.behind = {"oursA7": "oursA", "proxyA": "oursA", "proxyB": "oursB"}  # endpoint -> its server
         self.ours = args.ours
         self.dual = has_proto7_port(self.ours)  # ours speaks 8.0 on -p and 7.0 on --proto7-port
         self.bins = {8: args.stock_bin, 7: args.stock7_bin}
@@ -116,26 +122,33 @@ class Suite:
             return self.proxies[name].endpoint
         return self.srv[name].endpoint
 
-    def revive(self):
-        """Restart servers a failed run killed (a stock server dies of SIGPIPE when its client does)."""
-        notes = [n for n in (s.ensure() for s in self.srv.values()) if n]
-        if notes:
-            log("  " + "; ".join(notes))
+    def restart(self, endpoints):
+        """After a failed run: restart the servers it used (a stock server dies of SIGPIPE when its
+        client does, and a stock rank 0 whose peer never dialed still waits in accept())."""
+        names = {self.behind.get(e, e) for e in endpoints}
+        for name in sorted(names & set(self.srv)):
+            log("  restarting %s" % name)
+            self.srv[name].stop()
+            self.srv[name].start()
+            if name == "oursA" and self.dual:
+                wait_listening("127.0.0.1", self.port7, 30, self.srv[name].proc)
 
     # --- clients -------------------------------------------------------------------------------
 
-    def complete(self, tag, major, model, rpc, extra=()):
+    def complete(self, tag, major, model, rpc, extra=(), timeout=None):
         """llama-completion of the given major; (rc, stdout, stderr, secs)."""
         cmd = completion_cmd(self.bins[major], model, self.args.n_predict, [self.endpoint(e) for e in rpc])
         base = os.path.join(self.workdir, re.sub(r"[^A-Za-z0-9_.-]+", "_", tag))
-        rc, out, err, dt, attempts = run_client(cmd + list(extra), self.args.timeout, base + ".out", base + ".err")
+        rc, out, err, dt, attempts = run_client(cmd + list(extra), timeout or self.args.timeout, base + ".out",
+                                                base + ".err")
         if attempts > 1:
             log("  %s: %d attempts (truncated output before)" % (tag, attempts))
         return rc, out, err, dt
 
-    def judge(self, group, model, mode, run, ref_mode, need=(), layer=None):
-        """Records one run: exit 0, the perf summary, the text of `ref_mode` (None: it becomes the
-        reference), every byte string in `need` on stderr, the weights on its endpoints (layer)."""
+    def judge(self, group, model, mode, run, rpc, ref_mode, need=(), layer=False, note=""):
+        """Records one run on the endpoints `rpc`: exit 0, the text of `ref_mode` (None: it becomes
+        the reference), every byte string in `need` on stderr, the weights on those endpoints
+        (`layer`)."""
         rc, out, err, dt = run
         problems = []
         if rc != 0:
@@ -143,10 +156,11 @@ class Suite:
         for n in need:
             if n not in err:
                 problems.append("stderr lacks %r" % n.decode())
-        if layer is not None:
+        if layer:
             bufs = {m.group(1).decode() for m in RPC_BUF_RE.finditer(err)}
-            if bufs != set(layer):
-                problems.append("weights in RPC buffers of %s, not %s" % (sorted(bufs), sorted(layer)))
+            want = {self.endpoint(e) for e in rpc}
+            if bufs != want:
+                problems.append("weights in RPC buffers of %s, not %s" % (sorted(bufs), sorted(want)))
         if ref_mode is None:
             if not problems:
                 self.refs[(group, mode)] = out
@@ -161,11 +175,10 @@ class Suite:
         if problems:
             print("\n===== FAIL %s %s: %s\n--- client stderr tail:\n%s" % (
                 group, mode, "; ".join(problems), tail_bytes(err)), flush=True)
-            self.revive()
-        words = len(out.split())
-        self.results.add(model.name, "%s: %s" % (group, mode), not problems, dt,
-                         "; ".join(problems) or ("reference" if ref_mode is None else "= " + ref_mode)
-                         + " (%d words)" % words)
+            self.restart(rpc)
+        ok_note = "%s (%d words)%s" % ("reference" if ref_mode is None else "= " + ref_mode, len(out.split()),
+                                       "; " + note if note else "")
+        self.results.add(model.name, "%s: %s" % (group, mode), not problems, dt, "; ".join(problems) or ok_note)
         return not problems
 
     # --- the cases -----------------------------------------------------------------------------
@@ -173,7 +186,7 @@ class Suite:
     def layer(self, gemma):
         for mode, rpc, ref in LAYER_MODES:
             run = self.complete("layer-" + mode, 8, gemma, rpc)
-            self.judge("layer", gemma, mode, run, ref, layer=[self.endpoint(e) for e in rpc])
+            self.judge("layer", gemma, mode, run, rpc, ref, layer=True)
 
     def tensor(self, synth):
         for name in ("A", "B"):
@@ -181,14 +194,17 @@ class Suite:
         for mode, rpc, ref in TENSOR_MODES:
             for p in self.proxies.values():
                 p.reset()
-            run = self.complete("tensor-" + mode, 8, synth, rpc, extra=["-sm", "tensor"])
-            ok = self.judge("tensor", synth, mode, run, ref, need=[COMM_OK])
+            run = self.complete("tensor-" + mode, 8, synth, rpc, extra=["-sm", "tensor"], timeout=TENSOR_TIMEOUT)
+            # The reference must have used the pairwise communicator (else COMM_* went untested);
+            # a server may answer COMM_INIT with 0 (the client then reduces through itself).
+            ok = self.judge("tensor", synth, mode, run, rpc, ref, need=[COMM_OK] if ref is None else [],
+                            note="communicator: %s" % ("yes" if COMM_OK in run[2] else "no (fallback)"))
             counted = [p for name, p in self.proxies.items() if name in rpc]
             if ok and counted:
                 missing = {"%s: %s" % (name, c) for name, p in self.proxies.items() if name in rpc
                            for c in TENSOR_COMMANDS if c not in p.commands}
                 seen = ", ".join("%s %d" % (c, counted[0].commands.get(c, [0])[0])
-                                 for c in TENSOR_COMMANDS + ("GET_TENSOR_2D",))
+                                 for c in TENSOR_COUNTED)
                 self.results.add(synth.name, "tensor: %s, 8.0 commands" % mode, not missing, 0.0,
                                  "missing %s" % ", ".join(sorted(missing)) if missing
                                  else "each of ours got %s (first: %s)" % ("/".join(TENSOR_COMMANDS), seen))
@@ -197,9 +213,9 @@ class Suite:
         if not self.need_dual("both", gemma):
             return
         ref7 = self.complete("both-stock 7.0", 7, gemma, ["stock7"])
-        self.judge("both", gemma, "7.0 client, stock 7.0 server", ref7, None, layer=[self.endpoint("stock7")])
+        self.judge("both", gemma, "7.0 client, stock 7.0 server", ref7, ["stock7"], None, layer=True)
         if ("layer", "stock") not in self.refs:
-            self.judge("layer", gemma, "stock", self.complete("layer-stock", 8, gemma, ["stockA"]), None)
+            self.judge("layer", gemma, "stock", self.complete("layer-stock", 8, gemma, ["stockA"]), ["stockA"], None)
         runs = {}
 
         def go(major, where):
@@ -211,10 +227,10 @@ class Suite:
         for t in threads:
             t.join()
         self.refs[("both", "8.0 client, stock 8.0 server")] = self.refs.get(("layer", "stock"))
-        self.judge("both", gemma, "8.0 client on our -p", runs[8], "8.0 client, stock 8.0 server",
-                   layer=[self.endpoint("oursA")])
+        self.judge("both", gemma, "8.0 client on our -p", runs[8], ["oursA"], "8.0 client, stock 8.0 server",
+                   layer=True)
         self.judge("both", gemma, "7.0 client on our --proto7-port (same process, same time)", runs[7],
-                   "7.0 client, stock 7.0 server", layer=[self.endpoint("oursA7")])
+                   ["oursA7"], "7.0 client, stock 7.0 server", layer=True)
         with open(self.srv["oursA"].log_path, "rb") as f:
             banner = f.read()
         want = [b"8.0.0", b"7.0.0", b"%d" % self.srv["oursA"].port, b"%d" % self.port7]
@@ -226,16 +242,9 @@ class Suite:
     def mismatch(self, gemma):
         if not self.need_dual("mismatch", gemma):
             return
-        env = {"GGML_NO_BACKTRACE": "1"}  # the abort would attach gdb for a backtrace first
         for mode, major, ours_ep, stock_ep in MISMATCH_MODES:
-            got = {}
-            for who, ep in (("stock", stock_ep), ("ours", ours_ep)):
-                cmd = completion_cmd(self.bins[major], gemma, 1, [self.endpoint(ep)])
-                base = os.path.join(self.workdir, "mismatch-%d-%s" % (major, who))
-                rc, _, err, dt = run(cmd, self.args.timeout, base + ".out", base + ".err", env=env)
-                m = MISMATCH_RE.search(err)
-                got[who] = (rc, m.group(0) if m else None, err, dt)
-            (s_rc, s_msg, _, _), (o_rc, o_msg, o_err, dt) = got["stock"], got["ours"]
+            s_rc, s_msg, _, _ = self.refused(gemma, major, stock_ep, "stock")
+            o_rc, o_msg, o_err, dt = self.refused(gemma, major, ours_ep, "ours")
             problems = []
             if s_rc != -signal.SIGABRT or s_msg is None:
                 problems.append("the stock reference did not abort with a version mismatch (exit %s, %r)"
@@ -249,31 +258,51 @@ class Suite:
             if problems:
                 print("\n===== FAIL mismatch %s: %s\n--- client stderr tail:\n%s" % (
                     mode, "; ".join(problems), tail_bytes(o_err)), flush=True)
-                self.revive()
+                self.restart([ours_ep, stock_ep])
             self.results.add(gemma.name, "mismatch: " + mode, not problems, dt, "; ".join(problems) or
                              "SIGABRT, %r, as against the %s" % (o_msg.decode(), OTHER[stock_ep]))
+
+    def refused(self, model, major, endpoint, who):
+        """A llama-completion of `major` against `endpoint` that should abort at the handshake:
+        (rc, the mismatch message or None, stderr, secs). The message goes through the client's
+        asynchronous logger, which the abort may kill before it writes (the abort's own line is
+        written directly), so a run without it is repeated, up to MISMATCH_ATTEMPTS in all."""
+        cmd = completion_cmd(self.bins[major], model, 1, [self.endpoint(endpoint)])
+        for attempt in range(1, MISMATCH_ATTEMPTS + 1):
+            base = os.path.join(self.workdir, "mismatch-%d-%s-%d" % (major, who, attempt))
+            rc, _, err, dt = run(cmd, 60, base + ".out", base + ".err")
+            m = MISMATCH_RE.search(err)
+            if m or rc != -signal.SIGABRT:
+                break
+        return rc, m.group(0) if m else None, err, dt
 
     def http(self, gemma):
         texts = {}
         for who in ("stockA", "oursA"):
-            ls = self.servers.add(LlamaServer("llama-server-" + who, os.path.join(self.bins[8], "llama-server"),
-                                              free_port(), self.workdir, gemma.path, [self.endpoint(who)]))
+            ls = LlamaServer("llama-server-" + who, os.path.join(self.bins[8], "llama-server"), free_port(),
+                             self.workdir, gemma.path, [self.endpoint(who)])
+            t0 = time.monotonic()
             try:
-                t0 = time.monotonic()
-                texts[who] = (ls.complete(self.args.n_predict), time.monotonic() - t0, ls.log_path)
+                self.servers.add(ls)
+                texts[who] = ls.complete(self.args.n_predict)
+            except RuntimeError as e:  # it did not come up
+                texts[who] = None
+                log(str(e))
             finally:
                 ls.stop()
-                self.servers.items.remove(ls)
-        (ref, _, _), (text, dt, log_path) = texts["stockA"], texts["oursA"]
+                if ls in self.servers.items:
+                    self.servers.items.remove(ls)
+            dt = time.monotonic() - t0
+        ref, text = texts["stockA"], texts["oursA"]
         problems = []
         if not ref:
-            problems.append("no answer from llama-server on the stock server: %r" % ref)
+            problems.append("no answer from llama-server on the stock server (%r)" % ref)
         elif text != ref:
             problems.append("answer %r, on the stock server %r" % (text, ref))
         if problems:
-            print("\n===== FAIL http: %s\n--- llama-server log:\n%s" % ("; ".join(problems), tail(log_path)),
+            print("\n===== FAIL http: %s\n--- llama-server log:\n%s" % ("; ".join(problems), tail(ls.log_path)),
                   flush=True)
-            self.revive()
+            self.restart(["stockA", "oursA"])
         self.results.add(gemma.name, "http: llama-server on ours vs stock", not problems, dt,
                          "; ".join(problems) or "same answer, %r" % text)
 
@@ -327,6 +356,9 @@ def main():
         if need7 else None
     args.ours = resolve_ours(args.ours)
     gemma = Model("gemma-3-270m", args.model or script_output("test-model.sh", timeout=900), GEMMA_PROMPT)
+    # A client that aborts (a refused handshake, a server that closed) would first attach gdb for
+    # a backtrace: slow and noisy.
+    os.environ["GGML_NO_BACKTRACE"] = "1"
     tpath = args.tensor_model
     if not tpath and "tensor" in groups:
         d = os.path.join(CACHE, "models", "synth")

@@ -41,6 +41,12 @@ stat() { # counter name -> value on rxe0 port 1
     rdma statistic show link rxe0/1 2>/dev/null | tr ' ' '\n' | awk -v k="$1" 'p{print; exit} $0==k{p=1}'
 }
 snap() { echo "$(stat sent_pkts) $(stat rdma_sends)"; }
+# Our rpc-server speaks 8.0.0 on -p; the stock 7.0.0 clients here reach its 7.0.0 listener
+# (--proto7-port) on the port they are given, and -p gets port + 7000, which nothing here uses.
+# A server without --proto7-port (stock, or ours before 8.0.0) listens with -p.
+listen_flags() { # binary port
+    case "$("$1" --help 2>&1)" in *--proto7-port*) echo "-p $(($2 + 7000)) --proto7-port $2" ;; *) echo "-p $2" ;; esac
+}
 wait_port() { # host port
     for _ in $(seq 150); do (exec 3<>/dev/tcp/$1/$2) 2>/dev/null && return 0; sleep 0.2; done
     return 1
@@ -50,7 +56,7 @@ start_server() { # name [env...] -- [args]
     local envs=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
-    env RPC_LOG=info "${envs[@]}" "$SRV" -H $ADDR -p 50052 -t 1 "$@" > "$W/srv-$name.log" 2>&1 &
+    env RPC_LOG=info "${envs[@]}" "$SRV" -H $ADDR $(listen_flags "$SRV" 50052) -t 1 "$@" > "$W/srv-$name.log" 2>&1 &
     SRV_PID=$!
     wait_port $ADDR 50052 || { bad "server $name did not start"; cat "$W/srv-$name.log"; }
 }

@@ -29,10 +29,16 @@ gen() { # name [env...] -- extra llama-completion args
         > "$W/$name.out" 2> "$W/$name.err" < /dev/null
     echo $? > "$W/$name.rc"
 }
+# Our rpc-server speaks 8.0.0 on -p; the stock 7.0.0 clients here reach its 7.0.0 listener
+# (--proto7-port) on the port they are given, and -p gets port + 7000, which nothing here uses.
+# A server without --proto7-port (stock, or ours before 8.0.0) listens with -p.
+listen_flags() { # binary port
+    case "$("$1" --help 2>&1)" in *--proto7-port*) echo "-p $(($2 + 7000)) --proto7-port $2" ;; *) echo "-p $2" ;; esac
+}
 sends() { rdma statistic show link rxe0/1 2>/dev/null | tr ' ' '\n' | awk 'p{print; exit} /^sent_pkts$/{p=1}'; }
 start_server() { # name [args]
     local name=$1; shift
-    RPC_LOG=info "$SRV" -H $ADDR -p 50052 -t 1 "$@" > "$W/srv-$name.log" 2>&1 &
+    RPC_LOG=info "$SRV" -H $ADDR $(listen_flags "$SRV" 50052) -t 1 "$@" > "$W/srv-$name.log" 2>&1 &
     SRV_PID=$!
     for _ in $(seq 100); do (exec 3<>/dev/tcp/$ADDR/50052) 2>/dev/null && return 0; sleep 0.2; done
     bad "server $name did not start"; cat "$W/srv-$name.log"

@@ -61,13 +61,19 @@ gen() { # name -- extra llama-completion args
     echo $? > "$W/$name.rc"
 }
 sends() { rdma statistic show link rxe0/1 2>/dev/null | tr ' ' '\n' | awk 'p{print; exit} /^sent_pkts$/{p=1}'; }
+# Our rpc-server speaks 8.0.0 on -p; the stock 7.0.0 clients here reach its 7.0.0 listener
+# (--proto7-port) on the port they are given, and -p gets port + 7000, which nothing here uses.
+# A server without --proto7-port (stock, or ours before 8.0.0) listens with -p.
+listen_flags() { # binary port
+    case "$("$1" --help 2>&1)" in *--proto7-port*) echo "-p $(($2 + 7000)) --proto7-port $2" ;; *) echo "-p $2" ;; esac
+}
 wait_port() { # host port
     for _ in $(seq 150); do (exec 3<>/dev/tcp/$1/$2) 2>/dev/null && return 0; sleep 0.2; done
     return 1
 }
 start_worker() { # name binary port [args]
     local name=$1 bin=$2 port=$3; shift 3
-    RPC_LOG=info "$bin" -H $ADDR -p "$port" -t 1 "$@" > "$W/worker-$name.log" 2>&1 &
+    RPC_LOG=info "$bin" -H $ADDR $(listen_flags "$bin" "$port") -t 1 "$@" > "$W/worker-$name.log" 2>&1 &
     WORKER_PID=$!
     wait_port $ADDR "$port" || { bad "worker $name did not start"; tail -5 "$W/worker-$name.log"; }
 }
