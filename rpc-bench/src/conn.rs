@@ -64,7 +64,12 @@ pub fn server_major(addr: SocketAddr) -> anyhow::Result<rpc_proto::Major> {
     rt.block_on(async {
         let c = tokio::time::timeout(std::time::Duration::from_secs(10), Client::connect(addr))
             .await
-            .map_err(|_| anyhow::anyhow!("{addr}: no HELLO reply within 10 s"))??;
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "{addr}: no HELLO reply within 10 s (a stock server serves one connection at \
+                     a time: is another client connected to it?)"
+                )
+            })??;
         let major = c.major();
         c.shutdown().await?;
         Ok(major)

@@ -1,7 +1,8 @@
 //! `rpc-shim`: RDMA (or TCP) for an unmodified, TCP-only llama.cpp.
 //!
 //! The shim runs next to llama.cpp. `llama-cli --rpc 127.0.0.1:50152` talks to it over loopback
-//! TCP; it carries the ggml RPC 7.0.0 traffic to a remote worker (`rpc-server` of this workspace,
+//! TCP; it carries the ggml RPC traffic (8.0.0; 7.0.0 on `--proto7-port`, translated for an 8.0.0
+//! worker, see `session`) to a remote worker (`rpc-server` of this workspace,
 //! or a stock `ggml-rpc-server`), over RDMA when it can engage (upstream's Linux RC or Apple UC
 //! flavor, negotiated inside HELLO exactly as a stock client does), else over TCP. One local port
 //! per worker.
@@ -15,7 +16,7 @@
 //! ```
 //!
 //! - [`session`](crate::session) (private): one client connection. HELLO is answered locally
-//!   (7.0.0, zero caps); DEVICE_COUNT / GET_ALIGNMENT / GET_MAX_SIZE / GET_ALLOC_SIZE come from the
+//!   (the listener's major, zero caps); DEVICE_COUNT / GET_ALIGNMENT / GET_MAX_SIZE / GET_ALLOC_SIZE come from the
 //!   [`cache`]; everything else goes over the connection's own upstream connection, opened on
 //!   first need, with correct framing and no waiting on commands that have no response.
 //! - [`worker`]: the cache, the control connection (released while a client connection has
