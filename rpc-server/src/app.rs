@@ -198,8 +198,8 @@ fn real_main() -> anyhow::Result<()> {
         } else {
             opts.rdma.clone()
         };
-        let major = rpc_proto::Major::from_number(args.session_major)
-            .context("--session-major: 7 or 8")?;
+        let major =
+            rpc_proto::Major::from_number(args.session_major).context("--session-major: 7 or 8")?;
         std::process::exit(crate::isolate::child_main(crate::isolate::Child {
             caps,
             pending,

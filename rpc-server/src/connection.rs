@@ -267,7 +267,13 @@ pub async fn serve(
         // that process's to set up, in the HELLO reply).
         let mut pending = None;
         if !crate::isolate::offers_rdma(&ctx.rdma, &caps) {
-            send_hello(&mut tcp, ctx.major, [0; rpc_proto::CONN_CAPS_SIZE], &ctx.stats).await?;
+            send_hello(
+                &mut tcp,
+                ctx.major,
+                [0; rpc_proto::CONN_CAPS_SIZE],
+                &ctx.stats,
+            )
+            .await?;
             let front = Session::new(ctx.config.clone(), ctx.major, conn.budget.clone());
             match serve_queries(&mut tcp, front, &ctx, Deadlines::of(conn)).await? {
                 Some(h) => pending = Some(h.encode()),

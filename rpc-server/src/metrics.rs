@@ -245,7 +245,7 @@ pub fn render(src: &Sources) -> String {
         o.one(
             "rpc_memory_allocated_bytes",
             "gauge",
-            "Buffer memory held by all connections.",
+            "Memory held against the limits by all connections: buffers, stored graphs, request bodies being read.",
             b.used(),
         );
         o.family(

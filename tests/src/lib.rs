@@ -13,9 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use rpc_client::{
-    ops, Client, ClientError, Major, RpcTensor, TensorBuilder, TENSOR_FLAG_COMPUTE,
-};
+use rpc_client::{ops, Client, ClientError, Major, RpcTensor, TensorBuilder, TENSOR_FLAG_COMPUTE};
 use rpc_server::cache::WeightCache;
 use rpc_server::ggml::{Device, DeviceKind};
 use rpc_server::local_weights::LocalWeights;

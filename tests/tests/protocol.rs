@@ -504,7 +504,10 @@ async fn pipelined_frames_in_a_single_write() {
     burst.extend(graph_frame(0, &[3], &[a, b, sum]));
     burst.extend(get_frame(&sum, 0, 16));
     burst.extend(set_frame(&b, 0, &f32_bytes(&[100.0; 4])));
-    burst.extend(enc(Request::GraphRecompute { device: 0, uid: None }));
+    burst.extend(enc(Request::GraphRecompute {
+        device: 0,
+        uid: None,
+    }));
     burst.extend(get_frame(&sum, 0, 16));
     burst.extend(enc(Request::DeviceCount));
     c.send_bytes(&burst).await.unwrap();
@@ -563,7 +566,10 @@ async fn commands_without_response_send_nothing() {
         ("GRAPH_COMPUTE", graph_frame(0, &[3], &[a, b, sum])),
         (
             "GRAPH_RECOMPUTE",
-            enc(Request::GraphRecompute { device: 0, uid: None }),
+            enc(Request::GraphRecompute {
+                device: 0,
+                uid: None,
+            }),
         ),
         ("INIT_TENSOR", enc(Request::InitTensor { tensor: t })),
         ("MEMSET_TENSOR", memset.clone()),
@@ -590,7 +596,10 @@ async fn commands_without_response_send_nothing() {
     let mut all = Vec::new();
     all.extend(set_frame(&a, 0, &f32_bytes(&[5.0; 4])));
     all.extend(graph_frame(0, &[3], &[a, b, sum]));
-    all.extend(enc(Request::GraphRecompute { device: 0, uid: None }));
+    all.extend(enc(Request::GraphRecompute {
+        device: 0,
+        uid: None,
+    }));
     all.extend(enc(Request::InitTensor { tensor: t }));
     all.extend(&memset);
     all.extend(enc(Request::BufferClear {
@@ -1139,10 +1148,16 @@ async fn malformed_devices_and_handles() {
             })
         }),
         ("GRAPH_RECOMPUTE on device 1", true, |_| {
-            enc(Request::GraphRecompute { device: 1, uid: None })
+            enc(Request::GraphRecompute {
+                device: 1,
+                uid: None,
+            })
         }),
         ("GRAPH_RECOMPUTE without a stored graph", true, |_| {
-            enc(Request::GraphRecompute { device: 0, uid: None })
+            enc(Request::GraphRecompute {
+                device: 0,
+                uid: None,
+            })
         }),
         ("GRAPH_COMPUTE on device 1", true, |b| {
             let (a, bb, sum) = add_graph(b, 4);

@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
 use rpc_proto::Limits;
+
+/// The protocol major of the relayed connections.
+const MAJOR: rpc_proto::Major = rpc_proto::Major::V8;
 use rpc_server::session::{Session, SessionConfig};
 use rpc_server::stats::Stats;
 use rpc_tests::*;
@@ -51,9 +54,9 @@ async fn relay(mut tcp: TcpStream, rules: Rules, done: Arc<AtomicUsize>) {
     if tcp.read_exact(&mut hello).await.is_err() {
         return;
     }
-    let mut rsp = 28u64.to_le_bytes().to_vec();
-    rsp.extend_from_slice(&[7, 0, 0, 0]);
-    rsp.extend_from_slice(&[0; 24]);
+    // The major announced here is the one the session below speaks.
+    let mut rsp = Vec::new();
+    rpc_proto::Response::hello(MAJOR, [0; 24]).encode(&mut rsp);
     tcp.write_all(&rsp).await.unwrap();
     let (mut up, mut srv) = lean_pair(rules);
     let config = Arc::new(SessionConfig {
@@ -68,7 +71,7 @@ async fn relay(mut tcp: TcpStream, rules: Rules, done: Arc<AtomicUsize>) {
             &mut srv,
             Session::new(
                 config,
-                rpc_proto::Major::V8,
+                MAJOR,
                 Arc::new(rpc_server::session::MemoryBudget::unlimited()),
             ),
             Limits::default(),

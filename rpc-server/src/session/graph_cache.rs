@@ -69,9 +69,7 @@ impl<G> GraphCache<G> {
         if clear_all {
             return self.entries.drain().map(|(_, e)| live_bytes(&e)).sum();
         }
-        self.entries
-            .remove(&slot)
-            .map_or(0, |e| live_bytes(&e))
+        self.entries.remove(&slot).map_or(0, |e| live_bytes(&e))
     }
 
     /// Stores `graph` (`bytes` charged) in `slot`, after [`GraphCache::make_room`].

@@ -315,9 +315,20 @@ impl Session {
             }
             Request::GetTensor2d { tensor, region } => {
                 let (buf, off) = self.resolve_region_2d("GET_TENSOR_2D", &tensor, region)?;
-                // size · n_copies may far exceed the region (stride 0 repeats one chunk): the
-                // reply is charged to the budget before it is allocated.
+                // size · n_copies may far exceed the region (stride 0 repeats one chunk): a
+                // reply larger than the tensor (which no stock client asks for: it reads
+                // slices of rows, stride ≥ size) is refused, and the reply is charged to the
+                // budget before it is allocated.
                 let len = region.wire_len().unwrap_or(u64::MAX);
+                let tsize = self
+                    .resolve_tensor(&tensor, UnknownBuffer::Reject)
+                    .map(|s| nbytes(s.type_, &s.ne, &s.nb).unwrap_or(0))?;
+                if len > tsize {
+                    return Err(SessionError::OutOfBounds {
+                        what: "GET_TENSOR_2D",
+                        detail: format!("a reply of {len} bytes from a {tsize}-byte tensor"),
+                    });
+                }
                 let _charge = self
                     .budget
                     .charge(self.held, len)

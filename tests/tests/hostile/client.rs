@@ -288,10 +288,20 @@ impl Server {
             .open(&self.log)
             .expect("server log");
         let mut cmd = Command::new(&self.bin);
-        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "1"]);
+        cmd.args(["-H", "127.0.0.1", "-t", "1"]);
         if self.kind == Kind::Ours {
+            // This suite speaks 7.0.0 (as the stock 7.0.0 server it compares with): ours
+            // serves it on its 7.0 listener, 8.0.0 on another port.
+            cmd.args([
+                "-p",
+                &free_port().to_string(),
+                "--proto7-port",
+                &port.to_string(),
+            ]);
             cmd.args(&self.args);
             cmd.env("RUST_LOG", "warn");
+        } else {
+            cmd.args(["-p", &port.to_string()]);
         }
         // A crashing stock server would otherwise spend seconds printing a backtrace via gdb.
         cmd.env("GGML_NO_BACKTRACE", "1");

@@ -1,0 +1,373 @@
+//! Protocol 8.0.0 against an in-process `rpc-server` that also serves 7.0.0 (one server, a
+//! listener per major): HELLO bytes per port, the graph cache's stock rules (delta §B.1), the
+//! strided copies and their bounds (§B.3), the collectives' answers without a communicator (§C),
+//! and 8.0 commands refused on the 7.0 port. References (§) are to
+//! `ggml-rpc-protocol-8.md`.
+
+use rpc_client::{Client, CommInit, Major, Region2d, RpcTensor};
+use rpc_proto::{Command, Request, GRAPH_CACHE_MAX};
+use rpc_tests::*;
+
+fn enc(req: Request<'_>) -> Vec<u8> {
+    let mut v = Vec::new();
+    req.encode(&mut v);
+    v
+}
+
+/// A raw HELLO on `addr`: the reply's 36 bytes.
+async fn raw_hello(addr: std::net::SocketAddr) -> Vec<u8> {
+    let mut c = within("connect", Client::connect_raw(addr)).await.unwrap();
+    c.send_bytes(&enc(Request::Hello { caps: [0; 24] }))
+        .await
+        .unwrap();
+    within("HELLO reply", c.recv_raw(36)).await.unwrap()
+}
+
+#[tokio::test]
+async fn each_port_speaks_its_major() {
+    let s = shared_server();
+    for (addr, major) in [(s.addr8, 8u8), (s.addr, 7)] {
+        let r = raw_hello(addr).await;
+        // §A: | u64 28 | major | 0 | 0 | pad | caps[24] |
+        let mut want = vec![28, 0, 0, 0, 0, 0, 0, 0, major, 0, 0, 0];
+        want.extend([0; 24]);
+        assert_eq!(r, want, "HELLO reply on the {major}.0.0 port");
+    }
+    let c8 = connect(s.addr8).await;
+    assert_eq!(c8.major(), Major::V8);
+    let c7 = connect(s.addr).await;
+    assert_eq!(c7.major(), Major::V7);
+}
+
+/// `a + b` over 16 values with `a` and `b` set; the graph's tensors.
+async fn add_setup(c: &mut Client) -> (Buf, [RpcTensor; 3]) {
+    let buf = alloc(c, 3 * 64).await;
+    let (a, b, sum) = add_graph(&buf, 16);
+    let av: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let bv: Vec<f32> = (0..16).map(|i| 100.0 * i as f32).collect();
+    c.set_tensor(&a, 0, &f32_bytes(&av), false).await.unwrap();
+    c.set_tensor(&b, 0, &f32_bytes(&bv), false).await.unwrap();
+    (buf, [a, b, sum])
+}
+
+async fn sum_of(c: &mut Client, sum: &RpcTensor) -> Vec<f32> {
+    bytes_f32(&c.get_tensor(sum, 0, 64).await.unwrap())
+}
+
+#[tokio::test]
+async fn graphs_are_kept_per_uid_and_recomputed() {
+    within("uid cache", async {
+        let mut c = connect(shared_server().addr8).await;
+        let (_buf, [a, b, sum]) = add_setup(&mut c).await;
+        c.graph_compute_uid(0, 21, &[3], &[a, b, sum])
+            .await
+            .unwrap();
+        assert_eq!(sum_of(&mut c, &sum).await[5], 505.0);
+        // New inputs, then the stored graph by its uid.
+        c.set_tensor(&a, 0, &f32_bytes(&[1.0; 16]), false)
+            .await
+            .unwrap();
+        c.graph_recompute_uid(0, 21).await.unwrap();
+        assert_eq!(sum_of(&mut c, &sum).await[5], 501.0);
+        // uid 0 runs without being stored.
+        c.set_tensor(&a, 0, &f32_bytes(&[2.0; 16]), false)
+            .await
+            .unwrap();
+        c.graph_compute_uid(0, 0, &[3], &[a, b, sum]).await.unwrap();
+        assert_eq!(sum_of(&mut c, &sum).await[5], 502.0);
+        // uid 21 is still there beside it.
+        c.graph_recompute_uid(0, 21).await.unwrap();
+        assert_eq!(sum_of(&mut c, &sum).await[5], 502.0);
+    })
+    .await;
+}
+
+/// §B.1 (run): each of these closes the connection on the stock server, so on ours.
+#[tokio::test]
+async fn recompute_misses_close_like_stock() {
+    within("misses", async {
+        let addr = shared_server().addr8;
+        // An unknown uid.
+        let mut c = connect(addr).await;
+        let (_buf, [a, b, sum]) = add_setup(&mut c).await;
+        c.graph_compute_uid(0, 5, &[3], &[a, b, sum]).await.unwrap();
+        c.graph_recompute_uid(0, 6).await.unwrap();
+        assert_closed(c.device_count().await, "RECOMPUTE of an unknown uid");
+        // uid 0 after a uid-0 compute.
+        let mut c = connect(addr).await;
+        let (_buf, [a, b, sum]) = add_setup(&mut c).await;
+        c.graph_compute_uid(0, 0, &[3], &[a, b, sum]).await.unwrap();
+        c.graph_recompute_uid(0, 0).await.unwrap();
+        assert_closed(c.device_count().await, "RECOMPUTE of uid 0");
+        // Any FREE_BUFFER drops every stored graph, even one that does not use the buffer.
+        let mut c = connect(addr).await;
+        let (_buf, [a, b, sum]) = add_setup(&mut c).await;
+        let other = alloc(&mut c, 64).await;
+        c.graph_compute_uid(0, 9, &[3], &[a, b, sum]).await.unwrap();
+        c.free_buffer(other.handle).await.unwrap();
+        c.graph_recompute_uid(0, 9).await.unwrap();
+        assert_closed(c.device_count().await, "RECOMPUTE after FREE_BUFFER");
+        // A 7.0-sized (4-byte) GRAPH_RECOMPUTE is malformed on the 8.0 port.
+        let mut c = connect(addr).await;
+        c.send_bytes(&frame(Command::GraphRecompute as u8, &[0; 4]))
+            .await
+            .unwrap();
+        expect_closed(&mut c, "4-byte GRAPH_RECOMPUTE on 8.0").await;
+    })
+    .await;
+}
+
+/// §B.1 (run): with 1024 uids stored an early one still recomputes; the 1025th distinct uid
+/// clears the device's graphs, after which the early uid is a miss and the new one is kept.
+#[tokio::test]
+async fn the_1025th_uid_clears_the_device() {
+    within("1025 uids", async {
+        let mut c = connect(shared_server().addr8).await;
+        let (_buf, [a, b, sum]) = add_setup(&mut c).await;
+        for uid in 1..=GRAPH_CACHE_MAX as u64 {
+            c.graph_compute_uid(0, uid, &[3], &[a, b, sum])
+                .await
+                .unwrap();
+        }
+        c.set_tensor(&a, 0, &f32_bytes(&[7.0; 16]), false)
+            .await
+            .unwrap();
+        c.graph_recompute_uid(0, 7).await.unwrap();
+        assert_eq!(sum_of(&mut c, &sum).await[1], 107.0);
+        c.graph_compute_uid(0, 5000, &[3], &[a, b, sum])
+            .await
+            .unwrap();
+        c.graph_recompute_uid(0, 5000).await.unwrap();
+        assert_eq!(sum_of(&mut c, &sum).await[1], 107.0);
+        c.graph_recompute_uid(0, 7).await.unwrap();
+        assert_closed(c.device_count().await, "RECOMPUTE of a uid cleared at 1025");
+    })
+    .await;
+}
+
+/// A U8 tensor of `n` bytes at `offset` of `buf`.
+fn bytes_tensor(buf: &Buf, id: u64, n: u32, offset: u64) -> RpcTensor {
+    rpc_client::TensorBuilder::new(id, rpc_client::types::I8)
+        .ne(&[n])
+        .data(buf.handle, buf.at(offset))
+        .build()
+}
+
+fn region(offset: u64, size: u64, n_copies: u64, stride: u64) -> Region2d {
+    Region2d {
+        offset,
+        size,
+        n_copies,
+        stride,
+    }
+}
+
+/// §B.3 (run): the stock server's probe results, byte for byte.
+#[tokio::test]
+async fn strided_copies_match_the_stock_probe() {
+    within("2d copies", async {
+        let mut c = connect(shared_server().addr8).await;
+        let buf = alloc(&mut c, 64).await;
+        let t = bytes_tensor(&buf, 1, 32, 0);
+        c.set_tensor(&t, 0, &[0; 32], false).await.unwrap();
+        let data: Vec<u8> = (1..=8).chain(11..=18).collect();
+        c.set_tensor_2d(&t, region(0, 8, 2, 16), &data)
+            .await
+            .unwrap();
+        let mut want = vec![0u8; 32];
+        want[..8].copy_from_slice(&data[..8]);
+        want[16..24].copy_from_slice(&data[8..]);
+        assert_eq!(c.get_tensor(&t, 0, 32).await.unwrap(), want);
+        assert_eq!(
+            c.get_tensor_2d(&t, region(0, 8, 2, 16)).await.unwrap(),
+            data
+        );
+        assert_eq!(
+            c.get_tensor_2d(&t, region(4, 4, 2, 16)).await.unwrap(),
+            [5, 6, 7, 8, 15, 16, 17, 18]
+        );
+        // stride 0 is legal: the same chunk n times.
+        assert_eq!(
+            c.get_tensor_2d(&t, region(0, 2, 3, 0)).await.unwrap(),
+            [1, 2, 1, 2, 1, 2]
+        );
+        // Overlapping chunks (stride < size) are written in order, the later one winning.
+        c.set_tensor_2d(&t, region(0, 4, 2, 2), &[9, 9, 9, 9, 7, 7, 7, 7])
+            .await
+            .unwrap();
+        assert_eq!(
+            c.get_tensor(&t, 0, 8).await.unwrap(),
+            [9, 9, 7, 7, 7, 7, 7, 8]
+        );
+        // A span that ends exactly at the tensor's end is fine.
+        c.set_tensor_2d(&t, region(24, 4, 2, 4), &[1; 8])
+            .await
+            .unwrap();
+        assert_eq!(c.device_count().await.unwrap(), 1);
+    })
+    .await;
+}
+
+/// §B.3: every bound the stock server checks closes the connection before a byte is copied;
+/// and what stock does not bound (a reply of `size · n_copies` with stride 0, which it would try
+/// to allocate) is bounded here by the tensor's size.
+#[tokio::test]
+async fn strided_copies_out_of_bounds_close() {
+    within("2d bounds", async {
+        let addr = shared_server().addr8;
+        // A tensor of 32 bytes at offset 0 of a 64-byte buffer, a second buffer behind it.
+        let cases: Vec<(&str, Box<dyn Fn(RpcTensor) -> Vec<u8>>)> = vec![
+            (
+                "SET span past the tensor (inside the buffer)",
+                Box::new(|t| {
+                    enc(Request::SetTensor2d {
+                        tensor: t,
+                        region: region(0, 8, 2, 25),
+                        data: &[0; 16],
+                    })
+                }),
+            ),
+            (
+                "GET offset past the tensor",
+                Box::new(|t| {
+                    enc(Request::GetTensor2d {
+                        tensor: t,
+                        region: region(33, 1, 1, 0),
+                    })
+                }),
+            ),
+            (
+                "GET span overflowing u64",
+                Box::new(|t| {
+                    enc(Request::GetTensor2d {
+                        tensor: t,
+                        region: region(0, 1, 3, u64::MAX / 2),
+                    })
+                }),
+            ),
+            (
+                "GET size × n_copies overflowing u64 (stride 0)",
+                Box::new(|t| {
+                    enc(Request::GetTensor2d {
+                        tensor: t,
+                        region: region(0, 1 << 33, 1 << 33, 0),
+                    })
+                }),
+            ),
+            (
+                "GET of 1 TiB repeating one chunk (stride 0): larger than the tensor",
+                Box::new(|t| {
+                    enc(Request::GetTensor2d {
+                        tensor: t,
+                        region: region(0, 32, 1 << 35, 0),
+                    })
+                }),
+            ),
+            (
+                "GET with n_copies 0",
+                Box::new(|t| {
+                    enc(Request::GetTensor2d {
+                        tensor: t,
+                        region: region(0, 4, 0, 4),
+                    })
+                }),
+            ),
+            (
+                "SET whose data is not size × n_copies",
+                Box::new(|t| {
+                    let mut f = enc(Request::SetTensor2d {
+                        tensor: t,
+                        region: region(0, 4, 2, 4),
+                        data: &[0; 8],
+                    });
+                    f.pop();
+                    let n = f.len() as u64 - 9;
+                    f[1..9].copy_from_slice(&n.to_le_bytes());
+                    f
+                }),
+            ),
+        ];
+        for (what, make) in &cases {
+            let mut c = connect(addr).await;
+            let buf = alloc(&mut c, 64).await;
+            let _other = alloc(&mut c, 64).await;
+            let t = bytes_tensor(&buf, 1, 32, 0);
+            c.send_bytes(&make(t)).await.unwrap();
+            expect_closed(&mut c, what).await;
+        }
+        // The tensor claims to extend past its buffer: refused as a tensor.
+        let mut c = connect(addr).await;
+        let buf = alloc(&mut c, 64).await;
+        let t = bytes_tensor(&buf, 1, buf.size as u32 + 64, 0);
+        c.send_bytes(&enc(Request::GetTensor2d {
+            tensor: t,
+            region: region(0, 8, 2, 64),
+        }))
+        .await
+        .unwrap();
+        expect_closed(&mut c, "a tensor reaching into the next buffer").await;
+        assert_healthy(addr).await;
+    })
+    .await;
+}
+
+/// §C: without collectives a server must answer COMM_INIT with 0 (closing would make the
+/// stock client abort), refuse COMM_ALLREDUCE (no communicator) and accept COMM_FREE.
+#[tokio::test]
+async fn collectives_without_a_communicator() {
+    within("comm", async {
+        let addr = shared_server().addr8;
+        let init = |device, rank, world| CommInit {
+            device,
+            rank,
+            world,
+            port: 1,
+            host: CommInit::host_field("127.0.0.1").unwrap(),
+        };
+        let mut c = connect(addr).await;
+        for (i, what) in [
+            (init(7, 0, 2), "a device that does not exist"),
+            (init(0, 0, 3), "world 3"),
+            (init(0, 2, 2), "rank 2 of 2"),
+        ] {
+            assert!(!c.comm_init(i).await.unwrap(), "{what}");
+        }
+        // COMM_FREE with no communicator is fine.
+        c.comm_free(0).await.unwrap();
+        assert_eq!(c.device_count().await.unwrap(), 1);
+        // COMM_ALLREDUCE without a communicator closes (stock: "no communicator").
+        let buf = alloc(&mut c, 64).await;
+        let t = buf.f32(1, &[16], 0).build();
+        c.comm_allreduce(0, &t).await.unwrap();
+        assert_closed(c.device_count().await, "COMM_ALLREDUCE without COMM_INIT");
+        // COMM_FREE of a device that does not exist closes.
+        let mut c = connect(addr).await;
+        c.comm_free(9).await.unwrap();
+        assert_closed(c.device_count().await, "COMM_FREE of device 9");
+    })
+    .await;
+}
+
+/// The 8.0 commands (and 8.0-sized frames) are not commands on the 7.0.0 port.
+#[tokio::test]
+async fn v8_commands_close_on_the_v7_port() {
+    within("v8 on v7", async {
+        let addr = shared_server().addr;
+        for cmd in 18..=22u8 {
+            let mut c = connect(addr).await;
+            c.send_bytes(&frame(cmd, &[0; 4])).await.unwrap();
+            expect_closed(&mut c, &format!("command {cmd} on the 7.0 port")).await;
+        }
+        // A 12-byte GRAPH_RECOMPUTE is malformed in 7.0.
+        let mut c = connect(addr).await;
+        c.send_bytes(&frame(Command::GraphRecompute as u8, &[0; 12]))
+            .await
+            .unwrap();
+        expect_closed(&mut c, "12-byte GRAPH_RECOMPUTE on 7.0").await;
+        // RPC_CMD_NONE of 8.0 (23) on the 8.0 port.
+        let mut c = connect(shared_server().addr8).await;
+        c.send_bytes(&frame(23, &[])).await.unwrap();
+        expect_closed(&mut c, "command 23 on the 8.0 port").await;
+    })
+    .await;
+}
