@@ -216,76 +216,59 @@ async fn strided_copies_out_of_bounds_close() {
     within("2d bounds", async {
         let addr = shared_server().addr8;
         // A tensor of 32 bytes at offset 0 of a 64-byte buffer, a second buffer behind it.
-        let cases: Vec<(&str, Box<dyn Fn(RpcTensor) -> Vec<u8>>)> = vec![
-            (
-                "SET span past the tensor (inside the buffer)",
-                Box::new(|t| {
-                    enc(Request::SetTensor2d {
-                        tensor: t,
-                        region: region(0, 8, 2, 25),
-                        data: &[0; 16],
-                    })
-                }),
-            ),
-            (
-                "GET offset past the tensor",
-                Box::new(|t| {
-                    enc(Request::GetTensor2d {
-                        tensor: t,
-                        region: region(33, 1, 1, 0),
-                    })
-                }),
-            ),
-            (
-                "GET span overflowing u64",
-                Box::new(|t| {
-                    enc(Request::GetTensor2d {
-                        tensor: t,
-                        region: region(0, 1, 3, u64::MAX / 2),
-                    })
-                }),
-            ),
-            (
-                "GET size × n_copies overflowing u64 (stride 0)",
-                Box::new(|t| {
-                    enc(Request::GetTensor2d {
-                        tensor: t,
-                        region: region(0, 1 << 33, 1 << 33, 0),
-                    })
-                }),
-            ),
+        type Attack = fn(RpcTensor) -> Vec<u8>;
+        let cases: Vec<(&str, Attack)> = vec![
+            ("SET span past the tensor (inside the buffer)", |t| {
+                enc(Request::SetTensor2d {
+                    tensor: t,
+                    region: region(0, 8, 2, 25),
+                    data: &[0; 16],
+                })
+            }),
+            ("GET offset past the tensor", |t| {
+                enc(Request::GetTensor2d {
+                    tensor: t,
+                    region: region(33, 1, 1, 0),
+                })
+            }),
+            ("GET span overflowing u64", |t| {
+                enc(Request::GetTensor2d {
+                    tensor: t,
+                    region: region(0, 1, 3, u64::MAX / 2),
+                })
+            }),
+            ("GET size × n_copies overflowing u64 (stride 0)", |t| {
+                enc(Request::GetTensor2d {
+                    tensor: t,
+                    region: region(0, 1 << 33, 1 << 33, 0),
+                })
+            }),
             (
                 "GET of 1 TiB repeating one chunk (stride 0): larger than the tensor",
-                Box::new(|t| {
+                |t| {
                     enc(Request::GetTensor2d {
                         tensor: t,
                         region: region(0, 32, 1 << 35, 0),
                     })
-                }),
+                },
             ),
-            (
-                "GET with n_copies 0",
-                Box::new(|t| {
-                    enc(Request::GetTensor2d {
-                        tensor: t,
-                        region: region(0, 4, 0, 4),
-                    })
-                }),
-            ),
-            (
-                "SET whose data is not size × n_copies",
-                Box::new(|t| {
-                    let mut f = enc(Request::SetTensor2d {
-                        tensor: t,
-                        region: region(0, 4, 2, 4),
-                        data: &[0; 8],
-                    });
-                    f.pop();
-                    let n = f.len() as u64 - 9;
-                    f[1..9].copy_from_slice(&n.to_le_bytes());
-                    f
-                }),
-            ),
+            ("GET with n_copies 0", |t| {
+                enc(Request::GetTensor2d {
+                    tensor: t,
+                    region: region(0, 4, 0, 4),
+                })
+            }),
+            ("SET whose data is not size × n_copies", |t| {
+                let mut f = enc(Request::SetTensor2d {
+                    tensor: t,
+                    region: region(0, 4, 2, 4),
+                    data: &[0; 8],
+                });
+                f.pop();
+                let n = f.len() as u64 - 9;
+                f[1..9].copy_from_slice(&n.to_le_bytes());
+                f
+            }),
         ];
         for (what, make) in &cases {
             let mut c = connect(addr).await;
