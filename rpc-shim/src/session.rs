@@ -448,6 +448,10 @@ impl<C: Connector> Session<C> {
             let payload = frame.get(FRAME_HEADER_SIZE..).unwrap_or_default();
             let req = Request::decode(self.major, cmd, payload, &self.worker.core.opts.limits)?;
             let reply_len = req.reply_data_len();
+            let frame = match req {
+                Request::CommInit(init) => self.comm_init(init).unwrap_or(frame),
+                _ => frame,
+            };
             self.batch.push_frame(&frame);
             self.flush().await?;
             return self.relay_response(cmd, reply_len).await;
@@ -466,6 +470,24 @@ impl<C: Connector> Session<C> {
         }
         let uid = uid.filter(|_| cmd == Command::GraphCompute);
         self.stream_request(h, uid).await
+    }
+
+    /// COMM_INIT with rank 0's address rewritten from the shim's listener to the worker behind
+    /// it ([`crate::comm`]); `None` to send it as it came.
+    fn comm_init(&self, mut init: rpc_proto::CommInit) -> Option<Vec<u8>> {
+        match crate::comm::rewrite(&mut init, crate::comm::worker_behind) {
+            Ok(Some(how)) => {
+                tracing::info!(worker = %self.addr(), "COMM_INIT rewritten: {how}");
+                let mut frame = Vec::new();
+                Request::CommInit(init).encode(&mut frame);
+                Some(frame)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(worker = %self.addr(), "COMM_INIT sent as it came: {e}");
+                None
+            }
+        }
     }
 
     /// Streams a large request (SET_TENSOR weights, big graphs) upstream in chunks; with `uid`,

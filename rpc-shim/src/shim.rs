@@ -64,6 +64,7 @@ impl<C: Connector> Running<C> {
 
 impl<C: Connector> Drop for Running<C> {
     fn drop(&mut self) {
+        crate::comm::unregister(self.local.port());
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -81,6 +82,7 @@ pub async fn start<C: Connector>(
 ) -> io::Result<Running<C>> {
     let listener = TcpListener::bind(listen).await?;
     let local = listener.local_addr()?;
+    crate::comm::register(local.port(), worker.addr());
     let (stop, rx) = oneshot::channel::<()>();
     let w = worker.clone();
     let task = tokio::spawn(async move {

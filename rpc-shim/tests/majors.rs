@@ -369,3 +369,87 @@ async fn v8_client_with_a_7_worker_is_refused() {
         .unwrap();
     exercise(s7.local, server.addr).await;
 }
+
+/// A worker announcing 8.0.0 that reads one COMM_INIT frame per connection, keeps its request and
+/// answers `ok = 0` (no collectives here).
+async fn comm_worker() -> (SocketAddr, Arc<Mutex<Vec<CommInit>>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let rec = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let rec = rec.clone();
+            tokio::spawn(async move {
+                let mut hello = [0u8; 9 + 24];
+                if s.read_exact(&mut hello).await.is_err() {
+                    return;
+                }
+                let mut reply = Vec::new();
+                Response::hello(Major::V8, [0; 24]).encode(&mut reply);
+                s.write_all(&reply).await.unwrap();
+                let mut f = [0u8; 9 + 80];
+                if s.read_exact(&mut f).await.is_err() {
+                    return; // the control connection
+                }
+                let limits = rpc_proto::Limits::default();
+                let req = Request::decode(Major::V8, Command::CommInit, &f[9..], &limits).unwrap();
+                let Request::CommInit(init) = req else {
+                    panic!("not COMM_INIT")
+                };
+                rec.lock().unwrap().push(init);
+                let mut ok = Vec::new();
+                Response::CommInit { ok: 0 }.encode(&mut ok);
+                s.write_all(&ok).await.unwrap();
+                let _ = s.read(&mut f).await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// `--rpc SHIM_A,SHIM_B` with tensor split: the stock client names rank 0 by the shim's port
+/// (+ 1000) and, to rank 1, the host it used for the shim; each worker gets rank 0's worker port
+/// + 1000 and, rank 1, rank 0's worker host instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn comm_init_names_the_real_rank0_worker() {
+    let (wa, seen_a) = comm_worker().await;
+    let (wb, seen_b) = comm_worker().await;
+    let opts = Options {
+        prefetch: false,
+        ..test_opts()
+    };
+    let sa = shim_tcp_major(wa, Major::V8, opts.clone()).await;
+    let sb = shim_tcp_major(wb, Major::V8, opts).await;
+    let port = u32::from(sa.local.port()) + 1000;
+    let init = |rank, host: &str| CommInit {
+        device: 0,
+        rank,
+        world: 2,
+        port,
+        host: CommInit::host_field(host).unwrap(),
+    };
+    let (mut a, mut b) = (connect(sa.local).await, connect(sb.local).await);
+    assert!(!a.comm_init(init(0, "")).await.unwrap());
+    assert!(!b.comm_init(init(1, "shim.local")).await.unwrap());
+    let real = u32::from(wa.port()) + 1000;
+    let got_a = seen_a.lock().unwrap().clone();
+    let got_b = seen_b.lock().unwrap().clone();
+    assert_eq!(got_a.len(), 1);
+    assert_eq!(
+        (got_a[0].rank, got_a[0].host_str(), got_a[0].port),
+        (0, Some(""), real)
+    );
+    assert_eq!(got_b.len(), 1);
+    assert_eq!(
+        (got_b[0].rank, got_b[0].host_str(), got_b[0].port),
+        (1, Some("127.0.0.1"), real)
+    );
+    // A rank 0 that is not behind this shim: sent as it came.
+    let mut c = connect(sb.local).await;
+    let mut other = init(1, "10.9.9.9");
+    other.port = 999;
+    assert!(!c.comm_init(other).await.unwrap());
+    let got = seen_b.lock().unwrap().last().copied().unwrap();
+    assert_eq!((got.host_str(), got.port), (Some("10.9.9.9"), 999));
+}
