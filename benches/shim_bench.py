@@ -24,19 +24,23 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
-from e2e_common import (REPO, Server, Servers, free_port, log, resolve_ours, resolve_stock_bin,  # noqa: E402
-                        run, script_output, tail)
+from e2e_common import (REPO, Server, Servers, free_port, help_mentions, log, resolve_ours,  # noqa: E402
+                        resolve_stock_bin, run, script_output, tail)
 
 
 class Shim(Server):
-    """rpc-shim in front of one worker."""
+    """rpc-shim in front of one worker, for the stock 7.0.0 llama-bench: on its 7.0.0 listener
+    (--listen7, with a spare --listen) where the shim speaks 8.0.0 on --listen."""
 
     def __init__(self, binary, port, worker, logdir, extra=()):
         super().__init__("bench-shim", binary, port, logdir, extra=extra, env={"RPC_LOG": "warn"})
         self.worker = worker
+        self.listen8 = free_port(exclude=(port,)) if help_mentions(binary, "--listen7") else None
 
     def cmd(self):
-        return [self.binary, "--worker", self.worker, "--listen", self.endpoint, "--transport", "tcp"] + self.extra
+        listen = ["--listen", "127.0.0.1:%d" % self.listen8, "--listen7", self.endpoint] if self.listen8 \
+            else ["--listen", self.endpoint]
+        return [self.binary, "--worker", self.worker] + listen + ["--transport", "tcp"] + self.extra
 
 
 def mean_sd(xs):

@@ -98,20 +98,25 @@ def _bindable(port):
         s.close()
 
 
-_proto7_flag = {}
+_help_text = {}
+
+
+def help_mentions(binary, flag):
+    """Whether `binary --help` mentions `flag` (read once per binary)."""
+    if binary not in _help_text:
+        try:
+            r = subprocess.run([binary, "--help"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=30)
+            _help_text[binary] = r.stdout
+        except (OSError, subprocess.TimeoutExpired):
+            _help_text[binary] = b""
+    return flag.encode() in _help_text[binary]
 
 
 def has_proto7_port(binary):
     """Whether `binary` is a server that speaks 8.0.0 on -p and 7.0.0 on `--proto7-port` (ours;
-    the stock servers speak one major, on -p). From its --help, once per binary."""
-    if binary not in _proto7_flag:
-        try:
-            r = subprocess.run([binary, "--help"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, timeout=30)
-            _proto7_flag[binary] = b"--proto7-port" in r.stdout
-        except (OSError, subprocess.TimeoutExpired):
-            _proto7_flag[binary] = False
-    return _proto7_flag[binary]
+    the stock servers speak one major, on -p)."""
+    return help_mentions(binary, "--proto7-port")
 
 
 def wait_listening(host, port, timeout, proc=None):

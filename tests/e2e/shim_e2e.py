@@ -42,23 +42,30 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from e2e_common import (REPO, CountingProxy, Server, Servers, clean_env, free_port, log,  # noqa: E402
+from e2e_common import (REPO, CountingProxy, Server, Servers, clean_env, free_port, help_mentions, log,  # noqa: E402
                         resolve_ours, resolve_stock_bin, run, tail)
 from run_e2e import (CLIENT_ATTEMPTS, EVAL_RE, RPC_BUF_RE, Results, completion_cmd, parse_bench_md,  # noqa: E402
                      parse_perf, resolve_models, show_diff)
 
 
 class Shim(Server):
-    """An rpc-shim process: one --listen port per worker (same CLI order)."""
+    """An rpc-shim process: one listen port per worker (same CLI order) for 7.0.0 clients: where
+    the shim speaks 8.0.0 on --listen (it has --listen7), `ports` are its --listen7 listeners and
+    --listen gets spare ports."""
 
     def __init__(self, name, binary, ports, workers, logdir, extra=()):
         super().__init__(name, binary, ports[0], logdir, extra=extra, env={"RPC_LOG": "info"})
         self.ports, self.workers = list(ports), list(workers)
+        self.listen8 = [free_port(exclude=self.ports) for _ in self.ports] \
+            if help_mentions(binary, "--listen7") else None
 
     def cmd(self):
         c = [self.binary]
-        for w, p in zip(self.workers, self.ports):
-            c += ["--worker", w, "--listen", "127.0.0.1:%d" % p]
+        for i, (w, p) in enumerate(zip(self.workers, self.ports)):
+            if self.listen8:
+                c += ["--worker", w, "--listen", "127.0.0.1:%d" % self.listen8[i], "--listen7", "127.0.0.1:%d" % p]
+            else:
+                c += ["--worker", w, "--listen", "127.0.0.1:%d" % p]
         return c + self.extra
 
     def endpoints(self):

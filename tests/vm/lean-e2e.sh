@@ -67,10 +67,18 @@ start_stock_server() { # name [env...]
     wait_port $ADDR 50052 || { bad "stock server $name did not start"; cat "$W/srv-$name.log"; }
 }
 stop_server() { kill "$SRV_PID" 2>/dev/null; wait "$SRV_PID" 2>/dev/null; }
+# rpc-shim speaks 8.0.0 on --listen; the stock 7.0.0 clients here reach its 7.0.0 listener
+# (--listen7) at the address they are given, and --listen gets port + 7000. An older shim: --listen.
+shim_listen() { # shim address:port
+    case "$("$1" --help 2>&1)" in
+        *--listen7*) echo "--listen ${2%:*}:$((${2##*:} + 7000)) --listen7 $2" ;;
+        *) echo "--listen $2" ;;
+    esac
+}
 start_relay() { # name flavor [--no-lean]
     local name=$1 flavor=$2; shift 2
     if [ -n "$SHIM" ]; then
-        "$SHIM" -w $ADDR:50052 -l 127.0.0.1:50152 --transport rdma --rdma-flavor "$flavor" "$@" > "$W/relay-$name.log" 2>&1 &
+        "$SHIM" -w $ADDR:50052 $(shim_listen "$SHIM" 127.0.0.1:50152) --transport rdma --rdma-flavor "$flavor" "$@" > "$W/relay-$name.log" 2>&1 &
     else
         "$RELAY" --listen 127.0.0.1:50152 --worker $ADDR:50052 --flavor "$flavor" "$@" > "$W/relay-$name.log" 2>&1 &
     fi

@@ -78,9 +78,17 @@ start_worker() { # name binary port [args]
     wait_port $ADDR "$port" || { bad "worker $name did not start"; tail -5 "$W/worker-$name.log"; }
 }
 stop_worker() { kill "$WORKER_PID" 2>/dev/null; wait "$WORKER_PID" 2>/dev/null; }
+# rpc-shim speaks 8.0.0 on --listen; the stock 7.0.0 clients here reach its 7.0.0 listener
+# (--listen7) at the address they are given, and --listen gets port + 7000. An older shim: --listen.
+shim_listen() { # shim address:port
+    case "$("$1" --help 2>&1)" in
+        *--listen7*) echo "--listen ${2%:*}:$((${2##*:} + 7000)) --listen7 $2" ;;
+        *) echo "--listen $2" ;;
+    esac
+}
 start_shim() { # name worker-port [args]
     local name=$1 port=$2; shift 2
-    RPC_LOG=info "$SHIM" --worker $ADDR:"$port" --listen 127.0.0.1:50152 "$@" > "$W/shim-$name.out" 2> "$W/shim-$name.log" &
+    RPC_LOG=info "$SHIM" --worker $ADDR:"$port" $(shim_listen "$SHIM" 127.0.0.1:50152) "$@" > "$W/shim-$name.out" 2> "$W/shim-$name.log" &
     SHIM_PID=$!
     wait_port 127.0.0.1 50152 || { bad "shim $name did not start"; tail -5 "$W/shim-$name.log"; }
 }
