@@ -192,6 +192,7 @@ fn real_main() -> anyhow::Result<()> {
             request_timeout: opts.request_timeout,
             poll_window: opts.poll_window,
             isolate: None,
+            allow: opts.allow.clone(),
         };
         let rdma = if args.session_tcp_only {
             Arc::new(RdmaConfig::new(TransportMode::Tcp, Default::default(), 1))

@@ -115,6 +115,8 @@ pub struct ConnectionOptions {
     /// Serve each session in a process of its own, see `isolate.rs`.
     #[cfg(unix)]
     pub isolate: Option<Arc<crate::isolate::Isolation>>,
+    /// Who may connect (`--allow`); also the peers a collectives link accepts.
+    pub allow: crate::admission::AllowList,
 }
 
 impl Default for ConnectionOptions {
@@ -127,8 +129,27 @@ impl Default for ConnectionOptions {
             poll_window: rpc_transport::tcp::DEFAULT_POLL_WINDOW,
             #[cfg(unix)]
             isolate: None,
+            allow: Default::default(),
         }
     }
+}
+
+/// A session of this connection: its major, the shared budget, and the collectives link set up
+/// from the address the client reached us at (`comm.rs`).
+fn new_session(
+    ctx_config: Arc<SessionConfig>,
+    major: Major,
+    conn: &ConnectionOptions,
+    local_ip: std::net::IpAddr,
+) -> Session {
+    let mut s = Session::new(ctx_config, major, conn.budget.clone());
+    s.set_connector(Arc::new(crate::comm::TcpConnector {
+        bind_ip: local_ip,
+        allow: conn.allow.clone(),
+        setup_timeout: crate::comm::SETUP_TIMEOUT,
+        io_timeout: conn.request_timeout,
+    }));
+    s
 }
 
 /// How long the command loop waits. The two deadlines are different questions: `idle` is how
@@ -312,7 +333,7 @@ pub async fn serve_hello<F: FnOnce()>(
     let (reply_caps, activated) = crate::rdma::negotiate(&rdma, local_ip, &caps);
     send_hello(&mut tcp, major, reply_caps, &stats).await?;
     ready();
-    let session = Session::new(config, major, conn.budget.clone());
+    let session = new_session(config, major, &conn, local_ip);
     let Some(activated) = activated else {
         return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
     };
@@ -441,7 +462,8 @@ pub async fn serve_commands<F: FnOnce()>(
     ready: F,
 ) -> Result<(), ConnectionError> {
     ready();
-    let session = Session::new(ctx.config, ctx.major, ctx.conn.budget.clone());
+    let local_ip = tcp.local_addr()?.ip();
+    let session = new_session(ctx.config, ctx.major, &ctx.conn, local_ip);
     let deadlines = Deadlines::of(&ctx.conn);
     run(
         &mut tcp,

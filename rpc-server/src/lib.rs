@@ -1,10 +1,12 @@
-//! `rpc-server`: a drop-in replacement for llama.cpp's `ggml-rpc-server` (protocol 7.0.0).
+//! `rpc-server`: a drop-in replacement for llama.cpp's `ggml-rpc-server` (protocol 8.0.0, and
+//! 7.0.0 on a second listener).
 //!
 //! Layout: [`connection`] frames bytes and drives a [`session::Session`] per client; the session
 //! validates requests and calls the [`ggml`] FFI layer (the only `unsafe` code); [`server`]
 //! accepts connections concurrently, admitted by [`admission`] (`--allow`, per-peer shares);
 //! [`cache`] is the SET_TENSOR_HASH weight cache; [`local_weights`] answers SET_TENSOR_HASH from
-//! the worker's own GGUF files (`--gguf`, headers read by [`gguf`]).
+//! the worker's own GGUF files (`--gguf`, headers read by [`gguf`]); [`comm`] is 8.0's
+//! server-to-server link for tensor split's collectives.
 
 // `unsafe` only in the ggml FFI layer, each block with a `// SAFETY:` line.
 #![deny(unsafe_code)]
@@ -14,6 +16,7 @@ pub mod admission;
 pub mod app;
 pub mod cache;
 pub mod cli;
+pub mod comm;
 pub mod connection;
 pub mod disk_read;
 pub mod doctor;

@@ -211,6 +211,7 @@ pub async fn serve(
         poll_window: opts.poll_window,
         #[cfg(unix)]
         isolate: opts.isolate.clone(),
+        allow: opts.allow.clone(),
     };
     let mut refusals = RefusalLog::default();
     let keepalive = opts.keepalive;

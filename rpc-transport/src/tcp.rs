@@ -154,6 +154,11 @@ impl BlockingTcpTransport {
         })
     }
 
+    /// The local address of the socket (the one the peer reached us at).
+    pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.stream.local_addr()
+    }
+
     /// With read-ahead off, a read takes from the socket at most the bytes it asked for, so
     /// that the socket can change hands between any two reads with nothing left behind here
     /// (the front of a contained server reads HELLO and the queries it answers this way, then

@@ -19,6 +19,8 @@ pub enum SessionError {
     GraphNotFound { device: u32, uid: u64 },
     #[error("no communicator for device {0}")]
     NoCommunicator(u32),
+    #[error("link to the peer server: {0}")]
+    Comm(String),
     #[error("HELLO is only allowed as the first command")]
     UnexpectedHello,
     #[error("cannot create a backend on device {0}")]

@@ -23,6 +23,7 @@ pub use tensor::nbytes;
 use tensor::UnknownBuffer;
 
 use crate::cache::WeightCache;
+use crate::comm::{Connector, PeerLink};
 use crate::ggml::{Backend, Buffer, Device, ScratchTensors};
 use crate::local_weights::LocalWeights;
 use graph::StoredGraph;
@@ -53,6 +54,10 @@ pub struct Session {
     backends: Vec<Option<Backend>>,
     /// Per device: the graphs kept for GRAPH_RECOMPUTE (`graph_cache.rs`).
     graphs: Vec<GraphCache<StoredGraph>>,
+    /// How COMM_INIT sets up a link to the peer server (`None`: it answers 0).
+    connector: Option<Arc<dyn Connector>>,
+    /// Per device: the pairwise link of 8.0's collectives, between COMM_INIT and COMM_FREE.
+    links: Vec<Option<Box<dyn PeerLink>>>,
     /// Server-wide memory account; `held` is this session's share of it (buffers and stored
     /// graphs).
     budget: Arc<MemoryBudget>,
@@ -77,6 +82,8 @@ impl Session {
             buffers: HashMap::new(),
             backends: (0..n).map(|_| None).collect(),
             graphs: (0..n).map(|_| GraphCache::default()).collect(),
+            connector: None,
+            links: (0..n).map(|_| None).collect(),
             budget,
             held: 0,
             allocated_any: false,
@@ -102,6 +109,12 @@ impl Session {
     /// The protocol major of this session's connection.
     pub fn major(&self) -> Major {
         self.major
+    }
+
+    /// Lets COMM_INIT set up links with `connector` (without one it answers 0: no collectives,
+    /// the client reduces through itself).
+    pub fn set_connector(&mut self, connector: Arc<dyn Connector>) {
+        self.connector = Some(connector);
     }
 
     /// The memory budget this session's buffers count against.
@@ -348,30 +361,98 @@ impl Session {
                 ok: u8::from(self.comm_init(&init)),
             }),
             Request::CommAllreduce { device, tensor } => {
-                self.device(device)?;
-                let _ = tensor;
-                return Err(SessionError::NoCommunicator(device));
+                self.comm_allreduce(device, &tensor)?;
+                None
             }
             Request::CommFree { device } => {
                 self.device(device)?;
+                self.links[device as usize] = None;
                 None
             }
         })
     }
 
-    /// COMM_INIT: whether this server joined the device's pairwise communicator. A server
-    /// that cannot answers 0 and the client reduces through itself (never a close: the stock
-    /// client would abort).
+    /// COMM_INIT: whether this server joined the device's pairwise communicator (stock rules:
+    /// a valid device, world 2, rank 0 or 1; a device that has a peer already answers 1). A
+    /// server that cannot set up the link answers 0 and the client reduces through itself
+    /// (never a close: the stock client would abort).
     fn comm_init(&mut self, init: &CommInit) -> bool {
         if self.device(init.device).is_err() || init.world != 2 || init.rank >= init.world {
             return false;
         }
-        tracing::info!(
-            device = init.device,
-            rank = init.rank,
-            "COMM_INIT: collectives between servers are not available here; the client reduces through itself"
-        );
-        false
+        let d = init.device as usize;
+        if self.links[d].is_some() {
+            return true;
+        }
+        let Some(connector) = &self.connector else {
+            tracing::info!(
+                device = init.device,
+                "COMM_INIT: no collectives here; the client reduces through itself"
+            );
+            return false;
+        };
+        match connector.connect(init) {
+            Ok(link) => {
+                tracing::info!(
+                    device = init.device,
+                    rank = init.rank,
+                    "joined pairwise comm"
+                );
+                self.links[d] = Some(link);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(
+                    device = init.device,
+                    rank = init.rank,
+                    port = init.port,
+                    "COMM_INIT: no link to the peer ({e}); answering 0, the client reduces through itself"
+                );
+                false
+            }
+        }
+    }
+
+    /// COMM_ALLREDUCE: `tensor += the peer's partial` over the device's link (`comm.rs`).
+    fn comm_allreduce(&mut self, device: u32, tensor: &RpcTensor) -> Result<(), SessionError> {
+        self.device(device)?;
+        let d = device as usize;
+        if self.links[d].is_none() {
+            return Err(SessionError::NoCommunicator(device));
+        }
+        let spec = self.resolve_tensor(tensor, UnknownBuffer::Reject)?;
+        let len = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
+        if len == 0 {
+            return Ok(());
+        }
+        if spec.type_ != rpc_proto::ggml_type::F32 {
+            return Err(SessionError::tensor(
+                tensor,
+                "COMM_ALLREDUCE of a non-F32 tensor (the stock client sends F32 partials only)",
+            ));
+        }
+        let (buf, off) = self.resolve_region("COMM_ALLREDUCE", tensor, 0, len)?;
+        // The partial, the peer's and the bytes sent: three copies, charged like a body.
+        let _charge = self
+            .budget
+            .charge(self.held, len.saturating_mul(3))
+            .ok_or(SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
+        let ulen = usize::try_from(len).map_err(|_| SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
+        let mut own = Vec::new();
+        own.try_reserve_exact(ulen)
+            .map_err(|_| SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
+        own.resize(ulen, 0);
+        buf.read(off, &mut own);
+        let link = self.links[d]
+            .as_deref_mut()
+            .ok_or(SessionError::NoCommunicator(device))?;
+        let mut scratch = Vec::new();
+        crate::comm::allreduce_f32(link, &mut own, &mut scratch).map_err(|e| {
+            self.links[d] = None;
+            SessionError::Comm(e.to_string())
+        })?;
+        buf.write(off, &own);
+        Ok(())
     }
 
     /// The region of a SET_TENSOR_2D / GET_TENSOR_2D, checked as the stock server checks it
