@@ -354,3 +354,71 @@ async fn v8_commands_close_on_the_v7_port() {
     })
     .await;
 }
+
+/// llama.cpp 8.0's input selection (`ggml_build_forward_select`, its mixed token/embedding
+/// input) sends every branch but sets the COMPUTE flag only on the selected one; the others hold
+/// whatever the client left in their inputs (row ids of a SET_ROWS included). No ggml backend
+/// runs a node without the flag, so neither do we, nor do we check its indices: the graph runs,
+/// the unselected SET_ROWS writes nothing, the selected ADD runs. A flagged SET_ROWS with the
+/// same ids still closes the connection.
+#[tokio::test]
+async fn unselected_branches_are_not_run() {
+    use rpc_client::{ops, types, TensorBuilder, TENSOR_FLAG_COMPUTE};
+    within("select", async {
+        for flagged in [false, true] {
+            let mut c = connect(shared_server().addr8).await;
+            let buf = alloc(&mut c, 4096).await;
+            let (a, b, sum) = add_graph(&buf, 16);
+            // dst: 8 rows of 4 f32 at 512; values: 2 rows at 768; ids: 2 × I64 at 1024.
+            let dst = buf.f32(10, &[4, 8], 512).name("dst").build();
+            let vals = buf.f32(11, &[4, 2], 768).name("vals").build();
+            let ids = TensorBuilder::new(12, types::I64)
+                .ne(&[2])
+                .data(buf.handle, buf.at(1024))
+                .name("ids")
+                .build();
+            let rows = buf
+                .f32(13, &[4, 8], 512)
+                .op(ops::SET_ROWS, &[])
+                .srcs(&[11, 12, 10])
+                .view(10, 0)
+                .flags(if flagged { TENSOR_FLAG_COMPUTE } else { 0 })
+                .name("rows")
+                .build();
+            c.set_tensor(&a, 0, &f32_bytes(&[1.0; 16]), false)
+                .await
+                .unwrap();
+            c.set_tensor(&b, 0, &f32_bytes(&[2.0; 16]), false)
+                .await
+                .unwrap();
+            c.set_tensor(&dst, 0, &f32_bytes(&[5.0; 32]), false)
+                .await
+                .unwrap();
+            c.set_tensor(&vals, 0, &f32_bytes(&[9.0; 8]), false)
+                .await
+                .unwrap();
+            let garbage: Vec<u8> = [0x0000_0001_0000_0001i64, -3]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            c.set_tensor(&ids, 0, &garbage, false).await.unwrap();
+            c.graph_compute_uid(0, 0, &[13, 3], &[a, b, sum, dst, vals, ids, rows])
+                .await
+                .unwrap();
+            if flagged {
+                assert_closed(c.device_count().await, "flagged SET_ROWS with bad ids");
+                continue;
+            }
+            assert_eq!(
+                bytes_f32(&c.get_tensor(&sum, 0, 64).await.unwrap()),
+                [3.0; 16]
+            );
+            assert_eq!(
+                bytes_f32(&c.get_tensor(&dst, 0, 128).await.unwrap()),
+                [5.0; 32],
+                "the unselected SET_ROWS wrote"
+            );
+        }
+    })
+    .await;
+}

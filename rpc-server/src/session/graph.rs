@@ -176,8 +176,13 @@ impl Session {
             specs.push(spec);
             links.push(l);
         }
+        // Nodes without the COMPUTE flag are not run by any ggml backend (the branches
+        // `ggml_build_forward_select` did not select, e.g. llama.cpp's mixed token/embedding
+        // input, whose row ids hold whatever the client left there): leave them out of the
+        // graph, so no backend can run them, and out of the rules and index checks.
         let nodes: Vec<u32> = node_idx
             .iter()
+            .filter(|&&wi| g.tensors[wi as usize].flags.get() & rpc_proto::TENSOR_FLAG_COMPUTE != 0)
             .map(|wi| {
                 local
                     .get(wi)
@@ -442,8 +447,8 @@ impl DataCheck {
                             return Err(SessionError::OutOfBounds {
                                 what: self.what,
                                 detail: format!(
-                                    "index {v} at [{i0}, {i1}, {i2}, {i3}] not in [0, {})",
-                                    self.bound
+                                    "index {v} at [{i0}, {i1}, {i2}, {i3}] not in [0, {}) (type {}, ne {:?}, nb {:?})",
+                                    self.bound, self.type_, self.ne, self.nb
                                 ),
                             });
                         }
