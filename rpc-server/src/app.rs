@@ -193,6 +193,7 @@ fn real_main() -> anyhow::Result<()> {
             poll_window: opts.poll_window,
             isolate: None,
             allow: opts.allow.clone(),
+            comm: None,
         };
         let rdma = if args.session_tcp_only {
             Arc::new(RdmaConfig::new(TransportMode::Tcp, Default::default(), 1))

@@ -35,7 +35,7 @@ pub trait PeerLink: Send {
 }
 
 /// Sets up links for COMM_INIT.
-pub trait Connector: Send + Sync {
+pub trait Connector: Send + Sync + std::fmt::Debug {
     /// The link for `init`, or why there is none (then COMM_INIT answers 0).
     fn connect(&self, init: &CommInit) -> std::io::Result<Box<dyn PeerLink>>;
 }
@@ -58,35 +58,47 @@ pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Connector for TcpConnector {
     fn connect(&self, init: &CommInit) -> std::io::Result<Box<dyn PeerLink>> {
+        let stream = self.establish(init)?;
+        link(stream, init.rank, self.io_timeout)
+    }
+}
+
+/// The link over an established connection: deadlines, then the caps exchange (rank 1 first).
+/// Ours are all zero (TCP); the peer's are read and ignored (a stock RDMA-built peer then stays
+/// on TCP too).
+pub fn link(
+    mut stream: TcpStream,
+    rank: u32,
+    io_timeout: Duration,
+) -> std::io::Result<Box<dyn PeerLink>> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(io_timeout))?;
+    stream.set_write_timeout(Some(io_timeout))?;
+    let mut peer_caps = [0u8; CONN_CAPS_SIZE];
+    if rank == 0 {
+        stream.read_exact(&mut peer_caps)?;
+        stream.write_all(&[0; CONN_CAPS_SIZE])?;
+    } else {
+        stream.write_all(&[0; CONN_CAPS_SIZE])?;
+        stream.read_exact(&mut peer_caps)?;
+    }
+    Ok(Box::new(TcpLink { stream, rank }))
+}
+
+impl TcpConnector {
+    /// The TCP connection of `init`: rank 0 accepts one peer, rank 1 dials rank 0 (both within
+    /// [`TcpConnector::setup_timeout`]).
+    pub fn establish(&self, init: &CommInit) -> std::io::Result<TcpStream> {
         let port = u16::try_from(init.port)
             .ok()
             .filter(|&p| p != 0)
             .ok_or_else(|| bad(format!("comm port {} out of range", init.port)))?;
-        let mut stream = match init.rank {
-            0 => self.accept(port)?,
-            _ => self.dial(init, port)?,
-        };
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(self.io_timeout))?;
-        stream.set_write_timeout(Some(self.io_timeout))?;
-        // Caps: rank 1 first. Ours are all zero (TCP); the peer's are read and ignored (a stock
-        // RDMA-built peer then stays on TCP too).
-        let mut peer_caps = [0u8; CONN_CAPS_SIZE];
-        if init.rank == 0 {
-            stream.read_exact(&mut peer_caps)?;
-            stream.write_all(&[0; CONN_CAPS_SIZE])?;
-        } else {
-            stream.write_all(&[0; CONN_CAPS_SIZE])?;
-            stream.read_exact(&mut peer_caps)?;
+        match init.rank {
+            0 => self.accept(port),
+            _ => self.dial(init, port),
         }
-        Ok(Box::new(TcpLink {
-            stream,
-            rank: init.rank,
-        }))
     }
-}
 
-impl TcpConnector {
     fn accept(&self, port: u16) -> std::io::Result<TcpStream> {
         let listener = TcpListener::bind(SocketAddr::new(self.bind_ip, port))?;
         listener.set_nonblocking(true)?;
@@ -126,9 +138,24 @@ impl TcpConnector {
         let mut last = None;
         while Instant::now() < deadline {
             for addr in (host, port).to_socket_addrs()? {
+                if !self.allow.permits(addr.ip()) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!("rank 0 at {addr} is outside --allow"),
+                    ));
+                }
                 match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
                     Ok(s) => return Ok(s),
-                    Err(e) => last = Some(e),
+                    // Not there yet (rank 0 may still be setting up): dial again.
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        last = Some(e)
+                    }
+                    Err(e) => return Err(e),
                 }
             }
             std::thread::sleep(Duration::from_millis(50));

@@ -117,6 +117,9 @@ pub struct ConnectionOptions {
     pub isolate: Option<Arc<crate::isolate::Isolation>>,
     /// Who may connect (`--allow`); also the peers a collectives link accepts.
     pub allow: crate::admission::AllowList,
+    /// How COMM_INIT sets up links; `None`: straight from this process (`comm::TcpConnector`
+    /// at the connection's address). A session process asks its front (`isolate.rs`).
+    pub comm: Option<Arc<dyn crate::comm::Connector>>,
 }
 
 impl Default for ConnectionOptions {
@@ -130,6 +133,7 @@ impl Default for ConnectionOptions {
             #[cfg(unix)]
             isolate: None,
             allow: Default::default(),
+            comm: None,
         }
     }
 }
@@ -143,12 +147,15 @@ fn new_session(
     local_ip: std::net::IpAddr,
 ) -> Session {
     let mut s = Session::new(ctx_config, major, conn.budget.clone());
-    s.set_connector(Arc::new(crate::comm::TcpConnector {
-        bind_ip: local_ip,
-        allow: conn.allow.clone(),
-        setup_timeout: crate::comm::SETUP_TIMEOUT,
-        io_timeout: conn.request_timeout,
-    }));
+    s.set_connector(match &conn.comm {
+        Some(c) => c.clone(),
+        None => Arc::new(crate::comm::TcpConnector {
+            bind_ip: local_ip,
+            allow: conn.allow.clone(),
+            setup_timeout: crate::comm::SETUP_TIMEOUT,
+            io_timeout: conn.request_timeout,
+        }),
+    });
     s
 }
 

@@ -19,14 +19,20 @@
 //! | session | `R <bytes>` | may I hold `bytes` more? answered `Y` or `N` |
 //! | session | `F <bytes>` | I freed `bytes` |
 //! | session | `S <n> <n> ...` | counters since the last `S` (the order of [`counters`]) |
+//! | session | `C <hex>` | COMM_INIT (its 80 bytes): set up the link to the peer server for me |
+//! | front | `K` + a socket (`SCM_RIGHTS`) / `E` | the link's connected socket / no link |
 //! | front | `Q` | the server is shutting down: finish the running command and exit |
+//!
+//! A session process may not open sockets (its sandbox), so the front sets up 8.0's
+//! server-to-server link (`comm.rs`, with the connection's address and `--allow`) and passes the
+//! connected socket down; the session process does the exchange on it directly.
 //!
 //! When the session process ends, however it ends, the front gives back whatever it held in the
 //! memory account and its RDMA place; a process killed by a signal is logged and counted as a
 //! connection closed with an error. The front then serves on.
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -150,6 +156,12 @@ pub async fn hand_off(
         None
     };
     let (front_end, child_end) = UnixStream::pair()?;
+    let comm = crate::comm::TcpConnector {
+        bind_ip: stream.local_addr()?.ip(),
+        allow: ctx.conn.allow.clone(),
+        setup_timeout: crate::comm::SETUP_TIMEOUT,
+        io_timeout: ctx.conn.request_timeout,
+    };
     let mut cmd = Command::new(&iso.exe);
     cmd.args(&iso.args)
         .arg("--session-child")
@@ -177,7 +189,7 @@ pub async fn hand_off(
     let pid = child.id();
     tracing::debug!(%peer, pid, "session process started");
 
-    let held = serve_control(front_end, budget, stats, rdma, config, &mut shutdown).await;
+    let held = serve_control(front_end, budget, stats, rdma, config, &comm, &mut shutdown).await;
     budget.release(held);
     drop(rdma_place);
     // The control line closed: the process has ended or is about to.
@@ -213,6 +225,7 @@ async fn serve_control(
     stats: &Stats,
     rdma: &RdmaConfig,
     config: &SessionConfig,
+    comm: &crate::comm::TcpConnector,
     shutdown: &mut watch::Receiver<bool>,
 ) -> u64 {
     let mut held = 0u64;
@@ -255,6 +268,19 @@ async fn serve_control(
                 held -= n;
                 None
             }
+            (Some("C"), _) => {
+                let ok = match broker_link(&l, comm).await {
+                    Ok(stream) => send_fd(&wr, b"K\n", &stream).await.is_ok(),
+                    Err(e) => {
+                        tracing::warn!("COMM_INIT of a session process: no link ({e})");
+                        wr.write_all(b"E\n").await.is_ok()
+                    }
+                };
+                if !ok {
+                    break;
+                }
+                None
+            }
             (Some("S"), Some(Ok(first))) => {
                 let rest = words.map(|w| w.parse::<u64>().unwrap_or(0));
                 for (c, v) in counters.iter().zip(std::iter::once(first).chain(rest)) {
@@ -276,10 +302,152 @@ async fn serve_control(
     held
 }
 
-/// Session side of the control line: memory reservations asked of the front.
+/// Front side of a session's `C` line: the COMM_INIT it carries, set up with the front's
+/// connector (the connection's address, `--allow`, deadlines) off the runtime's thread.
+async fn broker_link(
+    line: &str,
+    comm: &crate::comm::TcpConnector,
+) -> std::io::Result<std::net::TcpStream> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_string());
+    let hex = line
+        .strip_prefix("C ")
+        .ok_or_else(|| bad("malformed C line"))?;
+    let bytes: [u8; rpc_proto::COMM_INIT_SIZE] =
+        parse_hex(hex.trim()).ok_or_else(|| bad("malformed COMM_INIT"))?;
+    let req = rpc_proto::Request::decode(
+        rpc_proto::Major::V8,
+        rpc_proto::Command::CommInit,
+        &bytes,
+        &Limits::default(),
+    )
+    .map_err(|e| bad(&e.to_string()))?;
+    let rpc_proto::Request::CommInit(init) = req else {
+        return Err(bad("not a COMM_INIT"));
+    };
+    let comm = comm.clone();
+    tokio::task::spawn_blocking(move || comm.establish(&init))
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+}
+
+/// Sends `msg` with `stream`'s descriptor attached (`SCM_RIGHTS`).
+async fn send_fd(
+    wr: &tokio::net::unix::OwnedWriteHalf,
+    msg: &[u8],
+    stream: &std::net::TcpStream,
+) -> std::io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let sock: &tokio::net::UnixStream = wr.as_ref();
+    loop {
+        sock.writable().await?;
+        let fds = [stream.as_fd()];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        control.push(SendAncillaryMessage::ScmRights(&fds));
+        let r = sock.try_io(tokio::io::Interest::WRITABLE, || {
+            sendmsg(
+                sock,
+                &[std::io::IoSlice::new(msg)],
+                &mut control,
+                SendFlags::empty(),
+            )
+            .map_err(std::io::Error::from)
+        });
+        match r {
+            Ok(n) if n == msg.len() => return Ok(()),
+            Ok(_) => return Err(std::io::Error::other("short control write")),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Session side of the control line: memory reservations asked of the front, and links.
 struct Front {
     wr: Mutex<UnixStream>,
     replies: Mutex<mpsc::Receiver<bool>>,
+    /// Answers to `C` lines: the link's socket, or `None` (`E`).
+    links: Mutex<mpsc::Receiver<Option<OwnedFd>>>,
+}
+
+/// COMM_INIT in a session process: the front sets the link up (a sandboxed process opens no
+/// socket) and passes its socket down; the exchange then runs here.
+#[derive(Debug)]
+struct FrontConnector {
+    front: Arc<Front>,
+    io_timeout: Duration,
+}
+
+impl std::fmt::Debug for Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Front")
+    }
+}
+
+impl crate::comm::Connector for FrontConnector {
+    fn connect(
+        &self,
+        init: &rpc_proto::CommInit,
+    ) -> std::io::Result<Box<dyn crate::comm::PeerLink>> {
+        let links = self
+            .front
+            .links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut bytes = Vec::new();
+        rpc_proto::Request::CommInit(*init).encode_payload(&mut bytes);
+        if !self.front.send(&format!("C {}\n", hex(&bytes))) {
+            return Err(std::io::Error::other("the front is gone"));
+        }
+        // The front waits up to SETUP_TIMEOUT for the peer; a little more here.
+        let wait = crate::comm::SETUP_TIMEOUT + Duration::from_secs(5);
+        match links.recv_timeout(wait) {
+            Ok(Some(fd)) => {
+                crate::comm::link(std::net::TcpStream::from(fd), init.rank, self.io_timeout)
+            }
+            Ok(None) => Err(std::io::Error::other("the front could not set up the link")),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer from the front",
+            )),
+        }
+    }
+}
+
+/// Reads the front's lines, with the descriptors sent along (`SCM_RIGHTS`), until the line
+/// closes: `on_line` gets each line and, for a `K`, the descriptor that came with it.
+fn read_front_lines(sock: UnixStream, mut on_line: impl FnMut(&str, Option<OwnedFd>)) {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut fds: std::collections::VecDeque<OwnedFd> = Default::default();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let n = match recvmsg(
+            &sock,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) if r.bytes == 0 => return,
+            Ok(r) => r.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return,
+        };
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = msg {
+                fds.extend(received);
+            }
+        }
+        pending.extend_from_slice(buf.get(..n).unwrap_or(&[]));
+        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let text = String::from_utf8_lossy(line.get(..end).unwrap_or(&[]));
+            let fd = if text == "K" { fds.pop_front() } else { None };
+            on_line(&text, fd);
+        }
+    }
 }
 
 impl Front {
@@ -478,22 +646,26 @@ pub fn child_main(c: Child) -> i32 {
     // Set when the session ends: read by the front-gone watcher below and by the reporter.
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let finished_seen = done.clone();
+    let (link_tx, link_rx) = mpsc::channel();
     std::thread::spawn(move || {
-        for l in BufReader::new(reader).lines() {
-            match l.as_deref() {
-                Ok("Y") => {
-                    let _ = reply_tx.send(true);
-                }
-                Ok("N") => {
-                    let _ = reply_tx.send(false);
-                }
-                Ok("Q") => {
-                    let _ = stop_tx.send(true);
-                }
-                Ok(_) => {}
-                Err(_) => break,
+        read_front_lines(reader, |line, fd| match line {
+            "Y" => {
+                let _ = reply_tx.send(true);
             }
-        }
+            "N" => {
+                let _ = reply_tx.send(false);
+            }
+            "K" => {
+                let _ = link_tx.send(fd);
+            }
+            "E" => {
+                let _ = link_tx.send(None);
+            }
+            "Q" => {
+                let _ = stop_tx.send(true);
+            }
+            _ => {}
+        });
         let _ = stop_tx.send(true);
         let t = std::time::Instant::now();
         while !finished_seen.load(Relaxed) {
@@ -507,6 +679,7 @@ pub fn child_main(c: Child) -> i32 {
     let front = Arc::new(Front {
         wr: Mutex::new(ctl),
         replies: Mutex::new(reply_rx),
+        links: Mutex::new(link_rx),
     });
     let limits = c.conn.budget.limits();
     let budget = Arc::new(MemoryBudget::with_upstream(
@@ -517,7 +690,15 @@ pub fn child_main(c: Child) -> i32 {
         },
         Box::new(ArcFront(front.clone())),
     ));
-    let conn = ConnectionOptions { budget, ..c.conn };
+    let comm = Arc::new(FrontConnector {
+        front: front.clone(),
+        io_timeout: c.conn.request_timeout,
+    });
+    let conn = ConnectionOptions {
+        budget,
+        comm: Some(comm),
+        ..c.conn
+    };
     let stats = Arc::new(Stats::default());
     let reporter = {
         let (stats, rdma, config, front, done, budget) = (

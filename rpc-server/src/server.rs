@@ -212,6 +212,7 @@ pub async fn serve(
         #[cfg(unix)]
         isolate: opts.isolate.clone(),
         allow: opts.allow.clone(),
+        comm: None,
     };
     let mut refusals = RefusalLog::default();
     let keepalive = opts.keepalive;
