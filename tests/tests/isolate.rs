@@ -461,3 +461,43 @@ async fn a_session_ends_soon_after_its_front_dies() {
         "the client sees its connection end"
     );
 }
+
+/// 8.0's collectives between two contained servers: a session process may open no socket, so
+/// its front sets up the server-to-server link and passes the socket down (`SCM_RIGHTS`); the
+/// partials are then summed over it, session process to session process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contained_sessions_join_a_pairwise_link() {
+    use rpc_client::CommInit;
+    let (s0, s1) = (Server::start(&[]), Server::start(&[]));
+    let port = free_port();
+    let init = |rank, host: &str| CommInit {
+        device: 0,
+        rank,
+        world: 2,
+        port: u32::from(port),
+        host: CommInit::host_field(host).unwrap(),
+    };
+    let (mut c0, mut c1) = (connect(s0.addr).await, connect(s1.addr).await);
+    // A buffer first: the session processes exist (and are sandboxed) before COMM_INIT.
+    let (b0, b1) = (alloc(&mut c0, 64).await, alloc(&mut c1, 64).await);
+    let (ok0, ok1) = tokio::join!(
+        c0.comm_init(init(0, "")),
+        c1.comm_init(init(1, "127.0.0.1"))
+    );
+    assert!(ok0.unwrap() && ok1.unwrap(), "both contained ranks joined");
+    let (t0, t1) = (b0.f32(1, &[16], 0).build(), b1.f32(1, &[16], 0).build());
+    let x: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let y: Vec<f32> = (0..16).map(|i| 100.0 * i as f32).collect();
+    c0.set_tensor(&t0, 0, &f32_bytes(&x), false).await.unwrap();
+    c1.set_tensor(&t1, 0, &f32_bytes(&y), false).await.unwrap();
+    c0.comm_allreduce(0, &t0).await.unwrap();
+    c1.comm_allreduce(0, &t1).await.unwrap();
+    let want: Vec<f32> = (0..16).map(|i| 101.0 * i as f32).collect();
+    assert_eq!(bytes_f32(&c0.get_tensor(&t0, 0, 64).await.unwrap()), want);
+    assert_eq!(bytes_f32(&c1.get_tensor(&t1, 0, 64).await.unwrap()), want);
+    assert_eq!(
+        s0.sessions().len(),
+        1,
+        "rank 0 served by its session process"
+    );
+}

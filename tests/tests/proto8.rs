@@ -422,3 +422,103 @@ async fn unselected_branches_are_not_run() {
     })
     .await;
 }
+
+/// A pair of in-process servers joined by COMM_INIT as the stock client does it (both requests
+/// out before either answer: rank 0 waits in accept for rank 1), for `n` F32 values each.
+async fn comm_pair(n: u32) -> (TestServer, TestServer, [(Client, RpcTensor); 2]) {
+    let (s0, s1) = (TestServer::start(), TestServer::start());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let init = |rank, host: &str| CommInit {
+        device: 0,
+        rank,
+        world: 2,
+        port: u32::from(port),
+        host: CommInit::host_field(host).unwrap(),
+    };
+    let (mut c0, mut c1) = (connect(s0.addr8).await, connect(s1.addr8).await);
+    let (ok0, ok1) = tokio::join!(
+        c0.comm_init(init(0, "")),
+        c1.comm_init(init(1, "127.0.0.1"))
+    );
+    assert!(ok0.unwrap() && ok1.unwrap(), "both ranks joined");
+    let mut side = |c: Client| async move {
+        let mut c = c;
+        let buf = alloc(&mut c, u64::from(n) * 4).await;
+        let t = buf.f32(1, &[n], 0).build();
+        (c, t)
+    };
+    let a = side(c0).await;
+    let b = side(c1).await;
+    (s0, s1, [a, b])
+}
+
+fn bf16_round(x: f32) -> f32 {
+    // ggml's fp32 → bf16 (round to nearest even), back to f32.
+    let u = x.to_bits();
+    f32::from_bits(((u + (0x7fff + ((u >> 16) & 1))) >> 16) << 16)
+}
+
+/// §C between two of our servers: small partials summed exactly on both ranks; 32768 elements
+/// and more cross as bf16, each rank adding the peer's rounded partial to its own; COMM_FREE
+/// ends the communicator (a later COMM_ALLREDUCE closes).
+#[tokio::test]
+async fn allreduce_between_two_servers() {
+    within("allreduce", async {
+        for n in [256u32, 32768] {
+            let (_s0, _s1, [(mut c0, t0), (mut c1, t1)]) = comm_pair(n).await;
+            let x: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 * 1e-3).collect();
+            let y: Vec<f32> = (0..n).map(|i| 0.25 - i as f32 * 3e-4).collect();
+            c0.set_tensor(&t0, 0, &f32_bytes(&x), false).await.unwrap();
+            c1.set_tensor(&t1, 0, &f32_bytes(&y), false).await.unwrap();
+            c0.comm_allreduce(0, &t0).await.unwrap();
+            c1.comm_allreduce(0, &t1).await.unwrap();
+            let r0 = bytes_f32(&c0.get_tensor(&t0, 0, u64::from(n) * 4).await.unwrap());
+            let r1 = bytes_f32(&c1.get_tensor(&t1, 0, u64::from(n) * 4).await.unwrap());
+            for i in 0..n as usize {
+                if n < 32768 {
+                    assert_eq!(r0[i], x[i] + y[i], "rank 0 [{i}]");
+                    assert_eq!(r1[i].to_bits(), r0[i].to_bits(), "ranks agree [{i}]");
+                } else {
+                    assert_eq!(r0[i], x[i] + bf16_round(y[i]), "rank 0 [{i}] (bf16)");
+                    assert_eq!(r1[i], y[i] + bf16_round(x[i]), "rank 1 [{i}] (bf16)");
+                }
+            }
+            c0.comm_free(0).await.unwrap();
+            c0.comm_allreduce(0, &t0).await.unwrap();
+            assert_closed(c0.device_count().await, "COMM_ALLREDUCE after COMM_FREE");
+        }
+    })
+    .await;
+}
+
+/// A rank 0 whose peer never dials gives up within its deadline and answers 0 (stock would
+/// wait forever, and its client with it); the connection stays usable.
+#[tokio::test]
+async fn a_peer_that_never_dials() {
+    within("lonely rank 0", async {
+        let s = TestServer::start();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let mut c = connect(s.addr8).await;
+        let t = std::time::Instant::now();
+        let ok = c
+            .comm_init(CommInit {
+                device: 0,
+                rank: 0,
+                world: 2,
+                port: u32::from(port),
+                host: [0; 64],
+            })
+            .await
+            .unwrap();
+        assert!(!ok);
+        assert!(t.elapsed() < std::time::Duration::from_secs(15));
+        assert_eq!(c.device_count().await.unwrap(), 1);
+    })
+    .await;
+}
