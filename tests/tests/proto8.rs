@@ -444,7 +444,7 @@ async fn comm_pair(n: u32) -> (TestServer, TestServer, [(Client, RpcTensor); 2])
         c1.comm_init(init(1, "127.0.0.1"))
     );
     assert!(ok0.unwrap() && ok1.unwrap(), "both ranks joined");
-    let mut side = |c: Client| async move {
+    let side = |c: Client| async move {
         let mut c = c;
         let buf = alloc(&mut c, u64::from(n) * 4).await;
         let t = buf.f32(1, &[n], 0).build();
