@@ -99,7 +99,8 @@ fn real_main() -> anyhow::Result<()> {
         .init();
     crate::ggml::load_backends();
 
-    if let Some(crate::cli::SubCommand::Doctor { peer }) = &args.command {
+    if let Some(crate::cli::SubCommand::Doctor { peer, probe }) = &args.command {
+        crate::doctor::protocols(probe.as_deref());
         crate::doctor::run(peer.as_deref());
         return Ok(());
     }

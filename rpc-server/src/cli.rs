@@ -257,6 +257,9 @@ pub enum SubCommand {
         /// A peer address (host or host:port) to check the RDMA path to.
         #[arg(long)]
         peer: Option<String>,
+        /// A running server (host:port, ours or stock) to ask which protocol its port speaks.
+        #[arg(long, value_name = "HOST:PORT")]
+        probe: Option<String>,
     },
 }
 

@@ -1,4 +1,5 @@
-//! `rpc-server doctor`: explains the local RDMA setup and whether RDMA would engage.
+//! `rpc-server doctor`: which protocol major each port speaks (and which one a running server's
+//! port answers with, `--probe`), the local RDMA setup and whether RDMA would engage.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 
@@ -31,6 +32,69 @@ fn local_ip_towards(peer: &str) -> Result<(SocketAddr, IpAddr), String> {
     s.connect(addr)
         .map_err(|e| format!("no route to {addr}: {e}"))?;
     Ok((addr, s.local_addr().map_err(|e| e.to_string())?.ip()))
+}
+
+/// The protocol part of `doctor`: what each port speaks, what the version-mismatch abort means,
+/// and, with `probe`, the version a running server's port announces.
+pub fn protocols(probe: Option<&str>) {
+    println!("rpc-server doctor: protocols");
+    println!("  -p PORT            : 8.0.0, llama.cpp built since October 2026 (b11549 speaks it; b11434 does not)");
+    println!("  --proto7-port PORT : 7.0.0, llama.cpp built before (llama-cpp-python 0.3.x, b11434 and older)");
+    println!("  A llama.cpp that stops at its first connection with");
+    println!("    RPC server version mismatch: 7.0.0   (or 8.0.0)");
+    println!("    .../ggml-rpc.cpp:NNN: RPC handshake failed for HOST:PORT");
+    println!("  reached the port of the other major (both sides send the same HELLO, so a server");
+    println!("  cannot tell them apart before it answers). Point it at the port of its major, or");
+    println!("  start the server with the other port (e.g. -p 50052 --proto7-port 50053).");
+    if let Some(p) = probe {
+        match probe_version(p) {
+            Ok((a, b, c)) => {
+                let who = match a {
+                    8 => "llama.cpp built since October 2026",
+                    7 => "llama.cpp built before October 2026",
+                    _ => "no llama.cpp this server knows",
+                };
+                println!("  {p} speaks {a}.{b}.{c}: for {who}");
+            }
+            Err(e) => println!("  {p}: no answer to HELLO ({e})"),
+        }
+    }
+    println!();
+}
+
+/// Sends HELLO to `addr` and reads the announced version (5 s deadlines).
+fn probe_version(addr: &str) -> Result<(u8, u8, u8), String> {
+    use std::io::{Read, Write};
+    let to = std::time::Duration::from_secs(5);
+    let sa = addr
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or("no address")?;
+    let mut s = std::net::TcpStream::connect_timeout(&sa, to).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(to)).map_err(|e| e.to_string())?;
+    let mut req = Vec::new();
+    rpc_proto::Request::Hello {
+        caps: [0; rpc_proto::CONN_CAPS_SIZE],
+    }
+    .encode(&mut req);
+    s.write_all(&req).map_err(|e| e.to_string())?;
+    let mut head = [0u8; rpc_proto::RESPONSE_HEADER_SIZE];
+    s.read_exact(&mut head).map_err(|e| e.to_string())?;
+    let n = rpc_proto::Response::check_header(rpc_proto::Command::Hello, &head, 0)
+        .map_err(|e| e.to_string())?;
+    let mut payload = vec![0u8; n as usize];
+    s.read_exact(&mut payload).map_err(|e| e.to_string())?;
+    match rpc_proto::Response::decode(rpc_proto::Command::Hello, &payload) {
+        Ok(rpc_proto::Response::Hello {
+            major,
+            minor,
+            patch,
+            ..
+        }) => Ok((major, minor, patch)),
+        Ok(_) => Err("not a HELLO reply".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The systems whose advice differs.
