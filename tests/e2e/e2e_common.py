@@ -334,7 +334,7 @@ class CountingProxy:
     (used to see e.g. that a warm server cache saves the big SET_TENSORs) and, per command name,
     the client's requests and their bytes (`commands`: name -> [count, bytes])."""
 
-    def __init__(self, target_port, exclude=()):
+    def __init__(self, target_port, exclude=(), port=0):  # port 0: any free one
         import threading
         self._threading = threading
         self.target_port = target_port
@@ -343,7 +343,7 @@ class CountingProxy:
         self.commands = {}
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.1", port))
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self.closed = False

@@ -190,8 +190,8 @@ class Suite:
             self.judge("layer", gemma, mode, run, rpc, ref, layer=True)
 
     def tensor(self, synth):
-        for name in ("A", "B"):
-            self.proxies["proxy" + name] = CountingProxy(self.srv["ours" + name].port)
+        for name in ("A", "B"):  # a port from free_port: rank 0's comm port (+1000) is free
+            self.proxies["proxy" + name] = CountingProxy(self.srv["ours" + name].port, port=free_port())
         for mode, rpc, ref in TENSOR_MODES:
             for p in self.proxies.values():
                 p.reset()
