@@ -41,13 +41,13 @@ suite "script tests: scripts/service.sh (launchd plist via plistlib, systemd uni
 suite "script tests: the macOS CI workflow (.github/workflows/, GitHub's workflow schema)" -- \
   python3 tests/scripts/test_workflow.py
 if [ "$PLAN" = 1 ]; then
-  STOCK_BIN="<stock-bin>"; STOCK8_BIN="<stock8-bin>"
+  STOCK_BIN="<stock-bin>"; STOCK_BIN8="<stock-bin8>"
 else
   step "stock llama.cpp tools (protocol 7.0.0 and 8.0.0) and test model"
   STOCK_BIN="$(./scripts/stock-llama.sh)"
-  STOCK8_BIN="$(STOCK_PROTO=8 ./scripts/stock-llama.sh)"
+  STOCK_BIN8="$(STOCK_PROTO=8 ./scripts/stock-llama.sh)"
   MODEL="$(./scripts/test-model.sh)"
-  echo "stock tools: $STOCK_BIN"; echo "stock 8.0 tools: $STOCK8_BIN"; echo "model: $MODEL"
+  echo "stock tools: $STOCK_BIN"; echo "stock 8.0 tools: $STOCK_BIN8"; echo "model: $MODEL"
 fi
 e2e_args=(--ours target/release/rpc-server --stock-bin "$STOCK_BIN")
 [ "${QUICK:-0}" = 1 ] && e2e_args+=(--quick)
@@ -66,7 +66,7 @@ suite "metrics: rpc-server --metrics scraped during a stock llama-completion run
 suite "weights from the worker's disk: stock llama-completion against rpc-server --gguf (identical output, weights over 10 MiB not uploaded)" -- \
   python3 tests/e2e/gguf_e2e.py --stock-bin "$STOCK_BIN" --ours target/release/rpc-server
 suite "protocol 8.0.0: stock 8.0 clients against rpc-server (layer and tensor split, llama-server), a 7.0 client on --proto7-port of the same process, both version mismatches" -- \
-  python3 tests/e2e/proto8_e2e.py --ours target/release/rpc-server --stock-bin "$STOCK8_BIN" --stock7-bin "$STOCK_BIN"
+  python3 tests/e2e/proto8_e2e.py --ours target/release/rpc-server --stock-bin "$STOCK_BIN8" --stock7-bin "$STOCK_BIN"
 load_bench() {
   local m
   m="$(python3 tests/e2e/synth_models.py --only synth-llama-load-64m "${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}/models/synth")"

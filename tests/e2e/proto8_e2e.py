@@ -334,7 +334,7 @@ def tail_bytes(b, n=15):
 
 
 def resolve_stock8(arg):
-    d = arg or os.environ.get("STOCK8_BIN")
+    d = arg or os.environ.get("STOCK_BIN8")
     if not d:
         log("--stock-bin not given: running STOCK_PROTO=8 scripts/stock-llama.sh (builds on first use, ~12 min)")
         os.environ["STOCK_PROTO"] = "8"
@@ -348,7 +348,7 @@ def resolve_stock8(arg):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stock-bin", help="stock 8.0 tools: ggml-rpc-server, llama-completion, llama-server "
-                    "(default: $STOCK8_BIN, else STOCK_PROTO=8 scripts/stock-llama.sh)")
+                    "(default: $STOCK_BIN8, else STOCK_PROTO=8 scripts/stock-llama.sh)")
     ap.add_argument("--stock7-bin", help="stock 7.0 tools: ggml-rpc-server, llama-completion (default: "
                     "$STOCK_BIN, else scripts/stock-llama.sh); only for the both and mismatch cases")
     ap.add_argument("--ours", help="our server binary (default: target/release/rpc-server)")
