@@ -654,6 +654,15 @@ pub async fn run<T: Transport>(
         let computes = matches!(cmd, Command::GraphCompute | Command::GraphRecompute);
         let started = computes.then(Instant::now);
         let reply = answer(&mut session, cmd, req)?;
+        if cmd == Command::CommAllreduce {
+            let (sent, received) = session.take_link_bytes();
+            stats
+                .comm_sent
+                .fetch_add(sent, std::sync::atomic::Ordering::Relaxed);
+            stats
+                .comm_received
+                .fetch_add(received, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(t0) = started {
             let took = t0.elapsed();
             stats.compute.observe(took);

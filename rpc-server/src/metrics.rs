@@ -240,6 +240,18 @@ pub fn render(src: &Sources) -> String {
         "The part of rpc_token_seconds that is not the recompute: reading, copying out, replying.",
         &st.token_non_compute.snapshot(),
     );
+    o.one(
+        "rpc_comm_sent_bytes_total",
+        "counter",
+        "Bytes sent to peer servers on tensor split's server-to-server links (COMM_ALLREDUCE).",
+        st.comm_sent.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    o.one(
+        "rpc_comm_received_bytes_total",
+        "counter",
+        "Bytes received from peer servers on tensor split's server-to-server links.",
+        st.comm_received.load(std::sync::atomic::Ordering::Relaxed),
+    );
     if let Some(b) = st.budget() {
         let limits = b.limits();
         o.one(

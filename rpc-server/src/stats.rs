@@ -105,6 +105,9 @@ pub struct Stats {
     /// The part of [`Stats::token`] that is not the recompute itself: reading the requests,
     /// copying the result out, writing the reply.
     pub token_non_compute: Histogram,
+    /// 8.0 collectives: bytes sent and received on the server-to-server links.
+    pub comm_sent: AtomicU64,
+    pub comm_received: AtomicU64,
     /// The memory budget of the server these counters belong to (set when it starts serving).
     budget: OnceLock<Arc<MemoryBudget>>,
 }
@@ -161,6 +164,7 @@ impl Stats {
             .chain(self.compute.counters())
             .chain(self.token.counters())
             .chain(self.token_non_compute.counters())
+            .chain([&self.comm_sent, &self.comm_received])
     }
 
     /// Counts a connection closed before it was served.

@@ -468,7 +468,7 @@ fn bf16_round(x: f32) -> f32 {
 async fn allreduce_between_two_servers() {
     within("allreduce", async {
         for n in [256u32, 32768] {
-            let (_s0, _s1, [(mut c0, t0), (mut c1, t1)]) = comm_pair(n).await;
+            let (s0, s1, [(mut c0, t0), (mut c1, t1)]) = comm_pair(n).await;
             let x: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 * 1e-3).collect();
             let y: Vec<f32> = (0..n).map(|i| 0.25 - i as f32 * 3e-4).collect();
             c0.set_tensor(&t0, 0, &f32_bytes(&x), false).await.unwrap();
@@ -485,6 +485,13 @@ async fn allreduce_between_two_servers() {
                     assert_eq!(r0[i], x[i] + bf16_round(y[i]), "rank 0 [{i}] (bf16)");
                     assert_eq!(r1[i], y[i] + bf16_round(x[i]), "rank 1 [{i}] (bf16)");
                 }
+            }
+            // The link's bytes are counted (`rpc_comm_*_bytes_total`): 4 bytes a value, 2 as bf16.
+            let wire = u64::from(n) * if n < 32768 { 4 } else { 2 };
+            let relaxed = std::sync::atomic::Ordering::Relaxed;
+            for s in [&s0, &s1] {
+                assert_eq!(s.stats.comm_sent.load(relaxed), wire);
+                assert_eq!(s.stats.comm_received.load(relaxed), wire);
             }
             c0.comm_free(0).await.unwrap();
             c0.comm_allreduce(0, &t0).await.unwrap();

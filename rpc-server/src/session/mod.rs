@@ -58,6 +58,8 @@ pub struct Session {
     connector: Option<Arc<dyn Connector>>,
     /// Per device: the pairwise link of 8.0's collectives, between COMM_INIT and COMM_FREE.
     links: Vec<Option<Box<dyn PeerLink>>>,
+    /// Bytes sent and received on those links since [`Session::take_link_bytes`].
+    link_bytes: (u64, u64),
     /// Server-wide memory account; `held` is this session's share of it (buffers and stored
     /// graphs).
     budget: Arc<MemoryBudget>,
@@ -84,6 +86,7 @@ impl Session {
             graphs: (0..n).map(|_| GraphCache::default()).collect(),
             connector: None,
             links: (0..n).map(|_| None).collect(),
+            link_bytes: (0, 0),
             budget,
             held: 0,
             allocated_any: false,
@@ -109,6 +112,11 @@ impl Session {
     /// The protocol major of this session's connection.
     pub fn major(&self) -> Major {
         self.major
+    }
+
+    /// Bytes sent and received on the collectives' links since the last call (for the counters).
+    pub fn take_link_bytes(&mut self) -> (u64, u64) {
+        std::mem::take(&mut self.link_bytes)
     }
 
     /// Lets COMM_INIT set up links with `connector` (without one it answers 0: no collectives,
@@ -451,6 +459,9 @@ impl Session {
             self.links[d] = None;
             SessionError::Comm(e.to_string())
         })?;
+        let wire = scratch.len() as u64;
+        self.link_bytes.0 += wire;
+        self.link_bytes.1 += wire;
         buf.write(off, &own);
         Ok(())
     }
