@@ -411,4 +411,54 @@ mod tests {
         assert!(only.connect(&init(0, "")).is_err());
         let _ = t.join();
     }
+
+    /// A peer that dials, sends its caps and then misbehaves on the link: one that sends half a
+    /// partial and stalls fails the exchange at the deadline (the session then closes); one that
+    /// sends garbage caps and hangs up fails it at once. Neither hangs rank 0.
+    #[test]
+    fn a_misbehaving_peer_fails_the_exchange_by_its_deadline() {
+        for behaviour in ["stall", "hang up"] {
+            let port = {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                l.local_addr().unwrap().port()
+            };
+            let c = TcpConnector {
+                bind_ip: "127.0.0.1".parse().unwrap(),
+                allow: AllowList::default(),
+                setup_timeout: Duration::from_secs(5),
+                io_timeout: Duration::from_millis(300),
+            };
+            let peer = std::thread::spawn(move || {
+                let mut s = loop {
+                    if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+                        break s;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                };
+                s.write_all(&[0xAB; CONN_CAPS_SIZE]).unwrap();
+                let mut caps = [0u8; CONN_CAPS_SIZE];
+                s.read_exact(&mut caps).unwrap();
+                if behaviour == "stall" {
+                    s.write_all(&[0x55; 8]).unwrap();
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+            });
+            let init = CommInit {
+                device: 0,
+                rank: 0,
+                world: 2,
+                port: u32::from(port),
+                host: [0; 64],
+            };
+            let mut link = c.connect(&init).unwrap();
+            let mut own = f32s(&[1.0; 16]);
+            let t0 = Instant::now();
+            assert!(
+                allreduce_f32(link.as_mut(), &mut own, &mut Vec::new()).is_err(),
+                "{behaviour}"
+            );
+            assert!(t0.elapsed() < Duration::from_secs(2), "{behaviour}");
+            let _ = peer.join();
+        }
+    }
 }
