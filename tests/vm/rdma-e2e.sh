@@ -1,11 +1,13 @@
 #!/bin/bash
 # Runs inside the soft-RoCE VM (tests/vm/run-in-vm.sh), driven by tests/vm/test-rdma.sh.
 # Stock llama.cpp 7.0.0 clients built with RDMA generate through OUR rpc-server over real verbs
+# (and, case e, a stock 8.0.0 client on its 8.0.0 port)
 # (rxe0, 10.77.0.1): the Linux RC flavor, the Apple UC flavor (stock client with the patched
 # libggml-rpc), fallbacks and faults. Every output must equal the local run; the server log and
 # the rxe counters must prove the bytes went over RDMA.
 #
 # Env (from the host): E2E_SERVER (our rpc-server), E2E_STOCK_BIN (stock RDMA build bin dir),
+#   E2E_STOCK8_BIN (stock 8.0.0 RDMA build bin dir: case e),
 #   E2E_APPLE_LIB (dir holding the Apple-flavor libggml-rpc.so), E2E_MODEL (small GGUF),
 #   E2E_N (tokens, default 32).
 set -u
@@ -148,6 +150,27 @@ gen afterkill -- --rpc $ADDR:50052
 kill -0 $SRV_PID 2>/dev/null && pass "kill: server still running" || bad "kill: server died"
 stop_server
 same_as_local afterkill
+
+echo "== (e) stock llama.cpp 8.0.0 client, Linux RC flavor -> our server's 8.0.0 port (-p)"
+if [ -n "${E2E_STOCK8_BIN:-}" ] && [ -x "$E2E_STOCK8_BIN/llama-completion" ]; then
+    BIN_SAVED=$BIN; BIN=$E2E_STOCK8_BIN
+    gen local8 --   # the 8.0 client's own local reference (another llama.cpp than the 7.0 one)
+    start_server v8
+    s0=$(sends)
+    gen v8 -- --rpc $ADDR:$((50052 + 7000))
+    BIN=$BIN_SAVED
+    s1=$(sends)
+    stop_server
+    if [ "$(cat $W/v8.rc)" = 0 ] && [ "$(cat $W/local8.rc)" = 0 ] && cmp -s "$W/local8.out" "$W/v8.out"; then
+        pass "v8: output identical to the 8.0 client's local run ($(wc -c < $W/v8.out) bytes)"
+    else
+        bad "v8: exit $(cat $W/v8.rc) (local $(cat $W/local8.rc)) or output differs"; tail -5 "$W/v8.err"
+    fi
+    if grep -q "RDMA activated (Linux RC flavor)" $W/srv-v8.log; then pass "v8: server activated the RC flavor for the 8.0 client"; else bad "v8: no RC activation"; grep -iE "rdma|error" $W/srv-v8.log | head -5; fi
+    [ $((s1 - s0)) -gt 0 ] && pass "v8: rxe sent_pkts +$((s1 - s0))" || bad "v8: rxe counters did not move"
+else
+    bad "v8: no stock 8.0 RDMA build (E2E_STOCK8_BIN)"
+fi
 
 echo "== (d) doctor explains the setup"
 "$SRV" doctor --peer $ADDR > $W/doctor.txt 2>&1
