@@ -54,7 +54,7 @@ async fn hello_accepts_7_0_any_patch_and_keeps_caps() {
 
 #[tokio::test]
 async fn hello_rejects_other_versions() {
-    for v in [[7u8, 1, 0], [8, 0, 0], [6, 0, 0], [5, 1, 0]] {
+    for v in [[7u8, 1, 0], [8, 1, 0], [9, 0, 0], [6, 0, 0], [5, 1, 0]] {
         let addr = fake(move |mut s| async move { answer_hello(&mut s, v, [0; 24]).await }).await;
         match Client::connect(addr).await {
             Err(ClientError::VersionMismatch {
@@ -66,6 +66,20 @@ async fn hello_rejects_other_versions() {
             }
             other => panic!("{v:?}: {other:?}"),
         }
+    }
+}
+
+/// Both majors are spoken: the connection takes the one the server announces.
+#[tokio::test]
+async fn hello_accepts_both_majors() {
+    for (v, major) in [
+        ([7u8, 0, 3], rpc_client::Major::V7),
+        ([8, 0, 0], rpc_client::Major::V8),
+    ] {
+        let addr = fake(move |mut s| async move { answer_hello(&mut s, v, [0; 24]).await }).await;
+        let c = Client::connect(addr).await.unwrap();
+        assert_eq!(c.major(), major);
+        assert_eq!(c.server_version(), Some((v[0], v[1], v[2])));
     }
 }
 

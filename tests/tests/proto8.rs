@@ -529,3 +529,44 @@ async fn a_peer_that_never_dials() {
     })
     .await;
 }
+
+/// A node whose result has no element (a batch of 0 rows: `llama-server` sends such graphs, with
+/// both majors) is skipped by every ggml backend; its strides collapse to 0 (`nb[2] = nb[1]·0`),
+/// which no rule may refuse. Left out of the graph, the rest runs.
+#[tokio::test]
+async fn empty_nodes_are_skipped() {
+    use rpc_client::{ops, TENSOR_FLAG_COMPUTE};
+    within("empty nodes", async {
+        let s = shared_server();
+        for addr in [s.addr, s.addr8] {
+            let mut c = connect(addr).await;
+            let buf = alloc(&mut c, 4096).await;
+            let (a, b, sum) = add_graph(&buf, 16);
+            let w = buf.f32(10, &[4, 2], 512).name("w").build();
+            let x = buf.f32(11, &[4, 0], 1024).name("x").build();
+            let mut y = buf
+                .f32(12, &[2, 0], 1536)
+                .op(ops::MUL_MAT, &[])
+                .srcs(&[10, 11])
+                .flags(TENSOR_FLAG_COMPUTE)
+                .name("y")
+                .build();
+            // What ggml computes for ne [2, 0, 1, 1]: nb [4, 8, 0, 0].
+            y.nb = [4u32, 8, 0, 0].map(rpc_proto::U32::new);
+            c.set_tensor(&a, 0, &f32_bytes(&[1.0; 16]), false)
+                .await
+                .unwrap();
+            c.set_tensor(&b, 0, &f32_bytes(&[4.0; 16]), false)
+                .await
+                .unwrap();
+            c.graph_compute(0, &[12, 3], &[a, b, sum, w, x, y])
+                .await
+                .unwrap();
+            assert_eq!(
+                bytes_f32(&c.get_tensor(&sum, 0, 64).await.unwrap()),
+                [5.0; 16]
+            );
+        }
+    })
+    .await;
+}

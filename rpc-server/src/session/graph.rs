@@ -176,13 +176,18 @@ impl Session {
             specs.push(spec);
             links.push(l);
         }
-        // Nodes without the COMPUTE flag are not run by any ggml backend (the branches
-        // `ggml_build_forward_select` did not select, e.g. llama.cpp's mixed token/embedding
-        // input, whose row ids hold whatever the client left there): leave them out of the
-        // graph, so no backend can run them, and out of the rules and index checks.
+        // Nodes that ggml's backends skip are left out of the graph, so that no backend can run
+        // them, and out of the rules and index checks: those without the COMPUTE flag (the
+        // branches `ggml_build_forward_select` did not select, e.g. llama.cpp 8.0's mixed
+        // token/embedding input, whose row ids hold whatever the client left there) and those
+        // whose result has no element (a batch of 0 rows, as llama-server sends: their strides
+        // collapse to 0).
+        let runs = |t: &rpc_proto::RpcTensor| {
+            t.flags.get() & rpc_proto::TENSOR_FLAG_COMPUTE != 0 && t.ne.iter().all(|n| n.get() != 0)
+        };
         let nodes: Vec<u32> = node_idx
             .iter()
-            .filter(|&&wi| g.tensors[wi as usize].flags.get() & rpc_proto::TENSOR_FLAG_COMPUTE != 0)
+            .filter(|&&wi| runs(&g.tensors[wi as usize]))
             .map(|wi| {
                 local
                     .get(wi)

@@ -288,7 +288,9 @@ fn ty_in(t: &TensorSpec, want: &[u32], what: &str) -> R {
 fn strides_increase(d: &TensorSpec) -> R {
     ensure!(
         d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
-        "result strides must increase"
+        "result strides must increase (ne {:?}, nb {:?})",
+        d.ne,
+        d.nb
     );
     Ok(())
 }
