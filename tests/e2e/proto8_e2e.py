@@ -11,6 +11,10 @@ same run (greedy output, byte for byte; nothing expected is hard-coded).
             proxies: the 8.0-only commands must have reached our servers), ours+stock and
             stock+ours (ours as rank 0, then as rank 1). Whether a run had the communicator or fell
             back to reducing through the client (a server may answer COMM_INIT with 0) is noted.
+            Linux: ours x2 at another address (127.0.0.2) behind rpc-shim on 127.0.0.1, the way a
+            TCP-only client reaches workers on other hosts: the client names the shim's endpoints,
+            the workers must dial each other's real address (the shim rewrites COMM_INIT), and must
+            have joined the communicator.
   both      ONE rpc-server process (-p P --proto7-port Q, also used by layer and tensor) serves a
             stock 8.0 client on P and a stock 7.0 client on Q at the same time; each gets the text
             it gets from its own stock server (8.0: the layer case's stock run; 7.0: a stock 7.0
@@ -46,7 +50,7 @@ from e2e_common import (CACHE, CountingProxy, Server, Servers, clean_env, free_p
 from idle_e2e import LlamaServer  # noqa: E402
 from run_e2e import (GEMMA_PROMPT, RPC_BUF_RE, SYNTH_PROMPT, Model, Results, completion_cmd,  # noqa: E402
                      show_diff)
-from shim_e2e import run_client  # noqa: E402
+from shim_e2e import resolve_shim, run_client  # noqa: E402
 import synth_models  # noqa: E402
 
 TENSOR_MODEL = "synth-llama-f16"
@@ -209,6 +213,44 @@ class Suite:
                 self.results.add(synth.name, "tensor: %s, 8.0 commands" % mode, not missing, 0.0,
                                  "missing %s" % ", ".join(sorted(missing)) if missing
                                  else "each of ours got %s (first: %s)" % ("/".join(TENSOR_COMMANDS), seen))
+        self.tensor_bf16(synth)
+        if sys.platform.startswith("linux"):
+            self.tensor_through_shim(synth)
+
+    def tensor_bf16(self, synth):
+        """A prompt long enough that the prompt's partials (n_embd x tokens) reach 32768 elements,
+        which the stock link sends as bf16 (each rank adds the peer's rounded partial): ours must
+        round as stock does, in either rank."""
+        long = Model(synth.name, synth.path, " ".join([SYNTH_PROMPT] * 14))  # ~320 tokens
+        ref = None
+        modes = [("stock x2", ["stockA", "stockB"], None), ("ours x2", ["oursA", "oursB"], "stock x2")]
+        for mode, rpc, ref_mode in modes + [m for m in TENSOR_MODES if "+" in m[0]]:
+            run = self.complete("tensor-bf16-" + mode, 8, long, rpc, extra=["-sm", "tensor"], timeout=TENSOR_TIMEOUT)
+            self.judge("tensor-bf16", long, mode + ", ~320-token prompt (bf16 partials)", run, rpc,
+                       ref_mode and ref_mode + ", ~320-token prompt (bf16 partials)", need=[COMM_OK])
+            ref = ref or run
+
+    def tensor_through_shim(self, synth):
+        """Two of ours on 127.0.0.2 (another address than the client's), rpc-shim on 127.0.0.1."""
+        for name in ("C", "D"):
+            self.add(Server("ours" + name, self.ours, free_port(), self.workdir, threads=1, proto=8,
+                            host="127.0.0.2"))
+        listen = [free_port(), free_port()]
+        cmd = [self.args.shim]
+        for name, port in zip(("C", "D"), listen):
+            cmd += ["--worker", self.srv["ours" + name].endpoint, "--listen", "127.0.0.1:%d" % port]
+        shim = Server("shim", self.args.shim, listen[0], self.workdir, proto=8, env={"RPC_LOG": "info"})
+        shim.cmd = lambda: cmd
+        self.add(shim)
+        wait_listening("127.0.0.1", listen[1], 30, shim.proc)
+        self.proxies["shimC"] = type("Ep", (), {"endpoint": "127.0.0.1:%d" % listen[0]})()
+        self.proxies["shimD"] = type("Ep", (), {"endpoint": "127.0.0.1:%d" % listen[1]})()
+        self.behind.update({"shimC": "shim", "shimD": "shim"})
+        rpc = ["shimC", "shimD"]
+        run = self.complete("tensor-shim", 8, synth, rpc, extra=["-sm", "tensor"], timeout=TENSOR_TIMEOUT)
+        self.judge("tensor", synth, "ours x2 on 127.0.0.2 through rpc-shim", run, rpc, "stock x2", need=[COMM_OK],
+                   note="communicator: %s" % ("yes" if COMM_OK in run[2] else "no (fallback)"))
+        del self.proxies["shimC"], self.proxies["shimD"]
 
     def both(self, gemma):
         if not self.need_dual("both", gemma):
@@ -352,6 +394,7 @@ def main():
     ap.add_argument("--stock7-bin", help="stock 7.0 tools: ggml-rpc-server, llama-completion (default: "
                     "$STOCK_BIN, else scripts/stock-llama.sh); only for the both and mismatch cases")
     ap.add_argument("--ours", help="our server binary (default: target/release/rpc-server)")
+    ap.add_argument("--shim", help="rpc-shim binary (default: target/release/rpc-shim)")
     ap.add_argument("--model", help="gemma-3-270m GGUF (default: scripts/test-model.sh)")
     ap.add_argument("--tensor-model", help="GGUF for tensor mode (default: %s written by synth_models.py into "
                     "$RPC_CACHE_DIR/models/synth)" % TENSOR_MODEL)
@@ -371,6 +414,7 @@ def main():
     args.stock7_bin = resolve_stock_bin(args.stock7_bin, needed=("ggml-rpc-server", "llama-completion")) \
         if need7 else None
     args.ours = resolve_ours(args.ours)
+    args.shim = resolve_shim(args.shim) if "tensor" in groups and sys.platform.startswith("linux") else None
     gemma = Model("gemma-3-270m", args.model or script_output("test-model.sh", timeout=900), GEMMA_PROMPT)
     # A client that aborts (a refused handshake, a server that closed) would first attach gdb for
     # a backtrace: slow and noisy.
