@@ -653,8 +653,10 @@ pub async fn run<T: Transport>(
         // Computes run right here: the connection's own thread (see `server.rs`).
         let computes = matches!(cmd, Command::GraphCompute | Command::GraphRecompute);
         let started = computes.then(Instant::now);
+        let reduce_started = Instant::now();
         let reply = answer(&mut session, cmd, req)?;
         if cmd == Command::CommAllreduce {
+            stats.allreduce.observe(reduce_started.elapsed());
             let (sent, received) = session.take_link_bytes();
             stats
                 .comm_sent

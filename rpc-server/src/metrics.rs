@@ -240,6 +240,11 @@ pub fn render(src: &Sources) -> String {
         "The part of rpc_token_seconds that is not the recompute: reading, copying out, replying.",
         &st.token_non_compute.snapshot(),
     );
+    o.histogram(
+        "rpc_comm_allreduce_seconds",
+        "Wall time of each COMM_ALLREDUCE: the exchange with the peer server (waiting for it included) and the sum.",
+        &st.allreduce.snapshot(),
+    );
     o.one(
         "rpc_comm_sent_bytes_total",
         "counter",

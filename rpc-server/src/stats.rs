@@ -105,6 +105,9 @@ pub struct Stats {
     /// The part of [`Stats::token`] that is not the recompute itself: reading the requests,
     /// copying the result out, writing the reply.
     pub token_non_compute: Histogram,
+    /// Wall time of each COMM_ALLREDUCE: reading the partial, the exchange with the peer (which
+    /// includes waiting for it to reach the same point), the sum, writing it back.
+    pub allreduce: Histogram,
     /// 8.0 collectives: bytes sent and received on the server-to-server links.
     pub comm_sent: AtomicU64,
     pub comm_received: AtomicU64,
@@ -164,6 +167,7 @@ impl Stats {
             .chain(self.compute.counters())
             .chain(self.token.counters())
             .chain(self.token_non_compute.counters())
+            .chain(self.allreduce.counters())
             .chain([&self.comm_sent, &self.comm_received])
     }
 

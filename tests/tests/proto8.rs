@@ -492,6 +492,7 @@ async fn allreduce_between_two_servers() {
             for s in [&s0, &s1] {
                 assert_eq!(s.stats.comm_sent.load(relaxed), wire);
                 assert_eq!(s.stats.comm_received.load(relaxed), wire);
+                assert_eq!(s.stats.allreduce.snapshot().count, 1);
             }
             c0.comm_free(0).await.unwrap();
             c0.comm_allreduce(0, &t0).await.unwrap();
