@@ -89,9 +89,12 @@ impl TcpConnector {
     /// The TCP connection of `init`: rank 0 accepts one peer, rank 1 dials rank 0 (both within
     /// [`TcpConnector::setup_timeout`]).
     pub fn establish(&self, init: &CommInit) -> std::io::Result<TcpStream> {
+        // Rank 0 listens only on an unprivileged port (the server may run as root: a client, or a
+        // compromised session asking its front, must not take over a system service's port).
+        let lowest = if init.rank == 0 { 1024 } else { 1 };
         let port = u16::try_from(init.port)
             .ok()
-            .filter(|&p| p != 0)
+            .filter(|&p| p >= lowest)
             .ok_or_else(|| bad(format!("comm port {} out of range", init.port)))?;
         match init.rank {
             0 => self.accept(port),
@@ -390,6 +393,12 @@ mod tests {
         allreduce_f32(l0.as_mut(), &mut v, &mut Vec::new()).unwrap();
         assert_eq!(back(&v), [11.0, 22.0]);
         assert_eq!(t.join().unwrap(), [11.0, 22.0]);
+        // Rank 0 never listens on a privileged port.
+        let privileged = CommInit {
+            port: 22,
+            ..init(0, "")
+        };
+        assert!(c.connect(&privileged).is_err());
         // Nobody dials: rank 0 gives up after its deadline.
         let short = TcpConnector {
             setup_timeout: Duration::from_millis(200),
