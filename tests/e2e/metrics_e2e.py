@@ -54,7 +54,7 @@ def main():
     with Servers() as servers:
         mport = free_port()
         srv = servers.add(Server("ours", ours, free_port(exclude=(mport,)), logdir, threads=2,
-                                 extra=["--metrics", "127.0.0.1:%d" % mport])).start()
+                                 extra=["--metrics", "127.0.0.1:%d" % mport]))
         base = scrape(mport)  # the readiness probe's connection is in here already
         proxy = CountingProxy(srv.port)
         cmd = completion_cmd(stock, model, PROMPT, N_PREDICT, proxy.endpoint)
