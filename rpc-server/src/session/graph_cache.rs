@@ -121,6 +121,60 @@ fn live_bytes<G>(e: &Entry<G>) -> u64 {
     }
 }
 
+/// The session's side of the cache: GRAPH_COMPUTE keeps what it built, GRAPH_RECOMPUTE finds it.
+impl super::Session {
+    /// GRAPH_COMPUTE: builds and runs the graph (`graph.rs`), then keeps it in the slot its uid
+    /// names (7.0: the device's last graph; 8.0's uid 0: not kept), charged to the budget.
+    pub(super) fn compute_and_keep(
+        &mut self,
+        g: &rpc_proto::Graph<'_>,
+    ) -> Result<(), super::SessionError> {
+        self.device(g.device)?;
+        let d = g.device as usize;
+        let slot = Slot::of(g.uid);
+        // The slot's old graph (or, at 1024, every graph) goes before the new one is built,
+        // even if that fails.
+        if let Some(slot) = slot {
+            let freed = self.graphs[d].make_room(slot);
+            self.release(freed);
+        }
+        let stored = self.graph_compute(g)?;
+        if let Some(slot) = slot {
+            let bytes = stored.footprint();
+            if !self.budget.try_reserve(self.held, bytes) {
+                return Err(super::SessionError::OutOfMemory(
+                    "stored graphs over the memory limit (--max-alloc-per-connection)",
+                ));
+            }
+            self.held += bytes;
+            self.graphs[d].insert(slot, stored, bytes);
+        }
+        Ok(())
+    }
+
+    /// GRAPH_RECOMPUTE: runs the graph kept in the slot `uid` names. A stock client recomputes
+    /// only what it stored; a miss closes the connection (as stock).
+    pub(super) fn recompute(
+        &mut self,
+        device: u32,
+        uid: Option<u64>,
+    ) -> Result<(), super::SessionError> {
+        self.device(device)?;
+        let d = device as usize;
+        let missing = || match uid {
+            None => super::SessionError::NoStoredGraph(device),
+            Some(uid) => super::SessionError::GraphNotFound { device, uid },
+        };
+        let slot = Slot::of(uid).ok_or_else(missing)?;
+        let super::Session {
+            graphs, backends, ..
+        } = self;
+        let graph = graphs[d].get_mut(slot).ok_or_else(missing)?;
+        let backend = backends[d].as_mut().ok_or_else(missing)?;
+        super::graph::run_graph(backend, graph)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;

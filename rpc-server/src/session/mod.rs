@@ -4,10 +4,12 @@
 //! One `Session` per connection. Everything it owns is freed when it is dropped, i.e. when the
 //! connection ends, whatever the reason.
 
+mod collectives;
 mod error;
 mod graph;
 mod graph_cache;
 mod limits;
+mod strided;
 mod tensor;
 mod validate;
 
@@ -15,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::Rng;
-use rpc_proto::{CommInit, Major, Region2d, Request, Response, RpcTensor, SetTensorHeader};
+use rpc_proto::{Major, Request, Response, RpcTensor, SetTensorHeader};
 
 pub use error::SessionError;
 pub use limits::{MemoryBudget, MemoryLimits, Upstream};
@@ -27,7 +29,7 @@ use crate::comm::{Connector, PeerLink};
 use crate::ggml::{Backend, Buffer, Device, ScratchTensors};
 use crate::local_weights::LocalWeights;
 use graph::StoredGraph;
-use graph_cache::{GraphCache, Slot};
+use graph_cache::GraphCache;
 
 /// Server-wide settings every session reads.
 pub struct SessionConfig {
@@ -280,46 +282,11 @@ impl Session {
                 Some(Response::GetAllocSize { alloc_size })
             }
             Request::GraphCompute(g) => {
-                self.device(g.device)?;
-                let d = g.device as usize;
-                let slot = Slot::of(g.uid);
-                // The slot's old graph (or, at 1024, every graph) goes before the new one is
-                // built, even if that fails.
-                if let Some(slot) = slot {
-                    let freed = self.graphs[d].make_room(slot);
-                    self.release(freed);
-                }
-                let stored = self.graph_compute(&g)?;
-                if let Some(slot) = slot {
-                    let bytes = stored.footprint();
-                    if !self.budget.try_reserve(self.held, bytes) {
-                        return Err(SessionError::OutOfMemory(
-                            "stored graphs over the memory limit (--max-alloc-per-connection)",
-                        ));
-                    }
-                    self.held += bytes;
-                    self.graphs[d].insert(slot, stored, bytes);
-                }
+                self.compute_and_keep(&g)?;
                 None
             }
             Request::GraphRecompute { device, uid } => {
-                self.device(device)?;
-                let d = device as usize;
-                let missing = || match uid {
-                    None => SessionError::NoStoredGraph(device),
-                    Some(uid) => SessionError::GraphNotFound { device, uid },
-                };
-                let slot = Slot::of(uid).ok_or_else(missing)?;
-                // A stock client recomputes only what it stored; a miss closes (as stock).
-                let Session {
-                    graphs, backends, ..
-                } = self;
-                let graph = graphs[d].get_mut(slot).ok_or_else(missing)?;
-                let backend = match &mut backends[d] {
-                    Some(b) => b,
-                    None => return Err(missing()),
-                };
-                graph::run_graph(backend, graph)?;
+                self.recompute(device, uid)?;
                 None
             }
             Request::SetTensor2d {
@@ -327,43 +294,11 @@ impl Session {
                 region,
                 data,
             } => {
-                let (buf, off) = self.resolve_region_2d("SET_TENSOR_2D", &tensor, region)?;
-                for (i, chunk) in data.chunks(region.size as usize).enumerate() {
-                    // In bounds: i < n_copies, so off + i·stride + size ≤ off + span.
-                    buf.write(off + i as u64 * region.stride, chunk);
-                }
+                self.set_tensor_2d(&tensor, region, data)?;
                 None
             }
             Request::GetTensor2d { tensor, region } => {
-                let (buf, off) = self.resolve_region_2d("GET_TENSOR_2D", &tensor, region)?;
-                // size · n_copies may far exceed the region (stride 0 repeats one chunk): a
-                // reply larger than the tensor (which no stock client asks for: it reads
-                // slices of rows, stride ≥ size) is refused, and the reply is charged to the
-                // budget before it is allocated.
-                let len = region.wire_len().unwrap_or(u64::MAX);
-                let tsize = self
-                    .resolve_tensor(&tensor, UnknownBuffer::Reject)
-                    .map(|s| nbytes(s.type_, &s.ne, &s.nb).unwrap_or(0))?;
-                if len > tsize {
-                    return Err(SessionError::OutOfBounds {
-                        what: "GET_TENSOR_2D",
-                        detail: format!("a reply of {len} bytes from a {tsize}-byte tensor"),
-                    });
-                }
-                let _charge = self
-                    .budget
-                    .charge(self.held, len)
-                    .ok_or(SessionError::OutOfMemory("GET_TENSOR_2D reply"))?;
-                let ulen = usize::try_from(len)
-                    .map_err(|_| SessionError::OutOfMemory("GET_TENSOR_2D reply"))?;
-                let mut out = Vec::new();
-                out.try_reserve_exact(ulen)
-                    .map_err(|_| SessionError::OutOfMemory("GET_TENSOR_2D reply"))?;
-                out.resize(ulen, 0);
-                for (i, chunk) in out.chunks_mut(region.size as usize).enumerate() {
-                    buf.read(off + i as u64 * region.stride, chunk);
-                }
-                Some(Response::GetTensor2d(out))
+                Some(Response::GetTensor2d(self.get_tensor_2d(&tensor, region)?))
             }
             Request::CommInit(init) => Some(Response::CommInit {
                 ok: u8::from(self.comm_init(&init)),
@@ -378,123 +313,6 @@ impl Session {
                 None
             }
         })
-    }
-
-    /// COMM_INIT: whether this server joined the device's pairwise communicator (stock rules:
-    /// a valid device, world 2, rank 0 or 1; a device that has a peer already answers 1). A
-    /// server that cannot set up the link answers 0 and the client reduces through itself
-    /// (never a close: the stock client would abort).
-    fn comm_init(&mut self, init: &CommInit) -> bool {
-        if self.device(init.device).is_err() || init.world != 2 || init.rank >= init.world {
-            return false;
-        }
-        let d = init.device as usize;
-        if self.links[d].is_some() {
-            return true;
-        }
-        let Some(connector) = &self.connector else {
-            tracing::info!(
-                device = init.device,
-                "COMM_INIT: no collectives here; the client reduces through itself"
-            );
-            return false;
-        };
-        match connector.connect(init) {
-            Ok(link) => {
-                tracing::info!(
-                    device = init.device,
-                    rank = init.rank,
-                    "joined pairwise comm"
-                );
-                self.links[d] = Some(link);
-                true
-            }
-            Err(e) => {
-                tracing::warn!(
-                    device = init.device,
-                    rank = init.rank,
-                    port = init.port,
-                    "COMM_INIT: no link to the peer ({e}); answering 0, the client reduces through itself"
-                );
-                false
-            }
-        }
-    }
-
-    /// COMM_ALLREDUCE: `tensor += the peer's partial` over the device's link (`comm.rs`).
-    fn comm_allreduce(&mut self, device: u32, tensor: &RpcTensor) -> Result<(), SessionError> {
-        self.device(device)?;
-        let d = device as usize;
-        if self.links[d].is_none() {
-            return Err(SessionError::NoCommunicator(device));
-        }
-        let spec = self.resolve_tensor(tensor, UnknownBuffer::Reject)?;
-        let len = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
-        if len == 0 {
-            return Ok(());
-        }
-        if spec.type_ != rpc_proto::ggml_type::F32 {
-            return Err(SessionError::tensor(
-                tensor,
-                "COMM_ALLREDUCE of a non-F32 tensor (the stock client sends F32 partials only)",
-            ));
-        }
-        let (buf, off) = self.resolve_region("COMM_ALLREDUCE", tensor, 0, len)?;
-        // The partial, the peer's and the bytes sent: three copies, charged like a body.
-        let _charge = self
-            .budget
-            .charge(self.held, len.saturating_mul(3))
-            .ok_or(SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
-        let ulen = usize::try_from(len).map_err(|_| SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
-        let mut own = Vec::new();
-        own.try_reserve_exact(ulen)
-            .map_err(|_| SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
-        own.resize(ulen, 0);
-        buf.read(off, &mut own);
-        let link = self.links[d]
-            .as_deref_mut()
-            .ok_or(SessionError::NoCommunicator(device))?;
-        let mut scratch = Vec::new();
-        crate::comm::allreduce_f32(link, &mut own, &mut scratch).map_err(|e| {
-            self.links[d] = None;
-            SessionError::Comm(e.to_string())
-        })?;
-        let wire = scratch.len() as u64;
-        self.link_bytes.0 += wire;
-        self.link_bytes.1 += wire;
-        buf.write(off, &own);
-        Ok(())
-    }
-
-    /// The region of a SET_TENSOR_2D / GET_TENSOR_2D, checked as the stock server checks it
-    /// before a byte moves: size and count non-zero, the span `(n_copies − 1)·stride + size`
-    /// without overflow, inside the tensor's buffer and inside the tensor itself.
-    fn resolve_region_2d(
-        &self,
-        what: &'static str,
-        tensor: &RpcTensor,
-        region: Region2d,
-    ) -> Result<(Arc<Buffer>, u64), SessionError> {
-        let oob = |detail: String| SessionError::OutOfBounds { what, detail };
-        let span = region.span().ok_or_else(|| {
-            oob(format!(
-                "size={} n_copies={} stride={}: zero or overflowing",
-                region.size, region.n_copies, region.stride
-            ))
-        })?;
-        region
-            .wire_len()
-            .ok_or_else(|| oob("size × n_copies overflows".into()))?;
-        usize::try_from(region.size).map_err(|_| oob("chunk too large".into()))?;
-        let spec = self.resolve_tensor(tensor, UnknownBuffer::Reject)?;
-        let tsize = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
-        if region.offset > tsize || span > tsize - region.offset {
-            return Err(oob(format!(
-                "offset={} span={span} tensor size={tsize}",
-                region.offset
-            )));
-        }
-        self.resolve_region(what, tensor, region.offset, span)
     }
 
     /// Gives `n` bytes of this session's holding back to the budget.

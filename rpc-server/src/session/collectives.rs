@@ -1,0 +1,100 @@
+//! 8.0's collectives in the session: COMM_INIT joins the device's pairwise link (set up through
+//! the session's [`Connector`](crate::comm::Connector)), COMM_ALLREDUCE sums a partial with the
+//! peer's over it (`comm.rs`), COMM_FREE leaves it.
+
+use rpc_proto::{CommInit, RpcTensor};
+
+use super::tensor::{nbytes, UnknownBuffer};
+use super::{Session, SessionError};
+
+impl Session {
+    /// COMM_INIT: whether this server joined the device's pairwise communicator (stock rules:
+    /// a valid device, world 2, rank 0 or 1; a device that has a peer already answers 1). A
+    /// server that cannot set up the link answers 0 and the client reduces through itself
+    /// (never a close: the stock client would abort).
+    pub(super) fn comm_init(&mut self, init: &CommInit) -> bool {
+        if self.device(init.device).is_err() || init.world != 2 || init.rank >= init.world {
+            return false;
+        }
+        let d = init.device as usize;
+        if self.links[d].is_some() {
+            return true;
+        }
+        let Some(connector) = &self.connector else {
+            tracing::info!(
+                device = init.device,
+                "COMM_INIT: no collectives here; the client reduces through itself"
+            );
+            return false;
+        };
+        match connector.connect(init) {
+            Ok(link) => {
+                tracing::info!(
+                    device = init.device,
+                    rank = init.rank,
+                    "joined pairwise comm"
+                );
+                self.links[d] = Some(link);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(
+                    device = init.device,
+                    rank = init.rank,
+                    port = init.port,
+                    "COMM_INIT: no link to the peer ({e}); answering 0, the client reduces through itself"
+                );
+                false
+            }
+        }
+    }
+
+    /// COMM_ALLREDUCE: `tensor += the peer's partial` over the device's link (`comm.rs`).
+    pub(super) fn comm_allreduce(
+        &mut self,
+        device: u32,
+        tensor: &RpcTensor,
+    ) -> Result<(), SessionError> {
+        self.device(device)?;
+        let d = device as usize;
+        if self.links[d].is_none() {
+            return Err(SessionError::NoCommunicator(device));
+        }
+        let spec = self.resolve_tensor(tensor, UnknownBuffer::Reject)?;
+        let len = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
+        if len == 0 {
+            return Ok(());
+        }
+        if spec.type_ != rpc_proto::ggml_type::F32 {
+            return Err(SessionError::tensor(
+                tensor,
+                "COMM_ALLREDUCE of a non-F32 tensor (the stock client sends F32 partials only)",
+            ));
+        }
+        let (buf, off) = self.resolve_region("COMM_ALLREDUCE", tensor, 0, len)?;
+        // The partial, the peer's and the bytes sent: three copies, charged like a body.
+        let _charge = self
+            .budget
+            .charge(self.held, len.saturating_mul(3))
+            .ok_or(SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
+        let ulen = usize::try_from(len).map_err(|_| SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
+        let mut own = Vec::new();
+        own.try_reserve_exact(ulen)
+            .map_err(|_| SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
+        own.resize(ulen, 0);
+        buf.read(off, &mut own);
+        let link = self.links[d]
+            .as_deref_mut()
+            .ok_or(SessionError::NoCommunicator(device))?;
+        let mut scratch = Vec::new();
+        crate::comm::allreduce_f32(link, &mut own, &mut scratch).map_err(|e| {
+            self.links[d] = None;
+            SessionError::Comm(e.to_string())
+        })?;
+        let wire = scratch.len() as u64;
+        self.link_bytes.0 += wire;
+        self.link_bytes.1 += wire;
+        buf.write(off, &own);
+        Ok(())
+    }
+}
