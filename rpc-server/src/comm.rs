@@ -28,8 +28,6 @@ use crate::admission::AllowList;
 
 /// One established pairwise link.
 pub trait PeerLink: Send {
-    /// This server's rank on the link (0 sends first).
-    fn rank(&self) -> u32;
     /// Sends `send` and receives exactly `recv.len()` bytes, in the rank's order.
     fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()>;
 }
@@ -177,10 +175,6 @@ struct TcpLink {
 }
 
 impl PeerLink for TcpLink {
-    fn rank(&self) -> u32 {
-        self.rank
-    }
-
     fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()> {
         if self.rank == 0 {
             self.stream.write_all(send)?;
@@ -211,40 +205,41 @@ pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
 }
 
-/// One allreduce of an F32 partial (`own`, little-endian f32s) over `link`: what is sent, the
-/// peer's partial as received, and `own += peer` in place. `scratch` is reused between calls.
+/// One allreduce of an F32 partial (`own`, little-endian f32s) over `link`: `own += peer`, in
+/// place, the peer's partial as received. `scratch` (reused between calls) holds what is sent and
+/// what is received; returns the bytes that crossed the link each way.
 pub fn allreduce_f32(
     link: &mut dyn PeerLink,
     own: &mut [u8],
     scratch: &mut Vec<u8>,
-) -> std::io::Result<()> {
+) -> std::io::Result<usize> {
     let n = (own.len() / 4) as u64;
     let bf16 = travels_as_bf16(n);
     let wire = if bf16 { own.len() / 2 } else { own.len() };
-    let mut send = Vec::with_capacity(wire);
+    scratch.clear();
+    scratch.resize(2 * wire, 0);
+    let (send, recv) = scratch.split_at_mut(wire);
     if bf16 {
-        for c in own.chunks_exact(4) {
+        for (c, out) in own.chunks_exact(4).zip(send.chunks_exact_mut(2)) {
             let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            send.extend_from_slice(&f32_to_bf16(x).to_le_bytes());
+            out.copy_from_slice(&f32_to_bf16(x).to_le_bytes());
         }
     } else {
-        send.extend_from_slice(own);
+        send.copy_from_slice(own);
     }
-    scratch.clear();
-    scratch.resize(wire, 0);
-    link.exchange(&send, scratch)?;
+    link.exchange(send, recv)?;
     for (i, c) in own.chunks_exact_mut(4).enumerate() {
         let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         let y = if bf16 {
-            let b = scratch.get(2 * i..2 * i + 2).unwrap_or(&[0, 0]);
+            let b = recv.get(2 * i..2 * i + 2).unwrap_or(&[0, 0]);
             bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))
         } else {
-            let b = scratch.get(4 * i..4 * i + 4).unwrap_or(&[0, 0, 0, 0]);
+            let b = recv.get(4 * i..4 * i + 4).unwrap_or(&[0, 0, 0, 0]);
             f32::from_le_bytes([b[0], b[1], b[2], b[3]])
         };
         c.copy_from_slice(&(x + y).to_le_bytes());
     }
-    Ok(())
+    Ok(wire)
 }
 
 /// Two ends of an in-memory link (tests): each `exchange` hands the bytes to the other end.
@@ -255,7 +250,6 @@ pub(crate) mod memory {
     use super::PeerLink;
 
     pub(crate) struct MemLink {
-        pub(crate) rank: u32,
         pub(crate) tx: Sender<Vec<u8>>,
         pub(crate) rx: Receiver<Vec<u8>>,
     }
@@ -264,23 +258,12 @@ pub(crate) mod memory {
         let (a_tx, b_rx) = channel();
         let (b_tx, a_rx) = channel();
         (
-            MemLink {
-                rank: 0,
-                tx: a_tx,
-                rx: a_rx,
-            },
-            MemLink {
-                rank: 1,
-                tx: b_tx,
-                rx: b_rx,
-            },
+            MemLink { tx: a_tx, rx: a_rx },
+            MemLink { tx: b_tx, rx: b_rx },
         )
     }
 
     impl PeerLink for MemLink {
-        fn rank(&self) -> u32 {
-            self.rank
-        }
         fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()> {
             self.tx
                 .send(send.to_vec())
@@ -336,8 +319,8 @@ mod tests {
             let (mut xa, mut yb) = (f32s(&x), f32s(&y));
             let t = std::thread::spawn(move || {
                 let mut s = Vec::new();
-                allreduce_f32(&mut b, &mut yb, &mut s).unwrap();
-                (yb, s.len())
+                let wire = allreduce_f32(&mut b, &mut yb, &mut s).unwrap();
+                (yb, wire)
             });
             let mut s = Vec::new();
             allreduce_f32(&mut a, &mut xa, &mut s).unwrap();

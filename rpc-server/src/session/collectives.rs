@@ -87,11 +87,10 @@ impl Session {
             .as_deref_mut()
             .ok_or(SessionError::NoCommunicator(device))?;
         let mut scratch = Vec::new();
-        crate::comm::allreduce_f32(link, &mut own, &mut scratch).map_err(|e| {
+        let wire = crate::comm::allreduce_f32(link, &mut own, &mut scratch).map_err(|e| {
             self.links[d] = None;
             SessionError::Comm(e.to_string())
-        })?;
-        let wire = scratch.len() as u64;
+        })? as u64;
         self.link_bytes.0 += wire;
         self.link_bytes.1 += wire;
         buf.write(off, &own);
