@@ -201,6 +201,35 @@ pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     }
 }
 
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+/// COMM_INIT on `c0` (rank 0, listening on `port`) and `c1` (rank 1, dialing 127.0.0.1:`port`)
+/// as the stock client sends them: both requests out before either answer (rank 0 waits in
+/// accept for rank 1). Whether each joined.
+pub async fn join_pair(c0: &mut Client, c1: &mut Client, port: u16) -> (bool, bool) {
+    let init = |rank, host: &str| rpc_client::CommInit {
+        device: 0,
+        rank,
+        world: 2,
+        port: u32::from(port),
+        host: rpc_client::CommInit::host_field(host).expect("host fits"),
+    };
+    let (ok0, ok1) = tokio::join!(
+        c0.comm_init(init(0, "")),
+        c1.comm_init(init(1, "127.0.0.1"))
+    );
+    (
+        ok0.expect("COMM_INIT rank 0"),
+        ok1.expect("COMM_INIT rank 1"),
+    )
+}
+
 /// Connects and performs HELLO.
 pub async fn connect(addr: SocketAddr) -> Client {
     within("connect", Client::connect(addr))

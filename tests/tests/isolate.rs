@@ -19,13 +19,6 @@ fn ours_bin() -> PathBuf {
     release_server_bin(BuildServer::IfMissing)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 /// The server process, killed when dropped.
 struct Server {
     child: Child,
@@ -467,24 +460,12 @@ async fn a_session_ends_soon_after_its_front_dies() {
 /// partials are then summed over it, session process to session process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contained_sessions_join_a_pairwise_link() {
-    use rpc_client::CommInit;
     let (s0, s1) = (Server::start(&[]), Server::start(&[]));
-    let port = free_port();
-    let init = |rank, host: &str| CommInit {
-        device: 0,
-        rank,
-        world: 2,
-        port: u32::from(port),
-        host: CommInit::host_field(host).unwrap(),
-    };
     let (mut c0, mut c1) = (connect(s0.addr).await, connect(s1.addr).await);
     // A buffer first: the session processes exist (and are sandboxed) before COMM_INIT.
     let (b0, b1) = (alloc(&mut c0, 64).await, alloc(&mut c1, 64).await);
-    let (ok0, ok1) = tokio::join!(
-        c0.comm_init(init(0, "")),
-        c1.comm_init(init(1, "127.0.0.1"))
-    );
-    assert!(ok0.unwrap() && ok1.unwrap(), "both contained ranks joined");
+    let (ok0, ok1) = join_pair(&mut c0, &mut c1, free_port()).await;
+    assert!(ok0 && ok1, "both contained ranks joined");
     let (t0, t1) = (b0.f32(1, &[16], 0).build(), b1.f32(1, &[16], 0).build());
     let x: Vec<f32> = (0..16).map(|i| i as f32).collect();
     let y: Vec<f32> = (0..16).map(|i| 100.0 * i as f32).collect();

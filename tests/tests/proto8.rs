@@ -427,23 +427,9 @@ async fn unselected_branches_are_not_run() {
 /// out before either answer: rank 0 waits in accept for rank 1), for `n` F32 values each.
 async fn comm_pair(n: u32) -> (TestServer, TestServer, [(Client, RpcTensor); 2]) {
     let (s0, s1) = (TestServer::start(), TestServer::start());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
-    let init = |rank, host: &str| CommInit {
-        device: 0,
-        rank,
-        world: 2,
-        port: u32::from(port),
-        host: CommInit::host_field(host).unwrap(),
-    };
     let (mut c0, mut c1) = (connect(s0.addr8).await, connect(s1.addr8).await);
-    let (ok0, ok1) = tokio::join!(
-        c0.comm_init(init(0, "")),
-        c1.comm_init(init(1, "127.0.0.1"))
-    );
-    assert!(ok0.unwrap() && ok1.unwrap(), "both ranks joined");
+    let (ok0, ok1) = join_pair(&mut c0, &mut c1, free_port()).await;
+    assert!(ok0 && ok1, "both ranks joined");
     let side = |c: Client| async move {
         let mut c = c;
         let buf = alloc(&mut c, u64::from(n) * 4).await;
@@ -508,10 +494,7 @@ async fn allreduce_between_two_servers() {
 async fn a_peer_that_never_dials() {
     within("lonely rank 0", async {
         let s = TestServer::start();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap();
+        let port = free_port();
         let mut c = connect(s.addr8).await;
         let t = std::time::Instant::now();
         let ok = c

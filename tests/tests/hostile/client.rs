@@ -2,12 +2,13 @@
 //! processes under test (ours, or the stock `ggml-rpc-server`).
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rpc_proto::RpcTensor;
+use rpc_tests::free_port;
 
 pub const HELLO: u8 = 14;
 pub const ALLOC_BUFFER: u8 = 0;
@@ -247,13 +248,6 @@ pub struct Server {
     log: PathBuf,
     /// Extra flags (ours): default memory limits that make the allocation limit observable.
     args: Vec<String>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
 }
 
 impl Server {
