@@ -27,6 +27,7 @@
  *   RPC_ATTACK_CANARY     a file outside the cache directory the harness watches
  *   RPC_ATTACK_VICTIM_FILE  a file holding the pid of an idle bystander session (else /proc is scanned)
  *   RPC_ATTACK_PORT       the front's listening port
+ *   RPC_ATTACK_FRONT_PID  the front's pid (default: getppid())
  *   RPC_ATTACK_MEM_LIMIT  bytes: the session's memory bound (memory case tries 256 MiB more)
  *   RPC_ATTACK_FLOOD_BYTES  size of the unterminated line (default 512 MiB)
  *   RPC_ATTACK_RSS_BOUND  bytes the front's peak RSS may grow by (default 64 MiB)
@@ -141,7 +142,19 @@ static int is_session_child(void) {
 static int peer_is_attacker(void) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
-    if (getpeername(0, (struct sockaddr *)&ss, &len) != 0) return 0;
+    if (getpeername(0, (struct sockaddr *)&ss, &len) != 0) {
+        /* fd 0 is not the client's socket: the front's `--session-peer <addr>:<port>` says who */
+        char buf[65536], want[80];
+        int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return 0;
+        long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+        syscall(SYS_close, fd);
+        snprintf(want, sizeof want, "%s:", env("RPC_ATTACK_PEER", "127.0.0.2"));
+        for (long i = 0, prev = -1; i < n; prev = i, i += (long)strlen(buf + i) + 1)
+            if (prev >= 0 && strcmp(buf + prev, "--session-peer") == 0)
+                return strncmp(buf + i, want, strlen(want)) == 0;
+        return 0;
+    }
     char host[INET6_ADDRSTRLEN] = "";
     if (ss.ss_family == AF_INET)
         inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
@@ -235,8 +248,13 @@ static int cache_entries(const char *dir, char names[][17], int max) {
 
 /* ---------- cases ---------- */
 
+static pid_t front_pid(void) {
+    unsigned long long p = env_u64("RPC_ATTACK_FRONT_PID", 0);
+    return p ? (pid_t)p : getppid();
+}
+
 static void case_signal(void) {
-    pid_t front = getppid();
+    pid_t front = front_pid();
     const char *how;
     pid_t victim = victim_pid(&how);
     say("ATTACK-INFO signal front pid %d, bystander session pid %d (%s)", (int)front, (int)victim, how);
@@ -455,7 +473,7 @@ static long write_all(int fd, const char *b, size_t n) {
 }
 
 static void case_flood(void) {
-    pid_t front = getppid();
+    pid_t front = front_pid();
     unsigned long long total = env_u64("RPC_ATTACK_FLOOD_BYTES", 512 * MIB);
     unsigned long long bound = env_u64("RPC_ATTACK_RSS_BOUND", 64 * MIB);
     double rate_bound = (double)env_u64("RPC_ATTACK_LINE_RATE", 10000);
@@ -683,7 +701,7 @@ static void case_devices(void) {
 
 static void case_net(void) {
     int port = (int)env_u64("RPC_ATTACK_PORT", 0);
-    pid_t front = getppid();
+    pid_t front = front_pid();
     errno = 0;
     int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     step("socket(AF_INET, SOCK_STREAM)", s, errno, NULL);
@@ -830,24 +848,15 @@ static void run_case(void) {
     say("ATTACK-END %s", attack_case);
 }
 
-static double first_call;
-
 static void maybe_attack(void) {
     if (!attacker || in_payload || atomic_load(&fired)) return;
     in_payload = 1;
     int up = sandbox_up();
-    if (!up) {
-        /* A server whose sandbox never comes up still gets attacked (after 10 s), and says so. */
-        if (first_call == 0) first_call = now_s();
-        else if (now_s() - first_call > 10) up = 2;
-    }
-    if (up) {
-        int expect = 0;
-        if (atomic_compare_exchange_strong(&fired, &expect, 1)) {
-            if (up == 2) say("ATTACK-INFO %s no system-call filter on this thread after 10 s; attacking anyway", attack_case);
-            run_case();
-        }
-    }
+    static atomic_int dbg;
+    if (getenv("RPC_ATTACK_DEBUG") && atomic_fetch_add(&dbg, 1) < 50)
+        say("ATTACK-INFO %s hook in thread %ld, PR_GET_SECCOMP %d", attack_case, (long)syscall(SYS_gettid), up);
+    int expect = 0;
+    if (up && atomic_compare_exchange_strong(&fired, &expect, 1)) run_case();
     in_payload = 0;
 }
 
