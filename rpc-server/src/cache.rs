@@ -10,28 +10,68 @@
 //! [`Stamp`] (size, modification time, inode) in `verified-entries` beside the entries; a later
 //! hit on an entry with the same stamp is read without hashing (FNV-1a costs more than the read).
 //! `--verify-loads` hashes every hit.
+//!
+//! Who writes: only the process that opened the cache with [`WeightCache::open`] (the front, or
+//! the one process of `--no-isolate`). A session process opens it with
+//! [`WeightCache::open_read_only`] and hands every write to a [`CacheKeeper`] (`isolate.rs`: the
+//! bytes of an upload go to the front in a sealed memfd, which the front hashes and stores under
+//! the hash it computed; a verified or corrupt entry is only reported, and the front hashes the
+//! file again before recording or deleting it). Every file is opened relative to the directory
+//! handle opened once at start, never following a symbolic link, temp files created exclusively
+//! (`O_CREAT|O_EXCL|O_NOFOLLOW`), entries renamed into place without replacing one.
+//!
+//! `--trusted-weights-only` ([`WeightCache::trusted_only`]): nothing is stored, and only entries
+//! whose status-change time is before the server's start (seeded by the operator) are served.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
-use rpc_proto::{fnv1a64, Fnv1a};
+use rpc_proto::Fnv1a;
+use rustix::fs::{AtFlags, Mode, OFlags};
 
-use crate::disk_read::{read_into, Destination, Stamp};
+use crate::disk_read::{ctime_ns, read_exact_at, read_into, Destination, Stamp};
 
 /// The record of verified entries, in the cache directory (not 16 hex digits: never an entry).
 pub const VERIFIED_FILE: &str = "verified-entries";
 const VERIFIED_MAGIC: &str = "rpc-server verified-entries 1";
 /// Largest record read back (a line per entry).
 const MAX_VERIFIED_BYTES: u64 = 16 << 20;
+/// The copy step of a store from a file (the front's buffer per store in flight).
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Whoever writes the cache for a process that may not (a session process: `isolate.rs`).
+pub trait CacheKeeper: Send + Sync {
+    /// A client uploaded `data` with the cache flag: store it under the hash of its bytes.
+    fn store(&self, data: &[u8]);
+    /// This process hashed the entry for `hash` (and found it right or not): check it again
+    /// and record it as verified, or delete it.
+    fn check(&self, hash: u64);
+}
+
+/// What [`WeightCache::check_entry`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// No such entry (or not a regular file).
+    Missing,
+    /// Already recorded with its current stamp: not hashed again.
+    AlreadyVerified,
+    /// Hashed right: recorded.
+    Verified,
+    /// Hashed wrong: deleted.
+    Deleted,
+}
 
 /// A directory of cached tensor payloads.
 pub struct WeightCache {
     dir: PathBuf,
+    /// The directory, opened once: every file is opened relative to it.
+    dirfd: OwnedFd,
     max_size: Option<u64>,
     /// Serializes eviction scans; reads and writes are atomic file operations.
     evict_lock: Mutex<()>,
@@ -40,6 +80,22 @@ pub struct WeightCache {
     verified: Mutex<HashMap<u64, Stamp>>,
     /// `--verify-loads`: hash every hit.
     verify_always: bool,
+    /// `None`: this process writes the directory. `Some`: a session process, whose writes go to
+    /// the keeper set by [`WeightCache::delegate`] (dropped until then).
+    keeper: Option<OnceLock<Box<dyn CacheKeeper>>>,
+    /// `--trusted-weights-only`: serve only entries whose status-change time (ns since the
+    /// epoch) is before this, store nothing.
+    seeded_before: Option<i128>,
+}
+
+impl std::fmt::Debug for WeightCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightCache")
+            .field("dir", &self.dir)
+            .field("writes", &self.keeper.is_none())
+            .field("seeded_before", &self.seeded_before)
+            .finish()
+    }
 }
 
 /// What the cache did since start (for `--metrics`).
@@ -102,12 +158,100 @@ fn verified_line(hash: u64, s: &Stamp) -> String {
     format!("{hash:016x}\t{}\t{}\t{}\n", s.len, s.mtime_ns, s.ino)
 }
 
+/// A directory, opened once for every file operation in it.
+pub fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Opens `name` in `dirfd` for reading, never through a symbolic link.
+pub fn open_in(dirfd: &OwnedFd, name: &str) -> io::Result<File> {
+    let fd = rustix::fs::openat(
+        dirfd,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(File::from(fd))
+}
+
+/// Creates a fresh temp file in `dirfd` (`O_CREAT|O_EXCL|O_NOFOLLOW`: never an existing file,
+/// never through a link), named `.<stem>.tmp.<pid>.<random>`; returns it and its name.
+pub fn create_temp_in(dirfd: &OwnedFd, stem: &str) -> io::Result<(File, String)> {
+    let mut last = io::Error::other("no temp name");
+    for _ in 0..8 {
+        let name = format!(
+            ".{stem}.tmp.{}.{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        );
+        match create_exclusive(dirfd, &name) {
+            Ok(f) => return Ok((f, name)),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Creates `name` in `dirfd` for writing, failing if anything (a file, a link) is there.
+pub fn create_exclusive(dirfd: &OwnedFd, name: &str) -> io::Result<File> {
+    let fd = rustix::fs::openat(
+        dirfd,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )?;
+    Ok(File::from(fd))
+}
+
+/// Renames `from` to `to` in `dirfd`; with `replace` false, never over an existing `to`
+/// (`EEXIST`).
+pub fn rename_in(dirfd: &OwnedFd, from: &str, to: &str, replace: bool) -> io::Result<()> {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if !replace {
+        return Ok(rustix::fs::renameat_with(
+            dirfd,
+            from,
+            dirfd,
+            to,
+            rustix::fs::RenameFlags::NOREPLACE,
+        )?);
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    if !replace && rustix::fs::statat(dirfd, to, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+        return Err(io::ErrorKind::AlreadyExists.into());
+    }
+    Ok(rustix::fs::renameat(dirfd, from, dirfd, to)?)
+}
+
+/// Removes `name` from `dirfd` (a link itself, never its target).
+pub fn unlink_in(dirfd: &OwnedFd, name: &str) -> io::Result<()> {
+    Ok(rustix::fs::unlinkat(dirfd, name, AtFlags::empty())?)
+}
+
+/// Writes `bytes` as `name` in `dirfd`, atomically (an exclusive temp file, then a rename
+/// that replaces the old file).
+pub fn replace_in(dirfd: &OwnedFd, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let (mut f, tmp) = create_temp_in(dirfd, name)?;
+    let res = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| rename_in(dirfd, &tmp, name, true));
+    if res.is_err() {
+        let _ = unlink_in(dirfd, &tmp);
+    }
+    res
+}
+
 /// The verified-entries record of `dir`: the last line per entry whose file still has the
-/// recorded stamp. Rewritten (atomically) when it holds many stale lines.
-fn read_verified(dir: &Path) -> HashMap<u64, Stamp> {
-    let path = dir.join(VERIFIED_FILE);
+/// recorded stamp. Rewritten (atomically) when it holds many stale lines and `compact`.
+fn read_verified(dir: &Path, dirfd: &OwnedFd, compact: bool) -> HashMap<u64, Stamp> {
     let mut text = String::new();
-    let read = File::open(&path).and_then(|f| f.take(MAX_VERIFIED_BYTES).read_to_string(&mut text));
+    let read = open_in(dirfd, VERIFIED_FILE)
+        .and_then(|f| f.take(MAX_VERIFIED_BYTES).read_to_string(&mut text));
     let mut map = HashMap::new();
     if read.is_err() {
         return map;
@@ -134,43 +278,92 @@ fn read_verified(dir: &Path) -> HashMap<u64, Stamp> {
         map.insert(h, Stamp { len, mtime_ns, ino });
     }
     map.retain(|h, s| {
-        fs::metadata(dir.join(entry_name(*h))).is_ok_and(|m| m.is_file() && Stamp::of(&m) == *s)
+        fs::symlink_metadata(dir.join(entry_name(*h)))
+            .is_ok_and(|m| m.is_file() && Stamp::of(&m) == *s)
     });
-    if count > 2 * map.len() + 64 {
+    if compact && count > 2 * map.len() + 64 {
         let mut out = format!("{VERIFIED_MAGIC}\n");
         for (h, s) in &map {
             out.push_str(&verified_line(*h, s));
         }
-        let tmp = dir.join(format!(".{VERIFIED_FILE}.tmp.{}", std::process::id()));
-        if fs::write(&tmp, out)
-            .and_then(|()| fs::rename(&tmp, &path))
-            .is_err()
-        {
-            let _ = fs::remove_file(&tmp);
+        if let Err(e) = replace_in(dirfd, VERIFIED_FILE, out.as_bytes()) {
+            tracing::debug!(error = %e, "cannot rewrite the verified-entries record");
         }
     }
     map
 }
 
+/// Where the bytes of a store come from.
+enum Source<'a> {
+    Bytes(&'a [u8]),
+    /// `len` bytes of a file from offset 0 (the front: a session's sealed memfd).
+    File(&'a File, u64),
+}
+
 impl WeightCache {
-    /// Opens (creating it with its parents) the cache directory.
-    pub fn open(dir: &Path, max_size: Option<u64>) -> std::io::Result<WeightCache> {
+    /// Opens (creating it with its parents) the cache directory, for a process that writes it.
+    pub fn open(dir: &Path, max_size: Option<u64>) -> io::Result<WeightCache> {
         fs::create_dir_all(dir)?;
-        let verified = read_verified(dir);
+        let dirfd = open_dir(dir)?;
+        let verified = read_verified(dir, &dirfd, true);
         Ok(WeightCache {
             dir: dir.to_path_buf(),
+            dirfd,
             max_size,
             evict_lock: Mutex::new(()),
             counters: CacheCounters::default(),
             verified: Mutex::new(verified),
             verify_always: false,
+            keeper: None,
+            seeded_before: None,
         })
+    }
+
+    /// Opens the cache directory of a session process: read only; stores and verification
+    /// records go to the [`CacheKeeper`] given to [`WeightCache::delegate`].
+    pub fn open_read_only(dir: &Path, max_size: Option<u64>) -> io::Result<WeightCache> {
+        let dirfd = open_dir(dir)?;
+        let verified = read_verified(dir, &dirfd, false);
+        Ok(WeightCache {
+            dir: dir.to_path_buf(),
+            dirfd,
+            max_size,
+            evict_lock: Mutex::new(()),
+            counters: CacheCounters::default(),
+            verified: Mutex::new(verified),
+            verify_always: false,
+            keeper: Some(OnceLock::new()),
+            seeded_before: None,
+        })
+    }
+
+    /// A read-only cache's writer (a session process: the front). False if this cache writes
+    /// itself or already has one.
+    pub fn delegate(&self, keeper: Box<dyn CacheKeeper>) -> bool {
+        self.keeper.as_ref().is_some_and(|k| k.set(keeper).is_ok())
+    }
+
+    /// Whether this process writes the directory itself.
+    pub fn writes(&self) -> bool {
+        self.keeper.is_none()
     }
 
     /// Hash every hit, not only an entry's first (`--verify-loads`).
     pub fn verify_every_load(mut self, on: bool) -> WeightCache {
         self.verify_always = on;
         self
+    }
+
+    /// `--trusted-weights-only`: store nothing; serve only entries whose status-change time is
+    /// before `seeded_before_ns` (ns since the epoch: the server's start).
+    pub fn trusted_only(mut self, seeded_before_ns: i128) -> WeightCache {
+        self.seeded_before = Some(seeded_before_ns);
+        self
+    }
+
+    /// The `--trusted-weights-only` bound, if set.
+    pub fn seeded_before(&self) -> Option<i128> {
+        self.seeded_before
     }
 
     pub fn dir(&self) -> &Path {
@@ -181,10 +374,15 @@ impl WeightCache {
         self.max_size
     }
 
-    /// Size of the entry for `hash`, if there is one.
+    /// Whether an entry with this metadata may be served (`--trusted-weights-only`: seeded).
+    fn servable(&self, m: &fs::Metadata) -> bool {
+        m.is_file() && self.seeded_before.is_none_or(|t| ctime_ns(m) < t)
+    }
+
+    /// Size of the entry for `hash`, if there is one (a regular file, not a link).
     pub fn entry_len(&self, hash: u64) -> Option<u64> {
-        let m = fs::metadata(self.dir.join(entry_name(hash))).ok()?;
-        m.is_file().then_some(m.len())
+        let m = fs::symlink_metadata(self.dir.join(entry_name(hash))).ok()?;
+        self.servable(&m).then_some(m.len())
     }
 
     /// Counters since start.
@@ -208,8 +406,9 @@ impl WeightCache {
     /// Reads the `len`-byte entry for `hash` into `dst[offset..offset+len]` (through staging
     /// chunks granted by `stage` when `dst` is not host memory). True when the region now holds
     /// the entry's bytes. An entry not verified before (or with `--verify-loads`) is hashed on
-    /// the way, and one that does not hash to its name (truncated, corrupted) is deleted; on
-    /// false the region may hold part of the bytes and the client must upload.
+    /// the way, and one that does not hash to its name (truncated, corrupted) is not served and
+    /// deleted (by the writer, which hashes it again); on false the region may hold part of the
+    /// bytes and the client must upload.
     pub fn load_into<G>(
         &self,
         hash: u64,
@@ -218,14 +417,14 @@ impl WeightCache {
         offset: u64,
         stage: impl FnOnce(u64) -> Option<G>,
     ) -> bool {
-        let path = self.dir.join(entry_name(hash));
-        let Ok(file) = File::open(&path) else {
+        let name = entry_name(hash);
+        let Ok(file) = open_in(&self.dirfd, &name) else {
             return false;
         };
         let Ok(meta) = file.metadata() else {
             return false;
         };
-        if meta.len() != len {
+        if meta.len() != len || !self.servable(&meta) {
             return false;
         }
         let stamp = Stamp::of(&meta);
@@ -233,21 +432,40 @@ impl WeightCache {
         let mut h = Fnv1a::new();
         let hasher = (!trusted).then_some(&mut h);
         if let Err(e) = read_into(&file, 0, len, dst, offset, stage, hasher) {
-            tracing::warn!(path = %path.display(), error = %e, "cannot read cache entry");
+            tracing::warn!(path = %self.dir.join(&name).display(), error = %e, "cannot read cache entry");
             return false;
         }
         if !trusted {
-            if h.finish() != hash {
-                tracing::warn!(path = %path.display(), "cache entry does not match its hash; deleting it");
-                self.lock_verified().remove(&hash);
-                let _ = fs::remove_file(&path);
+            let right = h.finish() == hash;
+            match &self.keeper {
+                None if right => self.remember(hash, stamp),
+                None => {
+                    tracing::warn!(path = %self.dir.join(&name).display(), "cache entry does not match its hash; deleting it");
+                    self.lock_verified().remove(&hash);
+                    self.delete_if_unchanged(&name, &stamp);
+                }
+                Some(k) => {
+                    if right {
+                        self.lock_verified().insert(hash, stamp);
+                    } else {
+                        tracing::warn!(path = %self.dir.join(&name).display(), "cache entry does not match its hash; not served");
+                        self.lock_verified().remove(&hash);
+                    }
+                    if let Some(k) = k.get() {
+                        k.check(hash);
+                    }
+                }
+            }
+            if !right {
                 return false;
             }
-            self.remember(hash, stamp);
         }
-        // Mark as recently used for LRU eviction: the access time, so the stamp stays.
-        let now = fs::FileTimes::new().set_accessed(SystemTime::now());
-        let _ = file.set_times(now);
+        // Mark as recently used for LRU eviction: the access time, so the stamp stays. (Not
+        // with --trusted-weights-only: it would move the status-change time past the start.)
+        if self.seeded_before.is_none() {
+            let now = fs::FileTimes::new().set_accessed(SystemTime::now());
+            let _ = file.set_times(now);
+        }
         true
     }
 
@@ -255,13 +473,34 @@ impl WeightCache {
         self.verified.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Removes entry `name` if it is still the file with `stamp` (not one stored since).
+    fn delete_if_unchanged(&self, name: &str, stamp: &Stamp) {
+        let same = fs::symlink_metadata(self.dir.join(name))
+            .is_ok_and(|m| m.is_file() && Stamp::of(&m) == *stamp);
+        if same {
+            let _ = unlink_in(&self.dirfd, name);
+        }
+    }
+
     /// Records that the entry for `hash` with `stamp` hashes right, here and in the record file
-    /// (one appended line; concurrent session processes may each append).
+    /// (one appended line).
     fn remember(&self, hash: u64, stamp: Stamp) {
         self.lock_verified().insert(hash, stamp);
-        let path = self.dir.join(VERIFIED_FILE);
         let res = (|| {
-            let mut f = File::options().create(true).append(true).open(&path)?;
+            let fd = rustix::fs::openat(
+                &self.dirfd,
+                VERIFIED_FILE,
+                OFlags::WRONLY
+                    | OFlags::APPEND
+                    | OFlags::CREATE
+                    | OFlags::NOFOLLOW
+                    | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )?;
+            let mut f = File::from(fd);
+            if !f.metadata()?.is_file() {
+                return Err(io::Error::other("not a regular file"));
+            }
             let mut line = String::new();
             if f.metadata()?.len() == 0 {
                 line.push_str(VERIFIED_MAGIC);
@@ -271,42 +510,207 @@ impl WeightCache {
             f.write_all(line.as_bytes())
         })();
         if let Err(e) = res {
-            tracing::debug!(path = %path.display(), error = %e, "cannot record a verified cache entry");
+            tracing::debug!(dir = %self.dir.display(), error = %e, "cannot record a verified cache entry");
         }
     }
 
-    /// Stores `data` under its hash, atomically. Errors (e.g. a full disk) are logged and leave
-    /// no partial entry behind.
+    /// Stores `data` under its hash, atomically: here, or through the keeper of a session
+    /// process. Errors (e.g. a full disk) are logged and leave no partial entry behind. Nothing
+    /// is stored with `--trusted-weights-only`.
     pub fn store(&self, data: &[u8]) {
-        let hash = fnv1a64(data);
-        let path = self.dir.join(entry_name(hash));
-        if path.exists() {
+        if self.seeded_before.is_some() {
             return;
         }
-        let tmp = self
-            .dir
-            .join(format!(".{}.tmp.{}", entry_name(hash), std::process::id()));
-        let res = (|| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(data)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)?;
-            f.metadata()
-        })();
+        match &self.keeper {
+            None => {
+                let _ = self.write_entry(Source::Bytes(data));
+            }
+            Some(k) => match k.get() {
+                Some(k) => k.store(data),
+                None => tracing::debug!("no cache writer yet; upload not stored"),
+            },
+        }
+    }
+
+    /// The front: stores the first `len` bytes of `file` (a session's sealed memfd) under the
+    /// hash of the bytes read, which is returned (`None`: not stored).
+    pub fn store_file(&self, file: &File, len: u64) -> Option<u64> {
+        if self.seeded_before.is_some() || self.keeper.is_some() {
+            return None;
+        }
+        self.write_entry(Source::File(file, len))
+    }
+
+    /// Copies the bytes to an exclusive temp file, hashing them on the way, and renames it to
+    /// the hash's entry unless that exists. The entry's name is the hash of the bytes written.
+    fn write_entry(&self, src: Source<'_>) -> Option<u64> {
+        let (mut f, tmp) = match create_temp_in(&self.dirfd, "store") {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "could not write cache entry");
+                return None;
+            }
+        };
+        let mut h = Fnv1a::new();
+        let res = (|| -> io::Result<u64> {
+            match src {
+                Source::Bytes(data) => {
+                    for c in data.chunks(crate::disk_read::CHUNK) {
+                        h.update(c);
+                        f.write_all(c)?;
+                    }
+                    Ok(data.len() as u64)
+                }
+                Source::File(src, len) => {
+                    let mut buf = vec![0u8; COPY_CHUNK.min(usize::try_from(len).unwrap_or(0))];
+                    let mut pos = 0u64;
+                    while pos < len {
+                        let k = usize::try_from(len - pos).map_or(buf.len(), |r| r.min(buf.len()));
+                        let b = &mut buf[..k];
+                        read_exact_at(src, b, pos)?;
+                        h.update(b);
+                        f.write_all(b)?;
+                        pos += k as u64;
+                    }
+                    Ok(len)
+                }
+            }
+        })()
+        .and_then(|n| f.sync_all().map(|()| n));
+        let hash = h.finish();
+        let name = entry_name(hash);
+        let res = res.and_then(|n| match rename_in(&self.dirfd, &tmp, &name, false) {
+            Ok(()) => f.metadata().map(|m| Some((n, m))),
+            // Already there (the same bytes, or bytes with the same FNV-1a): kept as it is.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
+            Err(e) => Err(e),
+        });
         match res {
-            Ok(meta) => {
+            Ok(Some((n, meta))) => {
                 self.remember(hash, Stamp::of(&meta));
-                tracing::info!(path = %path.display(), bytes = data.len(), "saved to cache");
+                tracing::info!(path = %self.dir.join(&name).display(), bytes = n, "saved to cache");
                 self.counters.stores.fetch_add(1, Relaxed);
-                self.counters
-                    .bytes_stored
-                    .fetch_add(data.len() as u64, Relaxed);
+                self.counters.bytes_stored.fetch_add(n, Relaxed);
                 self.evict();
+                Some(hash)
+            }
+            Ok(None) => {
+                let _ = unlink_in(&self.dirfd, &tmp);
+                Some(hash)
             }
             Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                tracing::warn!(path = %path.display(), error = %e, "could not write cache entry");
+                let _ = unlink_in(&self.dirfd, &tmp);
+                tracing::warn!(path = %self.dir.join(&name).display(), error = %e, "could not write cache entry");
+                None
             }
+        }
+    }
+
+    /// The writer's answer to a session's report on the entry for `hash`: hashes the file
+    /// itself, then records it as verified or deletes it. An entry already recorded with its
+    /// current stamp is not hashed again.
+    pub fn check_entry(&self, hash: u64) -> Checked {
+        if self.keeper.is_some() {
+            return Checked::Missing;
+        }
+        let name = entry_name(hash);
+        let Ok(file) = open_in(&self.dirfd, &name) else {
+            return Checked::Missing;
+        };
+        let Ok(meta) = file.metadata() else {
+            return Checked::Missing;
+        };
+        if !meta.is_file() {
+            return Checked::Missing;
+        }
+        let stamp = Stamp::of(&meta);
+        if self.lock_verified().get(&hash) == Some(&stamp) {
+            return Checked::AlreadyVerified;
+        }
+        let mut h = Fnv1a::new();
+        let mut buf = vec![0u8; COPY_CHUNK];
+        let mut pos = 0u64;
+        while pos < stamp.len {
+            let k = usize::try_from(stamp.len - pos).map_or(buf.len(), |r| r.min(buf.len()));
+            if read_exact_at(&file, &mut buf[..k], pos).is_err() {
+                return Checked::Missing;
+            }
+            h.update(&buf[..k]);
+            pos += k as u64;
+        }
+        if h.finish() == hash {
+            self.remember(hash, stamp);
+            Checked::Verified
+        } else {
+            tracing::warn!(path = %self.dir.join(&name).display(), "cache entry does not match its hash; deleting it");
+            self.lock_verified().remove(&hash);
+            self.delete_if_unchanged(&name, &stamp);
+            Checked::Deleted
+        }
+    }
+
+    /// The front: a fresh anonymous file of `len` bytes that a session process writes a store
+    /// into (a memfd on Linux, sealed against growing and shrinking; elsewhere an unlinked
+    /// exclusive temp file in the cache directory).
+    pub fn staging_file(&self, len: u64) -> io::Result<File> {
+        #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+        {
+            use rustix::fs::{MemfdFlags, SealFlags};
+            let fd = rustix::fs::memfd_create(
+                "rpc-cache-store",
+                MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+            )?;
+            rustix::fs::ftruncate(&fd, len)?;
+            rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK)?;
+            Ok(File::from(fd))
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
+        {
+            let mut last = io::Error::other("no temp name");
+            for _ in 0..8 {
+                let name = format!(
+                    ".staging.tmp.{}.{:016x}",
+                    std::process::id(),
+                    rand::random::<u64>()
+                );
+                match rustix::fs::openat(
+                    &self.dirfd,
+                    name.as_str(),
+                    OFlags::RDWR
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                ) {
+                    Ok(fd) => {
+                        let _ = unlink_in(&self.dirfd, &name);
+                        rustix::fs::ftruncate(&fd, len)?;
+                        return Ok(File::from(fd));
+                    }
+                    Err(e) => last = e.into(),
+                }
+            }
+            Err(last)
+        }
+    }
+
+    /// The front, once the session says its store is written: no more writes to `file`
+    /// (`F_SEAL_WRITE`, which fails while a writable shared mapping of it exists: the store is
+    /// then refused). Elsewhere than Linux there is no seal; the copy is hashed as it is read,
+    /// so the entry still holds the bytes its name is the hash of.
+    pub fn seal_staging(file: &File) -> io::Result<()> {
+        #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+        {
+            use rustix::fs::SealFlags;
+            rustix::fs::fcntl_add_seals(file, SealFlags::WRITE)?;
+            let _ = rustix::fs::fcntl_add_seals(file, SealFlags::SEAL);
+            Ok(())
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
+        {
+            let _ = file;
+            Ok(())
         }
     }
 
@@ -317,27 +721,26 @@ impl WeightCache {
         let Ok(rd) = fs::read_dir(&self.dir) else {
             return;
         };
-        let mut entries: Vec<(SystemTime, u64, PathBuf)> = rd
+        let mut entries: Vec<(SystemTime, u64, String)> = rd
             .filter_map(|e| e.ok())
-            .filter(|e| {
-                let n = e.file_name();
-                let n = n.to_string_lossy();
-                n.len() == 16 && n.bytes().all(|b| b.is_ascii_hexdigit())
-            })
             .filter_map(|e| {
-                let m = e.metadata().ok()?;
+                let n = e.file_name().into_string().ok()?;
+                (n.len() == 16 && n.bytes().all(|b| b.is_ascii_hexdigit())).then_some(n)
+            })
+            .filter_map(|n| {
+                let m = fs::symlink_metadata(self.dir.join(&n)).ok()?;
                 let used = m.accessed().or_else(|_| m.modified());
-                Some((used.unwrap_or(SystemTime::UNIX_EPOCH), m.len(), e.path()))
+                Some((used.unwrap_or(SystemTime::UNIX_EPOCH), m.len(), n))
             })
             .collect();
         let mut total: u64 = entries.iter().map(|e| e.1).sum();
         entries.sort_by_key(|e| e.0);
-        for (_, len, path) in entries {
+        for (_, len, name) in entries {
             if total <= max {
                 break;
             }
-            if fs::remove_file(&path).is_ok() {
-                tracing::info!(path = %path.display(), "evicted from cache");
+            if unlink_in(&self.dirfd, &name).is_ok() {
+                tracing::info!(path = %self.dir.join(&name).display(), "evicted from cache");
                 total -= len;
             }
         }
@@ -348,6 +751,7 @@ impl WeightCache {
 mod tests {
     use super::*;
     use crate::disk_read::test_util::VecDest;
+    use rpc_proto::fnv1a64;
 
     #[test]
     fn cache_dir_as_the_stock_tool_per_os() {
@@ -507,6 +911,169 @@ mod tests {
             "least recently used entry evicted"
         );
         assert!(c.entry_len(fnv1a64(&e)).is_some());
+        let _ = fs::remove_dir_all(&d);
+    }
+    /// A keeper that records what a read-only cache handed it.
+    #[derive(Default)]
+    struct Recorder {
+        stored: Mutex<Vec<Vec<u8>>>,
+        checked: Mutex<Vec<u64>>,
+    }
+
+    impl CacheKeeper for std::sync::Arc<Recorder> {
+        fn store(&self, data: &[u8]) {
+            self.stored.lock().unwrap().push(data.to_vec());
+        }
+        fn check(&self, hash: u64) {
+            self.checked.lock().unwrap().push(hash);
+        }
+    }
+
+    #[test]
+    fn a_read_only_cache_hands_every_write_to_its_keeper() {
+        let d = tmpdir("readonly");
+        fs::create_dir_all(&d).unwrap();
+        let good = vec![5u8; 4096];
+        let h = fnv1a64(&good);
+        fs::write(d.join(entry_name(h)), &good).unwrap();
+        let bad_h = fnv1a64(b"something else");
+        fs::write(d.join(entry_name(bad_h)), vec![6u8; 100]).unwrap();
+        let c = WeightCache::open_read_only(&d, None).unwrap();
+        assert!(!c.writes());
+        let rec = std::sync::Arc::new(Recorder::default());
+        assert!(c.delegate(Box::new(rec.clone())));
+        assert!(!c.delegate(Box::new(rec.clone())), "one keeper");
+        c.store(&[1, 2, 3]);
+        assert_eq!(*rec.stored.lock().unwrap(), vec![vec![1u8, 2, 3]]);
+        assert_eq!(load(&c, h).unwrap(), good);
+        assert!(load(&c, bad_h).is_none(), "a corrupt entry is not served");
+        assert!(
+            d.join(entry_name(bad_h)).exists(),
+            "nor deleted by a session"
+        );
+        assert_eq!(*rec.checked.lock().unwrap(), vec![h, bad_h]);
+        assert!(
+            !d.join(VERIFIED_FILE).exists(),
+            "a session records nothing on disk"
+        );
+        let names: Vec<_> = fs::read_dir(&d).unwrap().collect();
+        assert_eq!(names.len(), 2, "nothing written: {names:?}");
+        // The writer checks again before recording or deleting.
+        let w = WeightCache::open(&d, None).unwrap();
+        assert_eq!(w.check_entry(h), Checked::Verified);
+        assert_eq!(w.check_entry(h), Checked::AlreadyVerified);
+        assert_eq!(w.check_entry(bad_h), Checked::Deleted);
+        assert!(!d.join(entry_name(bad_h)).exists());
+        assert_eq!(w.check_entry(bad_h), Checked::Missing);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_store_from_a_sealed_staging_file_is_named_by_the_bytes() {
+        let d = tmpdir("staging");
+        let c = WeightCache::open(&d, None).unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7) as u8).collect();
+        let f = c.staging_file(data.len() as u64).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &data, 0).unwrap();
+        WeightCache::seal_staging(&f).unwrap();
+        #[cfg(target_os = "linux")]
+        {
+            assert!(
+                std::os::unix::fs::FileExt::write_all_at(&f, b"x", 0).is_err(),
+                "sealed against writes"
+            );
+            assert!(f.set_len(10).is_err(), "sealed against shrinking");
+        }
+        let h = c.store_file(&f, data.len() as u64).unwrap();
+        assert_eq!(h, fnv1a64(&data));
+        assert_eq!(load(&c, h).unwrap(), data);
+        assert_eq!(c.counters().stores.load(Relaxed), 1);
+        // The same bytes again: kept as they are, no temp file left behind.
+        assert_eq!(c.store_file(&f, data.len() as u64), Some(h));
+        let left: Vec<_> = fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_staging_file_that_cannot_be_sealed_is_refused() {
+        // A session that sealed the seals (or kept a writable shared mapping: EBUSY) leaves the
+        // front unable to add F_SEAL_WRITE, and the front then refuses the store.
+        let d = tmpdir("seal");
+        let c = WeightCache::open(&d, None).unwrap();
+        let f = c.staging_file(16).unwrap();
+        rustix::fs::fcntl_add_seals(&f, rustix::fs::SealFlags::SEAL).unwrap();
+        assert!(WeightCache::seal_staging(&f).is_err(), "sealing refused");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn links_planted_in_the_cache_are_never_followed() {
+        let d = tmpdir("links");
+        let outside = tmpdir("links-outside");
+        fs::create_dir_all(&d).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        let target = outside.join("victim");
+        fs::write(&target, b"precious").unwrap();
+        let data = vec![4u8; 256];
+        let h = fnv1a64(&data);
+        // At an entry's name, at the record's name, at a temp file's name.
+        std::os::unix::fs::symlink(&target, d.join(entry_name(h))).unwrap();
+        std::os::unix::fs::symlink(&target, d.join(VERIFIED_FILE)).unwrap();
+        std::os::unix::fs::symlink(&target, d.join(".planted.tmp")).unwrap();
+        let c = WeightCache::open(&d, None).unwrap();
+        assert_eq!(c.entry_len(h), None, "a link is no entry");
+        let dst = VecDest::new(8);
+        assert!(!c.load_into(h, 8, &dst, 0, |_| Some(())));
+        c.store(&data);
+        assert_eq!(c.check_entry(h), Checked::Missing);
+        let dirfd = open_dir(&d).unwrap();
+        assert!(create_exclusive(&dirfd, ".planted.tmp").is_err());
+        assert!(replace_in(&dirfd, "other", b"x").is_ok());
+        assert_eq!(
+            fs::read(&target).unwrap(),
+            b"precious",
+            "the target is untouched"
+        );
+        assert!(fs::symlink_metadata(d.join(entry_name(h)))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let _ = fs::remove_dir_all(&d);
+        let _ = fs::remove_dir_all(&outside);
+    }
+
+    #[test]
+    fn trusted_only_stores_nothing_and_serves_only_seeded_entries() {
+        let d = tmpdir("trusted");
+        fs::create_dir_all(&d).unwrap();
+        let seeded = vec![1u8; 512];
+        let hs = fnv1a64(&seeded);
+        fs::write(d.join(entry_name(hs)), &seeded).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let start = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i128;
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let later = vec![2u8; 512];
+        let hl = fnv1a64(&later);
+        fs::write(d.join(entry_name(hl)), &later).unwrap();
+        let c = WeightCache::open(&d, None).unwrap().trusted_only(start);
+        assert_eq!(load(&c, hs).unwrap(), seeded, "seeded before the start");
+        assert_eq!(load(&c, hs).unwrap(), seeded, "still seeded after a hit");
+        assert_eq!(c.entry_len(hl), None, "written after the start");
+        let up = vec![3u8; 512];
+        c.store(&up);
+        assert!(
+            !d.join(entry_name(fnv1a64(&up))).exists(),
+            "no upload stored"
+        );
         let _ = fs::remove_dir_all(&d);
     }
 }
