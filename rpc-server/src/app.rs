@@ -394,9 +394,14 @@ fn server_options(
     opts.limits.max_request_size = args.max_request_size;
     opts.limits.max_graph_nodes = args.max_graph_size;
     opts.limits.max_graph_tensors = args.max_graph_size;
+    // Per connection by default: the total less one fair share kept for the other connections
+    // (the whole total with --max-connections 1), see `default_alloc_per_connection`.
+    let total = args.max_alloc_total.unwrap_or(device_memory);
     opts.memory = MemoryLimits {
-        per_connection: args.max_alloc_per_connection.unwrap_or(device_memory),
-        total: args.max_alloc_total.unwrap_or(device_memory),
+        per_connection: args.max_alloc_per_connection.unwrap_or_else(|| {
+            crate::admission::default_alloc_per_connection(total, args.max_connections)
+        }),
+        total,
     };
     opts.idle_timeout = (args.idle_timeout > 0).then(|| secs(args.idle_timeout));
     opts.keepalive = (args.keepalive > 0).then(|| secs(args.keepalive));

@@ -181,7 +181,9 @@ pub struct Args {
     pub max_request_size: u64,
 
     /// Largest total size of the buffers one connection may hold (ALLOC_BUFFER beyond it answers
-    /// a failed allocation). Default: the devices' total memory.
+    /// a failed allocation). Default: --max-alloc-total less one connection's fair share of it
+    /// (total / --max-connections), kept for the others: 127/128 of the total with 128
+    /// connections, all of it with --max-connections 1.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_alloc_per_connection: Option<u64>,
 

@@ -17,7 +17,7 @@ use rpc_transport::{BlockingTcpTransport, Transport};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Admitted};
 use crate::rdma::{Activated, RdmaConfig};
 use crate::session::{MemoryBudget, Session, SessionConfig, SessionError};
 use crate::stats::Stats;
@@ -261,7 +261,8 @@ pub struct ConnectionContext {
 
 /// Serves one TCP connection on the calling thread (which it has to itself: TCP reads and
 /// writes block it): HELLO (transport negotiation), then the command loop over TCP or RDMA.
-/// The connection takes one of the server's slots (`admission`) only once its HELLO is in.
+/// The connection takes one of the server's slots (`admission`) only once its HELLO is in; while
+/// it holds nothing a new client may take that slot (`admission::Slots`), which ends it cleanly.
 pub async fn serve(
     stream: std::net::TcpStream,
     admission: Admission,
@@ -269,6 +270,8 @@ pub async fn serve(
 ) -> Result<(), ConnectionError> {
     let peer = stream.peer_addr()?;
     let local_ip = stream.local_addr()?.ip();
+    // Shut down by a new client that evicts this connection.
+    let evict = stream.try_clone()?;
     let conn = &ctx.conn;
     let mut tcp = BlockingTcpTransport::new(stream, Some(ctx.shutdown.clone()), conn.poll_window)?;
     // A contained connection's socket may change hands after any request: read no further
@@ -284,9 +287,28 @@ pub async fn serve(
         return Ok(());
     };
     let mut stop = ctx.shutdown.clone();
-    let Some(_admitted) = admission.enter(&mut stop).await else {
+    let Some(admitted) = admission.enter(&mut stop, peer, evict).await else {
         return Ok(());
     };
+    match serve_admitted(tcp, peer, local_ip, caps, ctx, &admitted).await {
+        Err(e) if admitted.evicted() => {
+            tracing::debug!(%peer, "evicted connection ended: {e}");
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+/// [`serve`] once the connection holds a slot.
+async fn serve_admitted(
+    mut tcp: BlockingTcpTransport,
+    peer: std::net::SocketAddr,
+    local_ip: std::net::IpAddr,
+    caps: [u8; rpc_proto::CONN_CAPS_SIZE],
+    ctx: ConnectionContext,
+    admitted: &Admitted,
+) -> Result<(), ConnectionError> {
+    let conn = &ctx.conn;
     #[cfg(unix)]
     if let Some(iso) = &conn.isolate {
         // A TCP client: the front answers its HELLO and the immutable queries after it, and the
@@ -308,11 +330,16 @@ pub async fn serve(
                 None => return Ok(()),
             }
         }
+        // From here the connection is its session process's, which may hold anything: it is
+        // never evicted. One evicted while its first command's header arrived ends unserved.
+        if !admitted.keep() {
+            return Ok(());
+        }
         let pending = pending.as_ref();
         return crate::isolate::hand_off(iso, tcp.into_stream()?, peer, &caps, pending, &ctx).await;
     }
     let _ = peer;
-    serve_hello(tcp, local_ip, caps, ctx, || {}).await
+    serve_hello_in(tcp, local_ip, caps, ctx, || {}, Some(admitted)).await
 }
 
 /// Serves a connection whose HELLO (`caps`) has been read: the reply (transport negotiation),
@@ -320,11 +347,24 @@ pub async fn serve(
 /// (`isolate.rs`). `ready` runs once the transport is set up, before the first command is read
 /// (a session process applies its sandbox there).
 pub async fn serve_hello<F: FnOnce()>(
+    tcp: BlockingTcpTransport,
+    local_ip: std::net::IpAddr,
+    caps: [u8; rpc_proto::CONN_CAPS_SIZE],
+    ctx: ConnectionContext,
+    ready: F,
+) -> Result<(), ConnectionError> {
+    serve_hello_in(tcp, local_ip, caps, ctx, ready, None).await
+}
+
+/// [`serve_hello`] for a connection that holds a slot of this process's (`slot`, when sessions
+/// run here): it tells the slot when it holds something (see [`Admitted::claim`]).
+async fn serve_hello_in<F: FnOnce()>(
     mut tcp: BlockingTcpTransport,
     local_ip: std::net::IpAddr,
     caps: [u8; rpc_proto::CONN_CAPS_SIZE],
     ctx: ConnectionContext,
     ready: F,
+    slot: Option<&Admitted>,
 ) -> Result<(), ConnectionError> {
     let ConnectionContext {
         config,
@@ -336,13 +376,20 @@ pub async fn serve_hello<F: FnOnce()>(
         shutdown,
     } = ctx;
     let deadlines = Deadlines::of(&conn);
+    // A queue pair is something held: not evicted while one may be set up, nor after.
+    if slot.is_some_and(|s| !s.claim()) {
+        return Ok(());
+    }
     // Blocking (queue-pair setup): fine, this thread serves only this connection.
     let (reply_caps, activated) = crate::rdma::negotiate(&rdma, local_ip, &caps);
     send_hello(&mut tcp, major, reply_caps, &stats).await?;
     ready();
     let session = new_session(config, major, &conn, local_ip);
     let Some(activated) = activated else {
-        return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
+        if let Some(s) = slot {
+            s.release();
+        }
+        return run_in(&mut tcp, session, limits, stats, deadlines, shutdown, slot).await;
     };
     match activated {
         Activated::Rc(link, _permit) => {
@@ -581,26 +628,54 @@ fn answer(
 /// The command loop after HELLO, over any transport.
 pub async fn run<T: Transport>(
     rd: &mut T,
+    session: Session,
+    limits: Limits,
+    stats: Arc<Stats>,
+    deadlines: Deadlines,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError> {
+    run_in(rd, session, limits, stats, deadlines, shutdown, None).await
+}
+
+/// [`run`] for a connection that holds a slot of this process's (`slot`): while the session
+/// holds nothing the connection may be evicted between commands; before acting on a command it
+/// claims the slot (an evicted connection ends there, unserved), and gives the claim back once
+/// the session holds nothing again.
+async fn run_in<T: Transport>(
+    rd: &mut T,
     mut session: Session,
     limits: Limits,
     stats: Arc<Stats>,
     deadlines: Deadlines,
     mut shutdown: watch::Receiver<bool>,
+    slot: Option<&Admitted>,
 ) -> Result<(), ConnectionError> {
+    // Whether `slot` is claimed (not evictable).
+    let mut claimed = false;
     let mut out = Vec::with_capacity(64);
     let mut payload: Vec<u8> = Vec::new();
     let transport = rd.name();
     // The token under way: when its GRAPH_RECOMPUTE arrived and how long the recompute took.
     let mut token: Option<(Instant, Duration)> = None;
     loop {
-        let idle = if session.holds_state() {
-            None
-        } else {
-            deadlines.idle
-        };
+        let holds = session.holds_state();
+        if claimed && !holds {
+            if let Some(s) = slot {
+                s.release();
+            }
+            claimed = false;
+        }
+        let idle = if holds { None } else { deadlines.idle };
         let Some(h) = next_header(rd, idle, deadlines.stall, &mut shutdown).await? else {
             break;
         };
+        if let (false, Some(s)) = (claimed, slot) {
+            if !s.claim() {
+                tracing::debug!("evicted for a new client before this command; closing");
+                break;
+            }
+            claimed = true;
+        }
         let major = session.major();
         let cmd = check_frame(major, &h, &limits)?;
         // A token's server-side time starts with its GRAPH_RECOMPUTE's header (read just now).

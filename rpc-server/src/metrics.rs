@@ -162,6 +162,13 @@ pub fn render(src: &Sources) -> String {
         "Connections closed on an error: a malformed or refused request, an I/O error, a deadline.",
         st.closed_with_error.load(Relaxed),
     );
+    o.one(
+        "rpc_connections_evicted_total",
+        "counter",
+        "Connections that held nothing (no buffer, graph or RDMA queue pair), closed to admit a \
+         new client when every --max-connections slot was taken.",
+        st.evicted.load(Relaxed),
+    );
     o.family(
         "rpc_connections_refused_total",
         "counter",

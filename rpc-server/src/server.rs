@@ -4,7 +4,10 @@
 //! Admission (`admission.rs`): a connection from outside `--allow`, or from a peer that already
 //! has its share of the slots, is closed before a byte is read. An accepted connection holds only
 //! a handshake place until its HELLO arrives (within `--hello-timeout`), and one of the
-//! `--max-connections` slots after: clients that connect and say nothing cannot fill the slots.
+//! `--max-connections` slots after: clients that connect and say nothing cannot fill the slots,
+//! and when the slots are all taken a new client takes the slot of the oldest connection that
+//! holds nothing (`admission::Slots`), so that clients which sent a HELLO and nothing else cannot
+//! either.
 //!
 //! Each connection gets **its own OS thread** running a single-threaded runtime: its I/O, its
 //! session and every ggml call it makes (graph compute included) stay on that one thread for the
@@ -23,7 +26,7 @@ use rpc_proto::{Limits, Major};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::admission::{default_peer_share, Admission, AllowList, PeerShares};
+use crate::admission::{default_peer_share, Admission, AllowList, PeerShares, Slots};
 use crate::connection::{self, ConnectionContext, ConnectionError, ConnectionOptions};
 use crate::rdma::{RdmaConfig, TransportMode};
 use crate::session::{MemoryBudget, MemoryLimits, SessionConfig};
@@ -199,7 +202,7 @@ pub async fn serve(
     // Accepted connections waiting for their HELLO (or for a slot after it): as many as the
     // slots; further clients wait in the accept backlog.
     let handshakes = Arc::new(Semaphore::new(max));
-    let slots = Arc::new(Semaphore::new(max));
+    let slots = Slots::new(max, stats.clone());
     let shares = PeerShares::new(opts.max_per_peer.unwrap_or_else(|| default_peer_share(max)));
     let budget = Arc::new(MemoryBudget::new(opts.memory));
     stats.set_budget(budget.clone());

@@ -90,6 +90,9 @@ pub struct Stats {
     pub active: AtomicU64,
     /// Connections that ended with an error (malformed or refused request, I/O error, deadline).
     pub closed_with_error: AtomicU64,
+    /// Connections that held nothing, closed to give their slot to a new client when every slot
+    /// was taken (`admission::Slots`).
+    pub evicted: AtomicU64,
     /// Connections closed unread, by [`Refusal`].
     refused: [AtomicU64; Refusal::ALL.len()],
     commands: [AtomicU64; NCMD],
