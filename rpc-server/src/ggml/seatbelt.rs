@@ -1,7 +1,11 @@
 //! macOS's `sandbox_init` (libSystem), the one C call of the session sandbox on macOS
 //! (`sandbox_mac.rs` builds the profile); here because this module is the crate's FFI layer.
+//!
+//! [`darwin_user_cache_dir`] (libc's `confstr`) only looks up where Darwin keeps this user's
+//! caches, for the profile's Metal shader-cache rule; it changes nothing.
 
 use std::ffi::{c_char, c_int, CStr};
+use std::path::PathBuf;
 
 extern "C" {
     // libSystem (libsystem_sandbox): flags 0 = `profile` is the profile's text.
@@ -30,4 +34,26 @@ pub fn apply_profile(profile: &CStr) -> Result<(), String> {
     // SAFETY: as above.
     unsafe { sandbox_free_error(err) };
     Err(msg)
+}
+
+/// This user's Darwin cache directory (`confstr(_CS_DARWIN_USER_CACHE_DIR)`, e.g.
+/// `/var/folders/xx/yyyy/C/`), where Metal keeps its per-program shader caches; `None` if
+/// libc cannot say.
+pub fn darwin_user_cache_dir() -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: `buf` is writable for `buf.len()` bytes; confstr writes at most that many bytes
+    // (the NUL included) and returns the size the whole value needs, 0 on error.
+    let n = unsafe {
+        libc::confstr(
+            libc::_CS_DARWIN_USER_CACHE_DIR,
+            buf.as_mut_ptr().cast::<c_char>(),
+            buf.len(),
+        )
+    };
+    if n == 0 || n > buf.len() {
+        return None;
+    }
+    buf.truncate(n - 1);
+    Some(PathBuf::from(std::ffi::OsString::from_vec(buf)))
 }
