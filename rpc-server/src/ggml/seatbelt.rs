@@ -1,8 +1,8 @@
 //! macOS's `sandbox_init` (libSystem), the one C call of the session sandbox on macOS
 //! (`sandbox_mac.rs` builds the profile); here because this module is the crate's FFI layer.
 //!
-//! [`darwin_user_cache_dir`] (libc's `confstr`) only looks up where Darwin keeps this user's
-//! caches, for the profile's Metal shader-cache rule; it changes nothing.
+//! The other call here, [`darwin_user_cache_dir`] (libc's `confstr`), only looks up where Darwin
+//! keeps this user's caches, for the profile's Metal shader-cache rule; it changes nothing.
 
 use std::ffi::{c_char, c_int, CStr};
 use std::path::PathBuf;
