@@ -207,6 +207,28 @@ def alive(pid):
         return False
 
 
+def sysv_segment(key):
+    """The size of the host's SysV shared memory segment with `key` (0: none), which is then
+    removed."""
+    size = 0
+    try:
+        with open("/proc/sysvipc/shm") as f:
+            next(f)
+            for line in f:
+                w = line.split()
+                if int(w[0]) == key:
+                    size = int(w[3])
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0
+    if size:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        shmid = libc.shmget(ctypes.c_int(key), ctypes.c_size_t(0), ctypes.c_int(0))
+        if shmid >= 0:
+            libc.shmctl(shmid, 0, None)  # IPC_RMID
+    return size
+
+
 # --- the server under attack ---
 
 class AttackServer:
@@ -387,6 +409,7 @@ def run_case(case, a, ctx):
     canary = os.path.join(workdir, "canary")
     canary0 = make_canary(canary)
     victim_file = os.path.join(cache_dir, "attack-victim-pid")
+    shm_key = 0x52500000 | int.from_bytes(os.urandom(2), "little")
     port = pick_port(a.port_base, ctx["used_ports"])
     log_path = os.path.join(workdir, "server.log")
     env = {
@@ -400,6 +423,7 @@ def run_case(case, a, ctx):
         "RPC_ATTACK_MEM_LIMIT": str(ctx["mem_limit"]),
         "RPC_ATTACK_RSS_BOUND": str(a.rss_bound * MIB),
         "RPC_ATTACK_LINE_RATE": str(a.line_rate_bound),
+        "RPC_ATTACK_SHM_KEY": str(shm_key),
     }
     extra = ["--cache-dir", cache_dir, "--max-alloc-per-connection", a.per_connection]
     srv = AttackServer(ctx["ours"], port, extra, env, log_path, tty=(case == "terminal"))
@@ -528,6 +552,12 @@ def run_case(case, a, ctx):
                 notes.append("restart with --gguf: %s" % e)
             finally:
                 srv2.stop()
+        if case == "memory":
+            srv.stop()  # the session and its server are gone: is the segment?
+            left = sysv_segment(shm_key)
+            rows.append(Row(case, "check: no SysV segment of the session outlives the server",
+                            "SUCCEEDED" if left else "BLOCKED",
+                            "key 0x%x: %d bytes still there (removed now)" % (shm_key, left) if left else ""))
         if case in ("symlink", "chmod", "thread", "cache"):
             c1 = canary_state(canary)
             rows.append(Row(case, "check: the canary outside the cache is unchanged",
@@ -652,7 +682,7 @@ def main():
     print("\n" + summary)
     if a.markdown:
         with open(a.markdown, "w") as f:
-            f.write("<!-- %s, %s -->\n%s\n\n%s\n" % (datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"),
+            f.write("<!-- %s, %s -->\n%s\n\n%s\n" % (datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                                                    shlex.join(sys.argv), md, summary))
     if not failed and not a.keep:
         shutil.rmtree(workdir, ignore_errors=True)

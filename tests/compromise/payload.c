@@ -29,6 +29,7 @@
  *   RPC_ATTACK_PORT       the front's listening port
  *   RPC_ATTACK_FRONT_PID  the front's pid (default: getppid())
  *   RPC_ATTACK_MEM_LIMIT  bytes: the session's memory bound (memory case tries 256 MiB more)
+ *   RPC_ATTACK_SHM_KEY    a SysV key: the memory case leaves a 64 MiB segment under it
  *   RPC_ATTACK_FLOOD_BYTES  size of the unterminated line (default 512 MiB)
  *   RPC_ATTACK_RSS_BOUND  bytes the front's peak RSS may grow by (default 64 MiB)
  *   RPC_ATTACK_LINE_RATE  control lines per second the front may accept (default 10000)
@@ -480,6 +481,7 @@ static void case_flood(void) {
     long hwm0 = status_kib(front, "VmHWM:"), rss0 = status_kib(front, "VmRSS:");
     say("ATTACK-INFO flood front pid %d VmRSS %ld KiB VmHWM %ld KiB before", (int)front, rss0, hwm0);
     /* One line that never ends: "S 0 000...". A front that keeps it whole grows by its size. */
+    say("ATTACK-TRY flood unterminated 512 MiB line on the control channel");
     size_t chunk = 1 << 20;
     char *buf = malloc(chunk);
     memset(buf, '0', chunk);
@@ -506,8 +508,9 @@ static void case_flood(void) {
     /* End it (zeros parse as a counter delta of 0: the front logs nothing for it). */
     write_all(1, "\n", 1);
     free(buf);
-    /* Many short lines (valid ones, no log line each), for 3 s. */
-    static const char lines[] = "S 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\nS 0\n";
+    /* Many short valid lines ("I freed 0 bytes": no log line each), for 3 s. */
+    say("ATTACK-TRY flood valid control lines as fast as possible");
+    static const char lines[] = "F 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\n";
     unsigned long long count = 0;
     t0 = now_s();
     e = 0;
@@ -528,6 +531,7 @@ static void case_flood(void) {
     e = 0;
     r = 0;
     static const char junk[] = "X junk from a compromised session\n";
+    say("ATTACK-TRY flood junk control lines as fast as possible");
     while (now_s() - t0 < 1.0 && count < 200000) {
         r = write_all(1, junk, sizeof junk - 1);
         if (r < 0) { e = errno; break; }
@@ -643,6 +647,18 @@ static void case_memory(void) {
             shmdt(p);
         }
         shmctl(id, IPC_RMID, NULL);
+    }
+    /* A SysV segment left behind: without an IPC namespace it outlives the session (the
+     * harness looks for its key afterwards and removes it). */
+    unsigned long long key = env_u64("RPC_ATTACK_SHM_KEY", 0);
+    if (key) {
+        id = shmget((key_t)key, 64 * MIB, IPC_CREAT | IPC_EXCL | 0600);
+        if (id < 0) say("ATTACK-INFO memory cannot leave a SysV segment behind: %s", ename(errno));
+        else {
+            p = shmat(id, NULL, 0);
+            if (p != (void *)-1) { touch(p, 64 * MIB); shmdt(p); }
+            say("ATTACK-INFO memory left a 64 MiB SysV segment behind, key 0x%llx", key);
+        }
     }
     /* Private anonymous memory (what RLIMIT_DATA bounds) */
     say("ATTACK-TRY memory mmap MAP_PRIVATE|MAP_ANONYMOUS + touch");
