@@ -588,7 +588,7 @@ def reference_run(a, ctx):
     """The bystander's output against a server without the payload."""
     port = pick_port(a.port_base, ctx["used_ports"])
     d = os.path.join(ctx["workdir"], "clean")
-    os.makedirs(d, exist_ok=True)
+    os.makedirs(os.path.join(d, "cache"), exist_ok=True)
     srv = AttackServer(ctx["ours"], port, ["--cache-dir", os.path.join(d, "cache"), "--max-alloc-per-connection",
                                            a.per_connection], {}, os.path.join(d, "server.log"))
     try:
