@@ -48,7 +48,14 @@ pub(super) fn flash_attn_ext(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexChe
         nb0_is_ts(t, w)?;
     }
     if cpu {
-        ty_in(q, &[ty::F32, ty::F16], "q")?;
+        // Every variant reads q as f32: `_one_chunk` hands a q row to the K type's
+        // `from_float` (a row of DK floats), `_tiled` copies DK floats per row (ops.cpp). An f16
+        // q row is half as long, so its last row is read past the tensor's end.
+        ensure!(
+            q.ty() == ty::F32,
+            "FLASH_ATTN_EXT: q type {}: the CPU kernel reads q rows as f32",
+            q.ty()
+        );
         let kt = type_info(k.ty()).ok_or("k type")?;
         ensure!(
             k.ty() == ty::F32 || k.ty() == ty::F16 || kt.has_to_float || kt.cpu_vec_dot,

@@ -25,6 +25,7 @@ pub(super) fn mul_mat(n: &Node<'_>, cpu: bool, _checks: &mut Vec<IndexCheck>) ->
     nb0_is_ts(b, "src[1]")?;
     if cpu {
         mul_mat_types(a.ty(), b.ty())?;
+        q8_k_rows_at_nb1("MUL_MAT", b)?;
     }
     // op_params[1] == GGML_HINT_SRC0_IS_HADAMARD (`ggml_mul_mat_set_hint`): the CPU kernel does not
     // multiply but runs a fast Walsh-Hadamard transform of each src[1] row
@@ -79,6 +80,7 @@ pub(super) fn mul_mat_id(n: &Node<'_>, cpu: bool, checks: &mut Vec<IndexCheck>) 
     nb0_is_ts(b, "src[1]")?;
     if cpu {
         mul_mat_types(a.ty(), b.ty())?;
+        q8_k_rows_at_nb1("MUL_MAT_ID", b)?;
     }
     checks.push(IndexCheck {
         tensor: n.idx(2),
@@ -169,6 +171,27 @@ pub(super) fn solve_tri(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>)
     );
     ensure!(same_shape(b, d) && d.ty() == ty::F32, "SOLVE_TRI result");
     fresh(d)?;
+    Ok(())
+}
+
+/// A Q8_K `src1` (read in place: it is already the dot product's type of the K-quant and i-quant
+/// `src0` types) has its rows every `nb[1]` bytes. The tiled kernels (`ggml-cpu/tiled/tiled.cpp`,
+/// taken for those `src0` types from 8 `src1` rows on) address `src1` row `r` at `r*nb[1]`,
+/// counting rows across dims 1..3 as one sequence (MUL_MAT: the flattened row index; MUL_MAT_ID:
+/// `i11 + i12*ne11`), and never look at `nb[2]`/`nb[3]`. Their gate means to leave a
+/// non-contiguous Q8_K `src1` to the strided vec_dot path, but that test sits after the `src0`
+/// type switch has returned (`ggml_tiled_supported`) and never runs; and ggml's contiguity leaves
+/// `nb[1]` free when `ne[1]` = 1, which MUL_MAT_ID's routed rows still step by. So the rows of
+/// dims 1..3 must be evenly spaced by `nb[1]`: `ggml_is_contiguous_1`. (Stock clients send f32
+/// activations, which the kernels first pack into their own work buffer.)
+fn q8_k_rows_at_nb1(op: &str, b: &TensorSpec) -> R {
+    ensure!(
+        b.ty() != ty::Q8_K || b.contiguous_1(),
+        "{op}: a Q8_K src[1] is read by the tiled kernel as rows every nb[1] bytes; ne {:?} nb {:?} \
+         are not",
+        b.ne,
+        b.nb
+    );
     Ok(())
 }
 

@@ -78,7 +78,23 @@ pub(super) fn count_equal(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck
     ty_is(d, ty::I64, "result")?;
     ty_is(a, ty::I32, "src[0]")?;
     ty_is(b, ty::I32, "src[1]")?;
+    ensure!(
+        count_equal_split_exact(a.ne(1), a.ne(2), a.ne(3)),
+        "COUNT_EQUAL: the kernel's row split is wrong for shape {:?}",
+        a.ne
+    );
     Ok(())
+}
+
+/// Whether `ggml_compute_forward_count_equal_i32` (ops.cpp) finds the real indices of every row
+/// of a `[_, ne1, ne2, ne3]` pair. It splits the row number `ir` into dims 1..3 itself, and takes
+/// `i03 = ir / (ne2*ne1)` but then subtracts `i03*ne3` (not `i03*ne2*ne1`) before dividing by ne1
+/// for `i02`, and subtracts `i02*ne2` (not `i02*ne1`) for `i01`. The split is the real one exactly
+/// when ne3 is 1 or ne1*ne2, and ne2 is 1 or ne1; for any other shape some rows get indices out
+/// of range, negative ones included, and the kernel reads `nb`-strided rows outside both tensors.
+/// (ggml-opt's accuracy count, the one stock user, compares two ARGMAX results: vectors.)
+pub(super) fn count_equal_split_exact(ne1: i64, ne2: i64, ne3: i64) -> bool {
+    (ne3 == 1 || ne3 == ne1 * ne2) && (ne2 == 1 || ne2 == ne1)
 }
 
 /// ARGSORT: the indices that sort each row.

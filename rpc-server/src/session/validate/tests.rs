@@ -200,3 +200,122 @@ fn one_element_rows_keep_nb0() {
         assert!(check_node(&node(&d2, &[&a]), true).is_err(), "{op} result");
     }
 }
+
+fn refusal(n: &Node<'_>) -> String {
+    check_node(n, true).expect_err("must be refused")
+}
+
+/// FLASH_ATTN_EXT's CPU kernel reads q rows as f32 (`_one_chunk` converts DK floats per row):
+/// an f16 q is refused; llama.cpp's f32 q with f16 K/V (and a mask) passes.
+#[test]
+fn flash_attn_ext_q_is_f32() {
+    let k = t(ty::F16, [128, 256, 4, 1]);
+    let v = t(ty::F16, [128, 256, 4, 1]);
+    let mask = t(ty::F16, [256, 64, 1, 1]);
+    let mut d = t(ty::F32, [128, 8, 7, 1]);
+    d.op = ops::FLASH_ATTN_EXT;
+    d.op_params[0] = 1f32.to_bits() as i32;
+    let q = t(ty::F32, [128, 7, 8, 1]);
+    assert!(check_node(&node(&d, &[&q, &k, &v, &mask]), true).is_ok());
+    let q16 = t(ty::F16, [128, 7, 8, 1]);
+    let e = refusal(&node(&d, &[&q16, &k, &v, &mask]));
+    assert!(
+        e.contains("q type 1: the CPU kernel reads q rows as f32"),
+        "{e}"
+    );
+}
+
+/// COUNT_EQUAL's kernel splits row numbers into dims 1..3 with its own formula; shapes where
+/// that split is not the real one are refused. The rule is checked against that formula for
+/// every small shape.
+#[test]
+fn count_equal_row_split() {
+    fn kernel_split_exact(n1: i64, n2: i64, n3: i64) -> bool {
+        (0..n1 * n2 * n3).all(|ir| {
+            // The kernel's split (ops.cpp, `ggml_compute_forward_count_equal_i32`) ...
+            let i3 = ir / (n2 * n1);
+            let i2 = (ir - i3 * n3) / n1;
+            let i1 = ir - i3 * n3 - i2 * n2;
+            // ... against the real one.
+            (i1, i2, i3) == (ir % n1, ir / n1 % n2, ir / (n1 * n2))
+        })
+    }
+    for n1 in 1..=6 {
+        for n2 in 1..=6 {
+            for n3 in 1..=40 {
+                assert_eq!(
+                    super::reduce::count_equal_split_exact(n1, n2, n3),
+                    kernel_split_exact(n1, n2, n3),
+                    "{n1} {n2} {n3}"
+                );
+            }
+        }
+    }
+    let mut d = t(ty::I64, [1, 1, 1, 1]);
+    d.op = ops::COUNT_EQUAL;
+    // ggml-opt: two ARGMAX results (vectors); a matrix with whole rows also splits right.
+    for ne in [[500, 1, 1, 1], [4, 500, 1, 1], [4, 3, 3, 9]] {
+        let a = t(ty::I32, ne);
+        assert!(check_node(&node(&d, &[&a, &a]), true).is_ok(), "{ne:?}");
+    }
+    // The hostile case: dim-2 indices 0, -3, -6, -9 with a free (ne[2] = 1) 1 GiB nb[2].
+    let mut a = t(ty::I32, [1, 1, 1, 4]);
+    a.nb[2] = 1 << 30;
+    let e = refusal(&node(&d, &[&a, &a]));
+    assert!(
+        e.contains("COUNT_EQUAL: the kernel's row split is wrong"),
+        "{e}"
+    );
+    // Plainly contiguous, yet i01 runs past ne[1] on the second plane.
+    let a = t(ty::I32, [4, 3, 2, 1]);
+    let e = refusal(&node(&d, &[&a, &a]));
+    assert!(
+        e.contains("COUNT_EQUAL: the kernel's row split is wrong"),
+        "{e}"
+    );
+}
+
+/// The tiled K-quant MUL_MAT / MUL_MAT_ID kernels find a Q8_K src[1]'s rows every nb[1] bytes.
+#[test]
+fn q8_k_src1_rows_every_nb1() {
+    let msg = "a Q8_K src[1] is read by the tiled kernel as rows every nb[1] bytes";
+    for wt in [ty::Q4_K, ty::Q6_K] {
+        let w = t(wt, [256, 16, 1, 1]);
+        let mut d = t(ty::F32, [16, 8, 256, 1]);
+        d.op = ops::MUL_MAT;
+        // Near misses that must pass: f32 activations (what llama.cpp sends), strided or not
+        // (the kernel packs them into its work buffer), and a contiguous Q8_K src[1].
+        let x = t(ty::F32, [256, 8, 256, 1]);
+        assert!(check_node(&node(&d, &[&w, &x]), true).is_ok());
+        let mut xs = x.clone();
+        xs.nb = [4, 65536, 1024, 1024 * 256];
+        assert!(check_node(&node(&d, &[&w, &xs]), true).is_ok());
+        let q = t(ty::Q8_K, [256, 8, 256, 1]);
+        assert!(check_node(&node(&d, &[&w, &q]), true).is_ok());
+        // The hostile case: rows 64 KiB apart in dim 1, 292 bytes apart in dim 2.
+        let mut qs = q.clone();
+        qs.nb = [292, 65536, 292, 292 * 256];
+        let e = refusal(&node(&d, &[&w, &qs]));
+        assert!(e.contains(&format!("MUL_MAT: {msg}")), "{e}");
+        // Permuted (dims 1 and 2 swapped).
+        let mut qp = t(ty::Q8_K, [256, 256, 8, 1]);
+        qp.ne = [256, 8, 256, 1];
+        qp.nb = [292, 292 * 256, 292, 292 * 256 * 8];
+        let e = refusal(&node(&d, &[&w, &qp]));
+        assert!(e.contains(&format!("MUL_MAT: {msg}")), "{e}");
+    }
+    // MUL_MAT_ID: ne[1] = 1 leaves nb[1] free in ggml's contiguity; the kernel steps by it.
+    let w = t(ty::Q4_K, [256, 16, 2, 1]);
+    let ids = t(ty::I32, [1, 8, 1, 1]);
+    let mut d = t(ty::F32, [16, 1, 8, 1]);
+    d.op = ops::MUL_MAT_ID;
+    let q = t(ty::Q8_K, [256, 1, 8, 1]);
+    assert!(check_node(&node(&d, &[&w, &q, &ids]), true).is_ok());
+    let x = t(ty::F32, [256, 1, 8, 1]);
+    assert!(check_node(&node(&d, &[&w, &x, &ids]), true).is_ok());
+    let mut qf = q.clone();
+    qf.nb[1] = 1 << 30;
+    assert!(qf.contiguous());
+    let e = refusal(&node(&d, &[&w, &qf, &ids]));
+    assert!(e.contains(&format!("MUL_MAT_ID: {msg}")), "{e}");
+}
