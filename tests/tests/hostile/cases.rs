@@ -34,6 +34,7 @@ pub struct Case {
 mod op {
     pub const ADD: u32 = 2;
     pub const CUMSUM: u32 = 16;
+    pub const COUNT_EQUAL: u32 = 19;
     pub const REPEAT: u32 = 20;
     pub const SILU_BACK: u32 = 23;
     pub const GROUP_NORM: u32 = 27;
@@ -1394,6 +1395,109 @@ pub fn all() -> Vec<Case> {
                     &[1],
                 );
                 graph_of(&mut c, &[x, out])?;
+                expect_close(c)
+            },
+        },
+        // ---- kernel contracts: what a CPU kernel assumes of its sources' layout ----
+        Case {
+            name: "FLASH_ATTN_EXT with an f16 q, read as f32 rows (heap read)",
+            refs: "ggml_compute_forward_flash_attn_ext_f16_one_chunk (ops.cpp)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                // One f16 q row of 128 KiB at the buffer's end: the kernel converts it as 256 KiB
+                // of floats.
+                let dk = 1u32 << 16;
+                let q = RpcTensor::new(1, F16)
+                    .with_shape([dk, 1, 1, 1], strides(2, 1, [dk, 1, 1, 1]))
+                    .with_buffer(h, base + MIB - 2 * dk as u64);
+                let k = RpcTensor::new(2, F16)
+                    .with_shape([dk, 1, 1, 1], strides(2, 1, [dk, 1, 1, 1]))
+                    .with_buffer(h, base);
+                let v = RpcTensor::new(3, F16)
+                    .with_shape([16, 1, 1, 1], strides(2, 1, [16, 1, 1, 1]))
+                    .with_buffer(h, base + 2 * dk as u64);
+                let mut p = [0i32; 16];
+                p[0] = 1f32.to_bits() as i32;
+                let out = node(
+                    t4(4, F32, [16, 1, 1, 1], h, base + 2 * dk as u64 + 4096),
+                    op::FLASH_ATTN_EXT,
+                    &p,
+                    &[1, 2, 3],
+                );
+                graph_of(&mut c, &[q, k, v, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "COUNT_EQUAL over a 4-d shape the kernel splits into rows out of range (heap read)",
+            refs: "ggml_compute_forward_count_equal_i32 (ops.cpp)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                // ne = [1, 1, 1, 4]: the kernel's row split gives dim-2 indices 0, -3, -6, -9,
+                // and nb[2] (free: ne[2] = 1) is 1 GiB.
+                let x = RpcTensor::new(1, I32)
+                    .with_shape([1, 1, 1, 4], [4, 4, 1 << 30, 4])
+                    .with_buffer(h, base);
+                let y = RpcTensor::new(2, I32)
+                    .with_shape([1, 1, 1, 4], [4, 4, 1 << 30, 4])
+                    .with_buffer(h, base + 4096);
+                let out = node(
+                    RpcTensor::new(3, I64)
+                        .with_shape([1, 1, 1, 1], [8, 8, 8, 8])
+                        .with_buffer(h, base + 8192),
+                    op::COUNT_EQUAL,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[x, y, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "MUL_MAT Q4_K x a strided Q8_K src1, rows flattened by the tiled kernel (heap read)",
+            refs: "ggml_compute_forward_mul_mat_tiled_one_chunk (tiled/tiled.cpp)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                // src1 rows are 64 KiB apart in dim 1 and 292 bytes apart in dim 2; the tiled
+                // kernel reads row r at r*nb[1], up to 128 MiB past the buffer.
+                let w = RpcTensor::new(1, Q4_K)
+                    .with_shape([256, 16, 1, 1], strides(144, 256, [256, 16, 1, 1]))
+                    .with_buffer(h, base);
+                let x = RpcTensor::new(2, Q8_K)
+                    .with_shape([256, 8, 256, 1], [292, 65536, 292, 292 * 256])
+                    .with_buffer(h, base + 4096);
+                let out = node(
+                    t4(3, F32, [16, 8, 256, 1], h, base + 4096 + 540_000),
+                    op::MUL_MAT,
+                    &[],
+                    &[1, 2],
+                );
+                graph_of(&mut c, &[w, x, out])?;
+                expect_close(c)
+            },
+        },
+        Case {
+            name: "MUL_MAT_ID Q4_K x a Q8_K src1 with a free 1 GiB nb[1] (heap read)",
+            refs: "ggml_compute_forward_mul_mat_id_tiled_one_expert (tiled/tiled.cpp)",
+            run: |a| {
+                let (mut c, h, base) = attacker(a)?;
+                // ne[1] = 1 leaves nb[1] free in ggml's contiguity; the tiled kernel steps the
+                // 8 rows routed to expert 0 by it.
+                let w = RpcTensor::new(1, Q4_K)
+                    .with_shape([256, 16, 2, 1], strides(144, 256, [256, 16, 2, 1]))
+                    .with_buffer(h, base);
+                let x = RpcTensor::new(2, Q8_K)
+                    .with_shape([256, 1, 8, 1], [292, 1 << 30, 292, 292 * 8])
+                    .with_buffer(h, base + 8192);
+                let ids = t4(3, I32, [1, 8, 1, 1], h, base + 16384);
+                c.set_tensor(&ids, 0, &i32_bytes(&[0; 8]))?;
+                let out = node(
+                    t4(4, F32, [16, 1, 8, 1], h, base + 32768),
+                    op::MUL_MAT_ID,
+                    &[],
+                    &[1, 2, 3],
+                );
+                graph_of(&mut c, &[w, x, ids, out])?;
                 expect_close(c)
             },
         },

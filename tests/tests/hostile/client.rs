@@ -27,6 +27,9 @@ pub const GRAPH_RECOMPUTE: u8 = 16;
 pub const MEMSET_TENSOR: u8 = 17;
 
 pub const F32: u32 = 0;
+pub const F16: u32 = 1;
+pub const Q4_K: u32 = 12;
+pub const Q8_K: u32 = 15;
 pub const Q4_0: u32 = 2;
 pub const I32: u32 = 26;
 pub const I64: u32 = 27;
