@@ -141,11 +141,19 @@ fn real_main() -> anyhow::Result<()> {
             .clone()
             .or_else(default_cache_dir)
             .context("cannot determine the cache directory")?;
-        Some(
+        // A session process writes nothing there: its stores and checks go to the front.
+        let opened = if args.session_child.is_some() {
+            WeightCache::open_read_only(&dir, args.cache_max_size)
+        } else {
             WeightCache::open(&dir, args.cache_max_size)
-                .with_context(|| format!("cannot create cache directory {}", dir.display()))?
-                .verify_every_load(args.verify_loads),
-        )
+        };
+        let cache = opened
+            .with_context(|| format!("cannot open cache directory {}", dir.display()))?
+            .verify_every_load(args.verify_loads);
+        Some(match trusted_since(&args) {
+            Some(t) => cache.trusted_only(i128::from(t)),
+            None => cache,
+        })
     } else {
         None
     };
@@ -411,10 +419,29 @@ fn server_options(
     if !args.no_isolate {
         let exe = std::env::current_exe()
             .context("cannot find this executable to start session processes (--no-isolate)")?;
-        opts.isolate = Some(Arc::new(crate::isolate::Isolation {
-            exe,
-            args: std::env::args_os().skip(1).collect(),
-        }));
+        let mut args_os: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        if let Some(t) = trusted_since(args) {
+            // Session processes serve the entries seeded before the front started.
+            args_os.push("--trusted-seeded-before".into());
+            args_os.push(t.to_string().into());
+        }
+        opts.isolate = Some(Arc::new(crate::isolate::Isolation { exe, args: args_os }));
     }
     Ok(opts)
+}
+
+/// `--trusted-weights-only`: the cache serves only entries whose status-change time is before
+/// this (ns since the epoch): the front's start, which its session processes are given.
+fn trusted_since(args: &Args) -> Option<u64> {
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    if !args.trusted_weights_only {
+        return None;
+    }
+    Some(args.trusted_seeded_before.unwrap_or_else(|| {
+        *START.get_or_init(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        })
+    }))
 }

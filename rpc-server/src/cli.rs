@@ -108,6 +108,24 @@ pub struct Args {
     #[arg(long)]
     pub verify_loads: bool,
 
+    /// Serve only weights the operator trusts: no client upload is ever stored in the cache,
+    /// and SET_TENSOR_HASH is answered only from --gguf files and from cache entries that were
+    /// already there when the server started (seeded by the operator). Without it any client
+    /// can fill the cache, and FNV-1a is no defence: an upload crafted to carry another model's
+    /// hash is served to the next client that asks for that hash.
+    #[arg(long)]
+    pub trusted_weights_only: bool,
+
+    /// (internal) --trusted-weights-only in a session process: the front's start (ns since the
+    /// epoch); entries changed after it are not served.
+    #[arg(
+        long,
+        hide = true,
+        value_name = "NS",
+        requires = "trusted_weights_only"
+    )]
+    pub trusted_seeded_before: Option<u64>,
+
     /// List the available devices and exit.
     #[arg(long)]
     pub list_devices: bool,

@@ -11,17 +11,32 @@
 //! `--session-pending`. A client that offers RDMA is handed over as soon as its HELLO is in (and
 //! it has a slot): the session process answers the HELLO, since the queue pair is its own. Either
 //! way the session process serves the client directly, so the per-token path crosses no extra
-//! hop. Its stdout is a Unix socket back to the
-//! front, carrying a small line protocol:
+//! hop. Its stdout is a Unix socket back to the front, carrying the control line of
+//! `control.rs` (typed messages, bounded lines, a rate bound; anything malformed ends the
+//! session: the front kills its process and logs why):
 //!
 //! | from | line | meaning |
 //! |---|---|---|
 //! | session | `R <bytes>` | may I hold `bytes` more? answered `Y` or `N` |
 //! | session | `F <bytes>` | I freed `bytes` |
-//! | session | `S <n> <n> ...` | counters since the last `S` (the order of [`counters`]) |
+//! | session | `S <n> <n> ...` | counters since the last `S` (the order of [`counters`]; clamped, `control::StatsGate`) |
 //! | session | `C <hex>` | COMM_INIT (its 80 bytes): set up the link to the peer server for me |
+//! | session | `W <bytes>` | an upload for the weight cache: a staging file of `bytes`, please |
+//! | session | `D` | the staging file holds the upload |
+//! | session | `V <hash>` | I hashed the cache entry `hash`: check it (record it as verified, or delete it) |
 //! | front | `K` + a socket (`SCM_RIGHTS`) / `E` | the link's connected socket / no link |
+//! | front | `M` + a memfd (`SCM_RIGHTS`) / `X` | the staging file / no store |
 //! | front | `Q` | the server is shutting down: finish the running command and exit |
+//!
+//! Only the front writes the weight cache. A session's upload with the cache flag goes into a
+//! memfd the front created, sized and sealed against growing and shrinking, charged to the
+//! session's memory account while it lives; the session writes it with `pwrite` and says `D`;
+//! the front seals it against writes (a store whose seal fails is refused), hashes the sealed
+//! bytes itself off the runtime's thread and stores them under the hash it computed
+//! (`WeightCache::store_file`). One store or check is in flight per session. A session's
+//! verified or corrupt entry is a `V`: the front hashes the file again before it records or
+//! deletes anything (`WeightCache::check_entry`). The session's stderr is a pipe the front reads
+//! (bounded lines and bytes per second) and logs through `tracing`, tagged with the session.
 //!
 //! A session process may not open sockets (its sandbox), so the front sets up 8.0's
 //! server-to-server link (`comm.rs`, with the connection's address and `--allow`) and passes the
@@ -35,19 +50,21 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rpc_proto::Limits;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::connection::{ConnectionContext, ConnectionError, ConnectionOptions};
+use crate::control::{ControlError, Inbound, LineSplitter, StatsGate, ToFront, ToSession};
 use crate::rdma::{Fallback, RdmaConfig, TransportMode};
 use crate::session::{MemoryBudget, SessionConfig, Upstream};
 use crate::stats::Stats;
@@ -137,7 +154,7 @@ pub async fn hand_off(
     pending: Option<&[u8; rpc_proto::FRAME_HEADER_SIZE]>,
     ctx: &ConnectionContext,
 ) -> Result<(), ConnectionError> {
-    let (budget, rdma, stats, config) = (&ctx.conn.budget, &*ctx.rdma, &*ctx.stats, &*ctx.config);
+    let (budget, rdma) = (&ctx.conn.budget, &*ctx.rdma);
     let mut shutdown = ctx.shutdown.clone();
     // The queue-pair budget is the front's: a session process may engage RDMA only with one of
     // its places, held until the process ends.
@@ -178,7 +195,7 @@ pub async fn hand_off(
     }
     cmd.stdin(Stdio::from(OwnedFd::from(stream)))
         .stdout(Stdio::from(OwnedFd::from(child_end)))
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         // Its own process group: a Ctrl-C at the terminal reaches the front, which shuts the
         // sessions down in order (`Q`), not every session process at once.
         .process_group(0);
@@ -188,8 +205,11 @@ pub async fn hand_off(
     drop(cmd); // the parent's copies of the socket and of the session's end of the control line
     let pid = child.id();
     tracing::debug!(%peer, pid, "session process started");
+    if let Some(err) = child.stderr.take() {
+        relay_stderr(err, peer, pid);
+    }
 
-    let held = serve_control(front_end, budget, stats, rdma, config, &comm, &mut shutdown).await;
+    let held = serve_control(front_end, ctx, peer, pid, &comm, &mut shutdown).await;
     budget.release(held);
     drop(rdma_place);
     // The control line closed: the process has ended or is about to.
@@ -219,16 +239,17 @@ pub async fn hand_off(
 }
 
 /// Serves a session process's control line until it closes; returns the bytes it still held.
+/// A message the front cannot accept (`control.rs`: malformed, unknown, over-long, out of
+/// order, too many) ends the session: its process is killed and the reason logged.
 async fn serve_control(
     front_end: UnixStream,
-    budget: &Arc<MemoryBudget>,
-    stats: &Stats,
-    rdma: &RdmaConfig,
-    config: &SessionConfig,
+    ctx: &ConnectionContext,
+    peer: SocketAddr,
+    pid: u32,
     comm: &crate::comm::TcpConnector,
     shutdown: &mut watch::Receiver<bool>,
 ) -> u64 {
-    let mut held = 0u64;
+    let (budget, stats, rdma, config) = (&ctx.conn.budget, &*ctx.stats, &*ctx.rdma, &ctx.config);
     let line = match front_end
         .set_nonblocking(true)
         .and_then(|()| tokio::net::UnixStream::from_std(front_end))
@@ -236,88 +257,311 @@ async fn serve_control(
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot watch a session process");
-            return held;
+            return 0;
         }
     };
-    let (rd, mut wr) = line.into_split();
-    let mut lines = tokio::io::BufReader::new(rd).lines();
+    let (mut rd, mut wr) = line.into_split();
     let counters = counters(stats, rdma, config, budget);
+    let start = Instant::now();
+    let mut inbound = Inbound::new(start);
+    let mut gate = StatsGate::new(counters.len(), start);
+    let mut lines = LineSplitter::default();
+    let mut chunk = [0u8; 4096];
+    // Reservations the session holds; bytes charged for its store (staging file) in progress.
+    let (mut held, mut store_charge) = (0u64, 0u64);
+    let mut staging: Option<std::fs::File> = None;
+    // The store or check running off the runtime's thread (one per session): it sends its
+    // charge back when done.
+    let (job_tx, mut job_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let mut job_running = false;
+    let mut clamp_noted = false;
     let mut stopping = false;
-    loop {
-        let l = tokio::select! {
-            l = lines.next_line() => l,
-            _ = shutdown.wait_for(|s| *s), if !stopping => {
-                stopping = true;
-                let _ = wr.write_all(b"Q\n").await;
-                continue;
-            }
-        };
-        let Ok(Some(l)) = l else { break };
-        let mut words = l.split_ascii_whitespace();
-        let reply: Option<&[u8]> = match (words.next(), words.next().map(str::parse::<u64>)) {
-            (Some("R"), Some(Ok(n))) => {
-                let ok = budget.try_reserve(held, n);
-                if ok {
-                    held += n;
+    let cache = config
+        .cache
+        .as_ref()
+        .filter(|c| c.writes() && c.seeded_before().is_none());
+    let violation: Option<ControlError> = 'serve: loop {
+        while let Some(l) = lines.next_line() {
+            let msg = match l.and_then(|l| inbound.message(&l, Instant::now())) {
+                Ok(m) => m,
+                Err(e) => break 'serve Some(e),
+            };
+            // W and V wait for the job in flight: one per session.
+            if matches!(msg, ToFront::Store(_) | ToFront::Check(_)) && job_running {
+                if let Some(n) = job_rx.recv().await {
+                    budget.release(n);
+                    store_charge -= n;
                 }
-                Some(if ok { b"Y\n" } else { b"N\n" })
+                job_running = false;
             }
-            (Some("F"), Some(Ok(n))) => {
-                let n = n.min(held);
-                budget.release(n);
-                held -= n;
-                None
-            }
-            (Some("C"), _) => {
-                let ok = match broker_link(&l, comm).await {
-                    Ok(stream) => send_fd(&wr, b"K\n", &stream).await.is_ok(),
+            let reply = match msg {
+                ToFront::Reserve(n) => {
+                    let ok = budget.try_reserve(held + store_charge, n);
+                    if ok {
+                        held += n;
+                    }
+                    Some(if ok { ToSession::Yes } else { ToSession::No })
+                }
+                ToFront::Free(n) => {
+                    let n = n.min(held);
+                    budget.release(n);
+                    held -= n;
+                    None
+                }
+                ToFront::Stats(v) => match gate.admit(&v, Instant::now()) {
+                    Ok((v, clamped)) => {
+                        for (c, d) in counters.iter().zip(v) {
+                            c.fetch_add(d, Relaxed);
+                        }
+                        if clamped && !clamp_noted {
+                            clamp_noted = true;
+                            tracing::warn!(%peer, pid, "a session process reported counters faster than possible; clamped");
+                        }
+                        None
+                    }
+                    Err(e) => break 'serve Some(e),
+                },
+                ToFront::CommInit(bytes) => match broker_link(&bytes, comm).await {
+                    Ok(stream) => {
+                        if send_fd(&wr, ToSession::Link.encode(), &stream)
+                            .await
+                            .is_err()
+                        {
+                            break 'serve None;
+                        }
+                        None
+                    }
                     Err(e) => {
                         tracing::warn!("COMM_INIT of a session process: no link ({e})");
-                        wr.write_all(b"E\n").await.is_ok()
+                        Some(ToSession::NoLink)
                     }
-                };
-                if !ok {
-                    break;
+                },
+                ToFront::Store(n) => {
+                    if staging.is_some() {
+                        break 'serve Some(ControlError::OutOfOrder("W before the last D"));
+                    }
+                    let file = cache
+                        .filter(|_| n > 0)
+                        .filter(|_| budget.try_reserve(held + store_charge, n))
+                        .map(|c| {
+                            c.staging_file(n).inspect_err(|e| {
+                                budget.release(n);
+                                tracing::warn!(error = %e, "cannot make a staging file for a cache store");
+                            })
+                        });
+                    match file {
+                        Some(Ok(f)) => {
+                            if send_fd(&wr, ToSession::Staging.encode(), &f).await.is_err() {
+                                budget.release(n);
+                                break 'serve None;
+                            }
+                            store_charge += n;
+                            staging = Some(f);
+                            None
+                        }
+                        _ => Some(ToSession::NoStaging),
+                    }
                 }
-                None
-            }
-            (Some("S"), Some(Ok(first))) => {
-                let rest = words.map(|w| w.parse::<u64>().unwrap_or(0));
-                for (c, v) in counters.iter().zip(std::iter::once(first).chain(rest)) {
-                    c.fetch_add(v, Relaxed);
+                ToFront::Stored => {
+                    let Some(file) = staging.take() else {
+                        break 'serve Some(ControlError::OutOfOrder("D without W"));
+                    };
+                    let n = file.metadata().map_or(0, |m| m.len()).min(store_charge);
+                    match crate::cache::WeightCache::seal_staging(&file) {
+                        Err(e) => {
+                            tracing::warn!(%peer, pid, error = %e, "a session's cache store refused: its staging file cannot be sealed");
+                            budget.release(store_charge);
+                            store_charge = 0;
+                        }
+                        Ok(()) => {
+                            let (config, tx) = (config.clone(), job_tx.clone());
+                            let charge = store_charge;
+                            job_running = true;
+                            tokio::task::spawn_blocking(move || {
+                                if let Some(c) = &config.cache {
+                                    c.store_file(&file, n);
+                                }
+                                drop(file);
+                                let _ = tx.send(charge);
+                            });
+                        }
+                    }
+                    None
                 }
-                None
-            }
-            _ => {
-                tracing::warn!("unexpected line from a session process: {l:?}");
-                None
-            }
-        };
-        if let Some(r) = reply {
-            if wr.write_all(r).await.is_err() {
-                break;
+                ToFront::Check(hash) => {
+                    if cache.is_some() {
+                        let (config, tx) = (config.clone(), job_tx.clone());
+                        job_running = true;
+                        tokio::task::spawn_blocking(move || {
+                            if let Some(c) = &config.cache {
+                                let r = c.check_entry(hash);
+                                tracing::debug!(
+                                    hash = format!("{hash:016x}"),
+                                    ?r,
+                                    "cache entry checked for a session"
+                                );
+                            }
+                            let _ = tx.send(0);
+                        });
+                    }
+                    None
+                }
+            };
+            if let Some(r) = reply {
+                if wr.write_all(r.encode()).await.is_err() {
+                    break 'serve None;
+                }
             }
         }
+        tokio::select! {
+            n = rd.read(&mut chunk) => match n {
+                Ok(0) | Err(_) => break None,
+                Ok(n) => lines.push(chunk.get(..n).unwrap_or(&[])),
+            },
+            _ = shutdown.wait_for(|s| *s), if !stopping => {
+                stopping = true;
+                let _ = wr.write_all(ToSession::Quit.encode()).await;
+            }
+            Some(n) = job_rx.recv(), if job_running => {
+                budget.release(n);
+                store_charge -= n;
+                job_running = false;
+            }
+        }
+    };
+    if let Some(why) = violation {
+        tracing::warn!(%peer, pid, "session process killed: {why} on its control line");
+        if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
     }
-    held
+    drop(staging);
+    if job_running {
+        if let Some(n) = job_rx.recv().await {
+            budget.release(n);
+            store_charge -= n;
+        }
+    }
+    held + store_charge
+}
+
+/// Longest line of a session's stderr the front logs (the rest of it is dropped).
+const STDERR_LINE: usize = 2048;
+/// Bytes per second of a session's stderr the front logs, and its burst; the excess is dropped
+/// and counted.
+const STDERR_RATE: f64 = 16.0 * 1024.0;
+const STDERR_BURST: f64 = 64.0 * 1024.0;
+
+/// The session's stderr, read by the front on a thread of its own and logged through
+/// `tracing`, tagged with the session: bounded lines, bounded bytes per second (a count of what
+/// was dropped is logged), control characters (terminal escapes) replaced.
+fn relay_stderr(err: std::process::ChildStderr, peer: SocketAddr, pid: u32) {
+    use std::io::Read;
+    let spawned = std::thread::Builder::new()
+        .name(format!("session-{pid}-stderr"))
+        .spawn(move || {
+            let mut err = err;
+            let mut bucket =
+                crate::control::TokenBucket::new(STDERR_RATE, STDERR_BURST, Instant::now());
+            let mut line: Vec<u8> = Vec::with_capacity(STDERR_LINE);
+            let mut truncated = false;
+            let (mut dropped_lines, mut dropped_bytes) = (0u64, 0u64);
+            let mut buf = [0u8; 4096];
+            let mut emit = |line: &[u8], truncated: bool, dl: &mut u64, db: &mut u64| {
+                if !bucket.take(line.len() as f64 + 1.0, Instant::now()) {
+                    *dl += 1;
+                    *db += line.len() as u64;
+                    return;
+                }
+                if *dl > 0 {
+                    tracing::warn!(session.peer = %peer, session.pid = pid, "{} lines ({} bytes) of this session's log dropped (over {} bytes/s)", *dl, *db, STDERR_RATE);
+                    (*dl, *db) = (0, 0);
+                }
+                log_session_line(line, truncated, peer, pid);
+            };
+            loop {
+                let n = match err.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                for &b in buf.get(..n).unwrap_or(&[]) {
+                    if b == b'\n' {
+                        emit(&line, truncated, &mut dropped_lines, &mut dropped_bytes);
+                        line.clear();
+                        truncated = false;
+                    } else if line.len() < STDERR_LINE {
+                        line.push(b);
+                    } else {
+                        truncated = true;
+                    }
+                }
+            }
+            if !line.is_empty() {
+                emit(&line, truncated, &mut dropped_lines, &mut dropped_bytes);
+            }
+            if dropped_lines > 0 {
+                tracing::warn!(session.peer = %peer, session.pid = pid, "{dropped_lines} lines ({dropped_bytes} bytes) of this session's log dropped (over {STDERR_RATE} bytes/s)");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot read a session's log");
+    }
+}
+
+/// One line of a session's log, as the front logs it: escape sequences removed, other control
+/// characters replaced, at the level the session's line names.
+fn log_session_line(raw: &[u8], truncated: bool, peer: SocketAddr, pid: u32) {
+    let text = String::from_utf8_lossy(raw);
+    let mut clean = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ params final-byte; any other escape: the next character.
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if ('\u{40}'..='\u{7e}').contains(&c) {
+                        break;
+                    }
+                }
+            } else {
+                chars.next();
+            }
+        } else if c.is_control() && c != '\t' {
+            clean.push('?');
+        } else {
+            clean.push(c);
+        }
+    }
+    if truncated {
+        clean.push_str(" [...]");
+    }
+    let words: Vec<&str> = clean.split_whitespace().take(3).collect();
+    let has = |l: &str| words.contains(&l);
+    if has("ERROR") {
+        tracing::error!(session.peer = %peer, session.pid = pid, "session: {clean}");
+    } else if has("WARN") {
+        tracing::warn!(session.peer = %peer, session.pid = pid, "session: {clean}");
+    } else if has("DEBUG") || has("TRACE") {
+        tracing::debug!(session.peer = %peer, session.pid = pid, "session: {clean}");
+    } else {
+        tracing::info!(session.peer = %peer, session.pid = pid, "session: {clean}");
+    }
 }
 
 /// Front side of a session's `C` line: the COMM_INIT it carries, set up with the front's
 /// connector (the connection's address, `--allow`, deadlines) off the runtime's thread.
 async fn broker_link(
-    line: &str,
+    bytes: &[u8; rpc_proto::COMM_INIT_SIZE],
     comm: &crate::comm::TcpConnector,
 ) -> std::io::Result<std::net::TcpStream> {
     let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_string());
-    let hex = line
-        .strip_prefix("C ")
-        .ok_or_else(|| bad("malformed C line"))?;
-    let bytes: [u8; rpc_proto::COMM_INIT_SIZE] =
-        parse_hex(hex.trim()).ok_or_else(|| bad("malformed COMM_INIT"))?;
     let req = rpc_proto::Request::decode(
         rpc_proto::Major::V8,
         rpc_proto::Command::CommInit,
-        &bytes,
+        bytes,
         &Limits::default(),
     )
     .map_err(|e| bad(&e.to_string()))?;
@@ -330,17 +574,17 @@ async fn broker_link(
         .map_err(|e| std::io::Error::other(e.to_string()))?
 }
 
-/// Sends `msg` with `stream`'s descriptor attached (`SCM_RIGHTS`).
+/// Sends `msg` with `fd` attached (`SCM_RIGHTS`).
 async fn send_fd(
     wr: &tokio::net::unix::OwnedWriteHalf,
     msg: &[u8],
-    stream: &std::net::TcpStream,
+    fd: &impl AsFd,
 ) -> std::io::Result<()> {
     use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     let sock: &tokio::net::UnixStream = wr.as_ref();
     loop {
         sock.writable().await?;
-        let fds = [stream.as_fd()];
+        let fds = [fd.as_fd()];
         let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut control = SendAncillaryBuffer::new(&mut space);
         control.push(SendAncillaryMessage::ScmRights(&fds));
@@ -362,12 +606,96 @@ async fn send_fd(
     }
 }
 
-/// Session side of the control line: memory reservations asked of the front, and links.
+/// Session side of the control line: memory reservations asked of the front, links, and the
+/// weight cache's writes.
 struct Front {
     wr: Mutex<UnixStream>,
     replies: Mutex<mpsc::Receiver<bool>>,
     /// Answers to `C` lines: the link's socket, or `None` (`E`).
     links: Mutex<mpsc::Receiver<Option<OwnedFd>>>,
+    /// Answers to `W` lines: the staging file, or `None` (`X`). Held for a whole store.
+    staging: Mutex<mpsc::Receiver<Option<OwnedFd>>>,
+}
+
+/// Where the front's answers go, in a session process (`read_front_lines`' side of [`Front`]).
+struct Answers {
+    replies: mpsc::Sender<bool>,
+    links: mpsc::Sender<Option<OwnedFd>>,
+    staging: mpsc::Sender<Option<OwnedFd>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Front {
+    fn new(ctl: UnixStream, stop: watch::Sender<bool>) -> (Front, Answers) {
+        let (reply_tx, reply_rx) = mpsc::channel();
+        let (link_tx, link_rx) = mpsc::channel();
+        let (staging_tx, staging_rx) = mpsc::channel();
+        (
+            Front {
+                wr: Mutex::new(ctl),
+                replies: Mutex::new(reply_rx),
+                links: Mutex::new(link_rx),
+                staging: Mutex::new(staging_rx),
+            },
+            Answers {
+                replies: reply_tx,
+                links: link_tx,
+                staging: staging_tx,
+                stop,
+            },
+        )
+    }
+
+    /// A client's upload for the weight cache: written into a staging file the front created,
+    /// which the front then hashes and stores.
+    fn store(&self, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        let staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.send(&ToFront::Store(data.len() as u64)) {
+            return;
+        }
+        match staging.recv_timeout(Duration::from_secs(30)) {
+            Ok(Some(fd)) => {
+                let file = std::fs::File::from(fd);
+                if let Err(e) = file.write_all_at(data, 0) {
+                    tracing::warn!(error = %e, "cannot write an upload for the cache");
+                }
+                drop(file);
+                self.send(&ToFront::Stored);
+            }
+            Ok(None) => tracing::debug!("the front stores no upload now"),
+            Err(_) => tracing::warn!("no answer from the front to a cache store"),
+        }
+    }
+}
+
+impl Answers {
+    fn deliver(&self, msg: ToSession, fd: Option<OwnedFd>) {
+        match msg {
+            ToSession::Yes => drop(self.replies.send(true)),
+            ToSession::No => drop(self.replies.send(false)),
+            ToSession::Link => drop(self.links.send(fd)),
+            ToSession::NoLink => drop(self.links.send(None)),
+            ToSession::Staging => drop(self.staging.send(fd)),
+            ToSession::NoStaging => drop(self.staging.send(None)),
+            ToSession::Quit => drop(self.stop.send(true)),
+        }
+    }
+}
+
+/// The weight cache's writer in a session process: the front.
+struct FrontKeeper(Arc<Front>);
+
+impl crate::cache::CacheKeeper for FrontKeeper {
+    fn store(&self, data: &[u8]) {
+        self.0.store(data);
+    }
+
+    fn check(&self, hash: u64) {
+        self.0.send(&ToFront::Check(hash));
+    }
 }
 
 /// COMM_INIT in a session process: the front sets the link up (a sandboxed process opens no
@@ -396,7 +724,10 @@ impl crate::comm::Connector for FrontConnector {
             .unwrap_or_else(PoisonError::into_inner);
         let mut bytes = Vec::new();
         rpc_proto::Request::CommInit(*init).encode_payload(&mut bytes);
-        if !self.front.send(&format!("C {}\n", hex(&bytes))) {
+        let Ok(bytes) = <[u8; rpc_proto::COMM_INIT_SIZE]>::try_from(bytes.as_slice()) else {
+            return Err(std::io::Error::other("COMM_INIT of an unexpected size"));
+        };
+        if !self.front.send(&ToFront::CommInit(bytes)) {
             return Err(std::io::Error::other("the front is gone"));
         }
         // The front waits up to SETUP_TIMEOUT for the peer; a little more here.
@@ -414,12 +745,13 @@ impl crate::comm::Connector for FrontConnector {
     }
 }
 
-/// Reads the front's lines, with the descriptors sent along (`SCM_RIGHTS`), until the line
-/// closes: `on_line` gets each line and, for a `K`, the descriptor that came with it.
-fn read_front_lines(sock: UnixStream, mut on_line: impl FnMut(&str, Option<OwnedFd>)) {
+/// Reads the front's messages, with the descriptors sent along (`SCM_RIGHTS`), until the line
+/// closes (or carries something that is no message): `on_msg` gets each message and, for one
+/// that carries a descriptor (`K`, `M`), the descriptor that came with it.
+fn read_front_lines(sock: UnixStream, mut on_msg: impl FnMut(ToSession, Option<OwnedFd>)) {
     use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut fds: std::collections::VecDeque<OwnedFd> = Default::default();
-    let mut pending: Vec<u8> = Vec::new();
+    let mut lines = LineSplitter::default();
     let mut buf = [0u8; 4096];
     loop {
         let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
@@ -440,20 +772,30 @@ fn read_front_lines(sock: UnixStream, mut on_line: impl FnMut(&str, Option<Owned
                 fds.extend(received);
             }
         }
-        pending.extend_from_slice(buf.get(..n).unwrap_or(&[]));
-        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=end).collect();
-            let text = String::from_utf8_lossy(line.get(..end).unwrap_or(&[]));
-            let fd = if text == "K" { fds.pop_front() } else { None };
-            on_line(&text, fd);
+        lines.push(buf.get(..n).unwrap_or(&[]));
+        while let Some(line) = lines.next_line() {
+            match line.and_then(|l| ToSession::decode(&l)) {
+                Ok(msg) => {
+                    let fd = if msg.carries_fd() {
+                        fds.pop_front()
+                    } else {
+                        None
+                    };
+                    on_msg(msg, fd);
+                }
+                Err(e) => {
+                    tracing::error!("the front sent something else than a message: {e}");
+                    return;
+                }
+            }
         }
     }
 }
 
 impl Front {
-    fn send(&self, line: &str) -> bool {
+    fn send(&self, msg: &ToFront) -> bool {
         let mut w = self.wr.lock().unwrap_or_else(PoisonError::into_inner);
-        w.write_all(line.as_bytes()).is_ok()
+        w.write_all(&msg.encode()).is_ok()
     }
 }
 
@@ -461,7 +803,7 @@ impl Upstream for Front {
     fn reserve(&self, n: u64) -> bool {
         // One question at a time: the lock is held until its answer.
         let replies = self.replies.lock().unwrap_or_else(PoisonError::into_inner);
-        if !self.send(&format!("R {n}\n")) {
+        if !self.send(&ToFront::Reserve(n)) {
             return false;
         }
         replies
@@ -470,7 +812,7 @@ impl Upstream for Front {
     }
 
     fn release(&self, n: u64) {
-        self.send(&format!("F {n}\n"));
+        self.send(&ToFront::Free(n));
     }
 }
 
@@ -485,12 +827,8 @@ impl Reporter {
         if now == self.last {
             return;
         }
-        let mut line = String::from("S");
-        for (n, l) in now.iter().zip(&self.last) {
-            line.push_str(&format!(" {}", n.wrapping_sub(*l)));
-        }
-        line.push('\n');
-        if front.send(&line) {
+        let deltas = now.iter().zip(&self.last).map(|(n, l)| n.wrapping_sub(*l));
+        if front.send(&ToFront::Stats(deltas.collect())) {
             self.last = now;
         }
     }
@@ -631,7 +969,6 @@ pub fn child_main(c: Child) -> i32 {
         }
     };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let (reply_tx, reply_rx) = mpsc::channel();
     let reader = match ctl.try_clone() {
         Ok(r) => r,
         Err(e) => {
@@ -646,27 +983,10 @@ pub fn child_main(c: Child) -> i32 {
     // Set when the session ends: read by the front-gone watcher below and by the reporter.
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let finished_seen = done.clone();
-    let (link_tx, link_rx) = mpsc::channel();
+    let (front, answers) = Front::new(ctl, stop_tx);
     std::thread::spawn(move || {
-        read_front_lines(reader, |line, fd| match line {
-            "Y" => {
-                let _ = reply_tx.send(true);
-            }
-            "N" => {
-                let _ = reply_tx.send(false);
-            }
-            "K" => {
-                let _ = link_tx.send(fd);
-            }
-            "E" => {
-                let _ = link_tx.send(None);
-            }
-            "Q" => {
-                let _ = stop_tx.send(true);
-            }
-            _ => {}
-        });
-        let _ = stop_tx.send(true);
+        read_front_lines(reader, |msg, fd| answers.deliver(msg, fd));
+        let _ = answers.stop.send(true);
         let t = std::time::Instant::now();
         while !finished_seen.load(Relaxed) {
             if t.elapsed() >= FRONT_GONE_GRACE {
@@ -676,11 +996,11 @@ pub fn child_main(c: Child) -> i32 {
             std::thread::sleep(Duration::from_millis(20));
         }
     });
-    let front = Arc::new(Front {
-        wr: Mutex::new(ctl),
-        replies: Mutex::new(reply_rx),
-        links: Mutex::new(link_rx),
-    });
+    let front = Arc::new(front);
+    if let Some(cache) = &c.config.cache {
+        // Only the front writes the cache: this session's stores and checks go to it.
+        cache.delegate(Box::new(FrontKeeper(front.clone())));
+    }
     let limits = c.conn.budget.limits();
     let budget = Arc::new(MemoryBudget::with_upstream(
         crate::session::MemoryLimits {
