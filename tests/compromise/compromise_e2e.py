@@ -404,8 +404,8 @@ def run_case(case, a, ctx):
     front_ok, front_note)."""
     workdir = os.path.join(ctx["workdir"], case)
     os.makedirs(workdir, exist_ok=True)
-    cache_dir = os.path.join(workdir, "cache")
-    os.makedirs(cache_dir)
+    os.chmod(workdir, 0o755)  # reachable by path: what keeps a session out must be its containment
+    cache_dir = os.path.join(workdir, "cache")  # the server creates it
     canary = os.path.join(workdir, "canary")
     canary0 = make_canary(canary)
     victim_file = os.path.join(cache_dir, "attack-victim-pid")
@@ -443,6 +443,7 @@ def run_case(case, a, ctx):
                 notes.append("warm-up run differed (rc %s)" % rc)
         victim = open_session(port)
         vpid = session_pid(front, victim.getsockname()[1])
+        os.makedirs(cache_dir, exist_ok=True)
         with open(victim_file, "w") as f:
             f.write("%d\n" % (vpid or 0))
         rss0, hwm0 = status_kib(front, "VmRSS"), status_kib(front, "VmHWM")
@@ -588,7 +589,8 @@ def reference_run(a, ctx):
     """The bystander's output against a server without the payload."""
     port = pick_port(a.port_base, ctx["used_ports"])
     d = os.path.join(ctx["workdir"], "clean")
-    os.makedirs(os.path.join(d, "cache"), exist_ok=True)
+    os.makedirs(d, exist_ok=True)
+    os.chmod(d, 0o755)
     srv = AttackServer(ctx["ours"], port, ["--cache-dir", os.path.join(d, "cache"), "--max-alloc-per-connection",
                                            a.per_connection], {}, os.path.join(d, "server.log"))
     try:
@@ -642,6 +644,7 @@ def main():
     model = a.model or script_output("test-model.sh", timeout=900)
     workdir = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="rpc-compromise-"))
     os.makedirs(workdir, exist_ok=True)
+    os.chmod(workdir, 0o755)  # mkdtemp's 0700 would keep out a session of another uid by itself
     per_conn = parse_size(a.per_connection)
     mem_limit = parse_size(a.mem_limit) if a.mem_limit else per_conn + (2 << 30)
     ctx = dict(workdir=workdir, ours=ours, stock=stock, model=model, used_ports=set(), mem_limit=mem_limit)
