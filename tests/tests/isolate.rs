@@ -482,3 +482,129 @@ async fn contained_sessions_join_a_pairwise_link() {
         "rank 0 served by its session process"
     );
 }
+
+/// Only the front writes the weight cache: an upload with the cache flag through a contained
+/// session (one small SET_TENSOR, served in the session, and one large, streamed) becomes an
+/// entry named by the hash of its bytes, written by the front from the session's staging file,
+/// with no temp file left behind, and the next client's SET_TENSOR_HASH finds it. Without the
+/// sandbox too (the same path: the session never writes the directory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_reach_the_cache_through_the_front() {
+    for extra in [&[][..], &["--no-sandbox"][..]] {
+        let cache = TempDir::new("isolate-store");
+        let dir = cache.path().to_str().unwrap().to_string();
+        let mut args = vec!["--cache-dir", dir.as_str()];
+        args.extend_from_slice(extra);
+        let s = Server::start(&args);
+        let mut c = connect(s.addr).await;
+        let buf = alloc(&mut c, 1 << 20).await;
+        let small = pattern(4096, 7);
+        let large = pattern(256 << 10, 8);
+        let ts = buf.f32(1, &[1024], 0).build();
+        let tl = buf.f32(1, &[64 << 10], 0).build();
+        c.set_tensor(&ts, 0, &small, true).await.unwrap();
+        c.set_tensor(&tl, 0, &large, true).await.unwrap();
+        let entry = |b: &[u8]| cache.path().join(format!("{:016x}", rpc_proto::fnv1a64(b)));
+        let t = Instant::now();
+        while !(entry(&small).is_file() && entry(&large).is_file()) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no cache entries ({extra:?}): {}",
+                s.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(std::fs::read(entry(&large)).unwrap(), large);
+        assert_eq!(std::fs::read(entry(&small)).unwrap(), small);
+        let mut next = connect(s.addr).await;
+        let nb = alloc(&mut next, 1 << 20).await;
+        let nt = nb.f32(1, &[64 << 10], 0).build();
+        assert!(next
+            .set_tensor_hash(&nt, 0, rpc_proto::fnv1a64(&large))
+            .await
+            .unwrap());
+        assert_eq!(
+            next.get_tensor(&nt, 0, large.len() as u64).await.unwrap(),
+            large
+        );
+        let leftovers: Vec<String> = std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp."))
+            .collect();
+        assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+        assert!(
+            s.metric("rpc_memory_allocated_bytes") <= 2 << 20,
+            "staging given back"
+        );
+    }
+}
+
+/// `--trusted-weights-only`: an upload is never stored, and an entry written after the start
+/// is not served; an entry seeded before the start is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_weights_only_serves_only_seeded_entries() {
+    let cache = TempDir::new("isolate-trusted");
+    let seeded = pattern(128 << 10, 11);
+    let hs = rpc_proto::fnv1a64(&seeded);
+    std::fs::write(cache.path().join(format!("{hs:016x}")), &seeded).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let dir = cache.path().to_str().unwrap().to_string();
+    let s = Server::start(&["--cache-dir", dir.as_str(), "--trusted-weights-only"]);
+    let late = pattern(128 << 10, 12);
+    let hl = rpc_proto::fnv1a64(&late);
+    std::fs::write(cache.path().join(format!("{hl:016x}")), &late).unwrap();
+    let mut c = connect(s.addr).await;
+    let buf = alloc(&mut c, 1 << 20).await;
+    let t = buf.f32(1, &[32 << 10], 0).build();
+    assert!(c.set_tensor_hash(&t, 0, hs).await.unwrap(), "seeded");
+    assert_eq!(
+        c.get_tensor(&t, 0, seeded.len() as u64).await.unwrap(),
+        seeded
+    );
+    assert!(
+        !c.set_tensor_hash(&t, 0, hl).await.unwrap(),
+        "written after the start"
+    );
+    let up = pattern(128 << 10, 13);
+    c.set_tensor(&t, 0, &up, true).await.unwrap();
+    assert_eq!(c.get_tensor(&t, 0, 16).await.unwrap(), up[..16].to_vec());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !cache
+            .path()
+            .join(format!("{:016x}", rpc_proto::fnv1a64(&up)))
+            .exists(),
+        "no upload stored"
+    );
+}
+
+/// A session's stderr is a pipe the front reads: the session's own log lines come out of the
+/// front, tagged with the session's peer and pid (`RPC_SANDBOX_SELFTEST=1` makes a session log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_log_line_comes_out_of_the_front_tagged() {
+    let s = Server::start_env(&["--no-sandbox"], &[("RPC_SANDBOX_SELFTEST", "1")]);
+    let mut c = connect(s.addr).await;
+    alloc(&mut c, 4096).await;
+    let pid = s.wait_sessions(1)[0];
+    let t = Instant::now();
+    let tagged = |log: &str| {
+        log.lines()
+            .find(|l| {
+                l.contains("sandbox self-test: start /bin/true")
+                    && l.contains(&format!("session.pid={pid}"))
+                    && l.contains("session.peer=127.0.0.1:")
+            })
+            .map(str::to_string)
+    };
+    while tagged(&s.log()).is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no tagged session line: {}",
+            s.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The session's escape sequences never reach the front's output.
+    assert!(!s.log().contains('\u{1b}'));
+}
