@@ -86,6 +86,115 @@ pub fn main() {
     }
 }
 
+/// What a session process sees read-only besides the system: the weight cache directory, the
+/// `--gguf` files and their index.
+fn session_view(args: &Args) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
+    let cache_dir = if args.cache || args.cache_dir.is_some() {
+        args.cache_dir.clone().or_else(default_cache_dir)
+    } else {
+        None
+    };
+    let mut files = args.gguf.clone();
+    if !args.gguf.is_empty() {
+        if let Some(d) = cache_dir.clone().or_else(default_cache_dir) {
+            files.push(d.join(crate::local_weights::INDEX_FILE));
+        }
+    }
+    (cache_dir.into_iter().collect(), files)
+}
+
+/// Containment of a session process (Linux), the first thing it does: the outer stage makes
+/// the namespaces and waits for the inner one (this never returns there); the inner stage
+/// enters its own root, drops its identity and installs the sandbox, then returns to serve.
+/// Any failure refuses the session: the process exits with `isolate::SANDBOX_REFUSED`.
+#[cfg(target_os = "linux")]
+fn contain(args: &Args) {
+    let refuse = |e: &dyn std::fmt::Display| -> ! {
+        tracing::error!(
+            "session refused: its containment cannot be set up: {e} (--no-sandbox serves without it)"
+        );
+        std::process::exit(crate::isolate::SANDBOX_REFUSED)
+    };
+    let Some(inner) = &args.session_inner else {
+        match crate::namespaces::run_outer() {
+            Ok(code) => std::process::exit(code),
+            Err(e) => refuse(&e),
+        }
+    };
+    let Some(identity) = crate::namespaces::Identity::parse(inner) else {
+        refuse(&"--session-inner: not an identity")
+    };
+    let rdma = !args.session_tcp_only
+        && args.transport != TransportMode::Tcp
+        && std::env::var_os("GGML_RPC_NO_RDMA").is_none();
+    let (dirs, files) = session_view(args);
+    let view = crate::namespaces::View {
+        dirs: dirs.clone(),
+        files: files.clone(),
+        rdma,
+    };
+    if let Err(e) = crate::namespaces::enter_view(&view) {
+        refuse(&e)
+    }
+    if let Err(e) = crate::namespaces::drop_identity(identity) {
+        refuse(&e)
+    }
+    // The verbs library and its providers are loaded (and the devices listed) before the
+    // filter, which allows no executable mapping, and under the credentials the queue pair
+    // will be used with.
+    if rdma && rdma_verbs::load().is_ok() {
+        let _ = rdma_verbs::devices();
+    }
+    let own_uid = matches!(identity, crate::namespaces::Identity::Dedicated(_));
+    match crate::sandbox::install(
+        crate::sandbox::Needs::of_build(rdma),
+        &dirs,
+        &files,
+        own_uid,
+    ) {
+        Ok(i) => {
+            let layers = format!(
+                "{}; PID, network, mount, IPC, UTS and cgroup namespaces; a read-only root of its own; seccomp allow-list of {} system calls; Landlock {}; rlimits",
+                identity.describe(),
+                i.syscalls,
+                i.landlock
+            );
+            if args.sandbox_probe {
+                println!("{layers}");
+                std::process::exit(0);
+            }
+            tracing::debug!(layers, "session contained");
+        }
+        Err(e) => refuse(&e),
+    }
+}
+
+/// The front's check at start that sessions can be contained here: one probe session process
+/// (`--sandbox-probe`) sets up every layer and says what it installed. `Err` says why not.
+#[cfg(target_os = "linux")]
+fn probe_containment() -> anyhow::Result<String> {
+    let exe = std::env::current_exe()?;
+    let out = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .arg("--sandbox-probe")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()?;
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() && !said.is_empty() {
+        Ok(said)
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let why = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output")
+            .to_string();
+        bail!("{why}")
+    }
+}
+
 fn real_main() -> anyhow::Result<()> {
     let args = Args::parse();
     crate::ggml::use_huge_pages(!args.no_huge_pages);
@@ -97,6 +206,10 @@ fn real_main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    #[cfg(target_os = "linux")]
+    if (args.session_child.is_some() || args.sandbox_probe) && !args.no_sandbox {
+        contain(&args);
+    }
     crate::ggml::load_backends();
 
     if let Some(crate::cli::SubCommand::Doctor { peer, probe }) = &args.command {
@@ -224,6 +337,16 @@ fn real_main() -> anyhow::Result<()> {
         }));
     }
 
+    // Every session process will be contained, or the server does not start (fail closed).
+    #[cfg(target_os = "linux")]
+    let containment = match (&opts.isolate, args.no_sandbox) {
+        (Some(_), false) => Some(probe_containment().context(
+            "session processes cannot be contained on this machine; --no-sandbox serves them in \
+             processes of their own without namespaces, seccomp and Landlock",
+        )?),
+        _ => None,
+    };
+
     // The listener's runtime: one thread that accepts and hands each connection to a thread of its
     // own (server.rs); nothing else runs here, so nothing competes with ggml for the cores.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -310,6 +433,12 @@ fn real_main() -> anyhow::Result<()> {
             "  sessions       : {}",
             crate::isolate::describe_mode(opts.isolate.as_deref())
         );
+        #[cfg(target_os = "linux")]
+        match (&containment, &opts.isolate) {
+            (Some(layers), _) => println!("  containment    : {layers}"),
+            (None, Some(_)) => println!("  containment    : off (--no-sandbox): sessions run with this process's identity and view"),
+            (None, None) => {}
+        }
         if let Some(m) = &metrics {
             println!("  metrics        : http://{}/metrics", m.local_addr()?);
         }

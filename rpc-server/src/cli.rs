@@ -190,6 +190,16 @@ pub struct Args {
     #[arg(long, hide = true, requires = "session_child")]
     pub session_tcp_only: bool,
 
+    /// (internal) The inner stage of a session process, inside its namespaces: how it drops
+    /// its identity (`uid:N` or `userns`; `namespaces.rs`).
+    #[arg(long, hide = true, value_name = "IDENTITY")]
+    pub session_inner: Option<String>,
+
+    /// (internal) Set up a session's containment as a session process would, print what was
+    /// installed and exit (the front does this once at start for its banner).
+    #[arg(long, hide = true)]
+    pub sandbox_probe: bool,
+
     /// Internal: the protocol major of the session process's connection (7 or 8).
     #[arg(long, hide = true, requires = "session_child", default_value_t = 8)]
     pub session_major: u8,

@@ -79,6 +79,9 @@ pub struct Isolation {
     pub args: Vec<OsString>,
 }
 
+/// The exit status of a session process refused because its containment could not be set up.
+pub const SANDBOX_REFUSED: i32 = 70;
+
 /// How long a session process whose front is gone may take to finish its running command.
 const FRONT_GONE_GRACE: Duration = Duration::from_secs(1);
 
@@ -214,12 +217,20 @@ pub async fn hand_off(
     drop(rdma_place);
     // The control line closed: the process has ended or is about to.
     let status = child.wait()?;
-    match (status.code(), status.signal()) {
+    // A contained session's inner process is mirrored by its outer one: a signal `n` as the
+    // exit status 128 + n (`namespaces::run_outer`).
+    let signal = status
+        .signal()
+        .or(status.code().filter(|c| (129..160).contains(c)).map(|c| c - 128));
+    match (status.code(), signal) {
         (Some(0), _) => Ok(()),
-        (Some(code), _) => Err(child_error(format!(
+        (Some(SANDBOX_REFUSED), _) => Err(child_error(format!(
+            "session process {pid} refused: its containment could not be set up (see its log)"
+        ))),
+        (Some(code), None) => Err(child_error(format!(
             "session process {pid} exited with status {code}"
         ))),
-        (None, Some(sig)) => {
+        (_, Some(sig)) => {
             tracing::warn!(
                 %peer,
                 pid,
@@ -851,40 +862,35 @@ pub struct Child {
     pub sandbox: bool,
 }
 
-/// Sandbox step 1 (`sandbox.rs`) where there is one: file rules and rlimits. A failure is logged
-/// and the session goes on in its own process.
-fn restrict_files(budget: u64, cache_dir: Option<&std::path::Path>) {
+/// The memory bound of a contained session (Linux: its address space, `sandbox::limit_memory`),
+/// set once its budget is known, before the client's first byte. A session that cannot be
+/// bounded is refused.
+fn limit_memory(on: bool, budget: u64) -> Result<(), String> {
     #[cfg(target_os = "linux")]
-    match crate::sandbox::restrict_files(budget, cache_dir) {
-        Ok(landlock) => tracing::debug!(landlock, "file rules and rlimits applied"),
-        Err(e) => tracing::warn!("session files not sandboxed: {e}"),
+    if on {
+        match crate::sandbox::limit_memory(budget) {
+            Ok(Some(n)) => tracing::debug!(bytes = n, "address space bounded"),
+            Ok(None) => tracing::debug!("address space not bounded (no budget, or a GPU build)"),
+            Err(e) => return Err(format!("cannot bound the session's memory: {e}")),
+        }
     }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (budget, cache_dir);
-        tracing::debug!("no file rules before the transport is up on this OS (macOS: the profile comes with step 2)");
-    }
+    let _ = (on, budget);
+    Ok(())
 }
 
-/// Sandbox step 2 (if `on`), once the transport is up: the system-call filter on Linux, the
-/// Seatbelt profile on macOS (`sandbox_mac.rs`); then the self-test when
-/// `RPC_SANDBOX_SELFTEST=1`.
+/// Once the transport is up: the Seatbelt profile on macOS (`sandbox_mac.rs`; on Linux the
+/// sandbox is in place since the process started, `namespaces.rs` and `sandbox.rs`); then the
+/// self-test when `RPC_SANDBOX_SELFTEST=1`.
 fn restrict_syscalls(on: bool, cache_dir: Option<&std::path::Path>) {
+    #[cfg(target_os = "macos")]
     if on {
-        #[cfg(target_os = "linux")]
-        match crate::sandbox::restrict_syscalls() {
-            Ok(()) => tracing::debug!("system-call filter applied"),
-            Err(e) => tracing::warn!("session system calls not filtered: {e}"),
-        }
-        #[cfg(target_os = "macos")]
-        {
-            let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
-            match crate::sandbox_mac::apply(home.as_deref(), cache_dir) {
-                Ok(()) => tracing::debug!("sandbox profile applied"),
-                Err(e) => tracing::warn!("session not sandboxed: {e}"),
-            }
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+        match crate::sandbox_mac::apply(home.as_deref(), cache_dir) {
+            Ok(()) => tracing::debug!("sandbox profile applied"),
+            Err(e) => tracing::warn!("session not sandboxed: {e}"),
         }
     }
+    let _ = on;
     if std::env::var_os("RPC_SANDBOX_SELFTEST").is_some_and(|v| v == "1") {
         self_test(cache_dir);
     }
@@ -928,14 +934,12 @@ fn self_test(cache_dir: Option<&std::path::Path>) {
         std::process::Command::new("/bin/true").status(),
     );
     if let Some(d) = cache_dir {
+        // Only the front writes the cache; sessions read it.
         let p = d.join(format!(".sandbox-selftest-{}", std::process::id()));
-        let r = std::fs::write(&p, b"ok").and_then(|()| std::fs::read(&p));
-        let _ = std::fs::remove_file(&p);
-        match r {
-            Ok(_) => tracing::info!("sandbox self-test: write and read the cache: allowed"),
-            Err(e) => {
-                tracing::warn!("sandbox self-test: write and read the cache: DENIED ({e})")
-            }
+        report("write the cache", std::fs::write(&p, b"x"));
+        match std::fs::read_dir(d) {
+            Ok(_) => tracing::info!("sandbox self-test: list the cache: allowed"),
+            Err(e) => tracing::warn!("sandbox self-test: list the cache: DENIED ({e})"),
         }
     }
 }
@@ -948,13 +952,9 @@ pub fn child_main(c: Child) -> i32 {
     crate::ggml::abort::abort_on_assertions();
     let cache_dir = c.config.cache.as_ref().map(|w| w.dir().to_path_buf());
     let per_connection = c.conn.budget.limits().per_connection;
-    if c.sandbox {
-        // The verbs library and its device providers are loaded now, under the credentials the
-        // queue pair will be used with (see `sandbox.rs`).
-        if c.rdma.mode != TransportMode::Tcp && rdma_verbs::load().is_ok() {
-            let _ = rdma_verbs::devices();
-        }
-        restrict_files(per_connection, cache_dir.as_deref());
+    if let Err(e) = limit_memory(c.sandbox, per_connection) {
+        tracing::error!("session refused: {e} (--no-sandbox serves without containment)");
+        return SANDBOX_REFUSED;
     }
     let taken = (|| -> std::io::Result<(std::net::TcpStream, UnixStream)> {
         let sock = std::io::stdin().as_fd().try_clone_to_owned()?;

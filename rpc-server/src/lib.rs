@@ -8,7 +8,8 @@
 //! the worker's own GGUF files (`--gguf`, headers read by [`gguf`]); [`comm`] is 8.0's
 //! server-to-server link for tensor split's collectives.
 
-// `unsafe` only in the ggml FFI layer, each block with a `// SAFETY:` line.
+// `unsafe` only in the FFI layers (ggml, and `sys_linux` for the OS calls rustix marks unsafe),
+// each block with a `// SAFETY:` line.
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -28,6 +29,8 @@ pub mod gguf;
 pub mod isolate;
 pub mod local_weights;
 pub mod metrics;
+#[cfg(target_os = "linux")]
+pub mod namespaces;
 pub mod rdma;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
@@ -35,3 +38,6 @@ pub mod sandbox_mac;
 pub mod server;
 pub mod session;
 pub mod stats;
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+mod sys_linux;

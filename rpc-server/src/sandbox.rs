@@ -1,30 +1,34 @@
-//! The session process's sandbox on Linux (part of containment, the default), in two steps so
-//! that what a request might make a ggml kernel do runs with no more rights than serving its own
-//! session needs: the file rules and rlimits as the process starts (before the transport is set
-//! up: an RDMA device opened under other credentials than the ones that later write to it is
-//! refused by the kernel, `ib_safe_file_access`), the system-call filter once the transport is
-//! up, before the first command is read (device discovery may need a netlink socket).
+//! The session process's sandbox on Linux (part of containment, the default), installed by the
+//! inner stage right after its namespaces, root and identity (`namespaces.rs`), while it has one
+//! thread and before it reads a byte from the client; any layer that cannot be installed
+//! refuses the session (`--no-sandbox` turns containment off):
 //!
-//! - **seccomp-bpf**: the system calls that reach beyond the session fail with `EPERM`: starting
-//!   programs or processes (`execve`, `fork`, `clone` without `CLONE_THREAD`), new sockets and
-//!   connections (`socket`, `connect`, `bind`, `listen`, `accept`), signalling or tracing other
-//!   processes (`kill`, `ptrace`, `process_vm_*`), and kernel-wide controls (mounts, namespaces,
-//!   modules, BPF, keyrings, `io_uring`, identity changes). `clone3` answers `ENOSYS`, so the C
-//!   library falls back to `clone`, whose flags the filter can see.
-//! - **Landlock**: no file may be opened except under the weight cache directory (read and write:
-//!   the cache stores entries), device and kernel files (`/dev`, read and write, for GPU and RDMA
-//!   devices; `/proc`, `/sys`, read only) and the system's libraries (`/usr`, `/lib`, read only:
-//!   drivers are loaded when first used). Best effort: a kernel without Landlock leaves the
-//!   file rules unenforced, which the session logs.
-//! - **rlimits**: no core files; the data segment bounded by the session's memory budget plus
-//!   a fixed allowance for graphs and the runtime.
+//! - **seccomp-bpf, default deny**: an allow-list ([`allowed`]) of the system calls real
+//!   sessions make (measured: `docs/containment-syscalls.md`), several only with the arguments
+//!   they need: `clone` for threads only, `kill`/`tgkill` to itself only, `socket` only for the
+//!   RDMA netlink family of RDMA sessions, `socketpair` only of Unix sockets (the runtime's
+//!   signal wake-up; a pair within the process), `ioctl` only for its request list (no `TIOCSTI`),
+//!   `prctl` for thread names, `prlimit64` on itself, `mmap`/`mprotect` never executable (CPU
+//!   builds), `fcntl` without signal ownership. Everything else (exec, new processes, sockets,
+//!   `memfd_create`, shared memory, `chmod`/`chown`/`*xattr`, mounts, namespaces, `ptrace`,
+//!   `pidfd_*`, keyrings, BPF, `io_uring`, identity changes, …) answers `EPERM`. A call of
+//!   another architecture (i386 through `int 0x80`) kills the process; x32 numbers are not on
+//!   the list. `clone3` answers `ENOSYS`, so the C library falls back to `clone`, whose flags
+//!   the filter can see.
+//! - **Landlock**: read-only access to the system's libraries, `/proc`, `/sys`, the weight cache
+//!   and the `--gguf` files; read-write access to device files only. (The mount view already
+//!   holds nothing else; Landlock is the second wall.) It binds only the threads created after
+//!   it, so it is installed while the process has one thread, which is checked.
+//! - **rlimits**: no core files; at most 1024 descriptors; as root at most 1024 threads for
+//!   the session's own uid; and, once the session knows its budget ([`limit_memory`]), its whole
+//!   address space (shared mappings included) bounded by the budget plus a fixed allowance.
 //!
-//! `RPC_SANDBOX_SELFTEST=1` makes each session process try forbidden actions right after the
-//! sandbox is up and log what happened (`isolate.rs`; `tests/tests/isolate.rs` asserts on those
-//! lines). macOS: `sandbox_mac.rs`.
+//! `RPC_SANDBOX_SELFTEST=1` makes each session process try forbidden actions once it serves and
+//! log the outcome (`isolate.rs`; `tests/tests/isolate.rs` asserts on those lines). macOS:
+//! `sandbox_mac.rs`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use landlock::{
     Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
@@ -34,8 +38,14 @@ use seccompiler::{
     SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
 };
 
-/// Beyond the buffers a session holds: graphs, staging, the runtime, ggml's thread pool.
-const DATA_ALLOWANCE: u64 = 2 << 30;
+/// Beyond the buffers a session holds: graphs, staging, the runtime, ggml's thread pool, the
+/// program and its libraries.
+const ADDRESS_ALLOWANCE: u64 = 2 << 30;
+/// Descriptors a session may hold (it holds a handful: its socket, control line, stderr, the
+/// runtime's, `--gguf` files, an RDMA device).
+const MAX_FILES: u64 = 1024;
+/// Threads of one session (as root, where the session has a uid of its own).
+const MAX_THREADS: u64 = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -43,106 +53,289 @@ pub enum SandboxError {
     Seccomp(String),
     #[error("landlock: {0}")]
     Landlock(#[from] landlock::RulesetError),
+    #[error("landlock: not enforced (this kernel has no Landlock)")]
+    NoLandlock,
+    #[error("{0} threads exist already (Landlock would not bind them)")]
+    Threads(usize),
     #[error("rlimit: {0}")]
     Rlimit(#[from] std::io::Error),
 }
 
-/// System calls that fail with `EPERM` inside a session (the ones every architecture has; the
-/// x86_64-only ones are added in [`denied`]).
-const DENIED: &[libc::c_long] = &[
-    libc::SYS_execve,
-    libc::SYS_execveat,
-    libc::SYS_socket,
-    libc::SYS_socketpair,
-    libc::SYS_connect,
-    libc::SYS_bind,
-    libc::SYS_listen,
-    libc::SYS_accept,
-    libc::SYS_accept4,
-    libc::SYS_kill,
-    libc::SYS_ptrace,
-    libc::SYS_process_vm_readv,
-    libc::SYS_process_vm_writev,
-    libc::SYS_mount,
-    libc::SYS_umount2,
-    libc::SYS_pivot_root,
-    libc::SYS_chroot,
-    libc::SYS_unshare,
-    libc::SYS_setns,
-    libc::SYS_bpf,
-    libc::SYS_perf_event_open,
-    libc::SYS_keyctl,
-    libc::SYS_add_key,
-    libc::SYS_request_key,
-    libc::SYS_init_module,
-    libc::SYS_finit_module,
-    libc::SYS_delete_module,
-    libc::SYS_kexec_load,
-    libc::SYS_reboot,
-    libc::SYS_swapon,
-    libc::SYS_swapoff,
-    libc::SYS_setuid,
-    libc::SYS_setgid,
-    libc::SYS_setreuid,
-    libc::SYS_setregid,
-    libc::SYS_setresuid,
-    libc::SYS_setresgid,
-    libc::SYS_setgroups,
-    libc::SYS_personality,
-    libc::SYS_userfaultfd,
-    libc::SYS_io_uring_setup,
-    libc::SYS_io_uring_enter,
-    libc::SYS_io_uring_register,
-    libc::SYS_open_by_handle_at,
-    libc::SYS_name_to_handle_at,
-    libc::SYS_quotactl,
-    libc::SYS_acct,
-    libc::SYS_settimeofday,
-    libc::SYS_clock_settime,
-    libc::SYS_adjtimex,
-    libc::SYS_sethostname,
-    libc::SYS_setdomainname,
-    libc::SYS_syslog,
-    libc::SYS_vhangup,
-    libc::SYS_mknodat,
-];
-
-fn denied() -> Vec<libc::c_long> {
-    let mut v = DENIED.to_vec();
-    #[cfg(target_arch = "x86_64")]
-    v.extend([
-        libc::SYS_fork,
-        libc::SYS_vfork,
-        libc::SYS_iopl,
-        libc::SYS_ioperm,
-        libc::SYS_mknod,
-    ]);
-    v
+/// What the filter must let a session do beyond plain CPU serving.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Needs {
+    /// RDMA verbs: a netlink socket of the RDMA family (device discovery) and the verbs ioctl.
+    pub rdma: bool,
+    /// A GPU backend (CUDA, Vulkan): any ioctl but the terminal's, executable mappings (drivers
+    /// load and JIT code), no address-space bound.
+    pub gpu: bool,
 }
 
-/// The two seccomp filters: the deny list (`EPERM`) and `clone3` (`ENOSYS`). The kernel runs
-/// every installed filter and takes the strictest answer.
-fn seccomp_filters() -> Result<[seccompiler::BpfProgram; 2], SandboxError> {
-    let err = |e: seccompiler::BackendError| SandboxError::Seccomp(e.to_string());
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        denied().into_iter().map(|nr| (nr, Vec::new())).collect();
-    // A new process, not a thread: clone's flags (argument 0) without CLONE_THREAD.
-    let no_thread = SeccompCondition::new(
-        0,
+impl Needs {
+    /// What this build and session need.
+    pub fn of_build(rdma: bool) -> Needs {
+        Needs {
+            rdma,
+            gpu: cfg!(any(feature = "cuda", feature = "vulkan")),
+        }
+    }
+}
+
+/// What was installed, for the session's log and the banner.
+#[derive(Debug, Clone)]
+pub struct Installed {
+    pub syscalls: usize,
+    pub landlock: &'static str,
+}
+
+/// A condition on argument `arg`: equal to `v` in its low 32 bits (an `int` argument).
+fn eq32(arg: u8, v: u32) -> SeccompCondition {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, u64::from(v))
+        .expect("argument index below 6")
+}
+
+/// A condition: argument `arg` has none of the bits of `mask`.
+fn none_of(arg: u8, mask: u64) -> SeccompCondition {
+    SeccompCondition::new(
+        arg,
         SeccompCmpArgLen::Qword,
-        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+        SeccompCmpOp::MaskedEq(mask),
         0,
     )
-    .map_err(err)?;
-    rules.insert(
+    .expect("argument index below 6")
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> SeccompRule {
+    SeccompRule::new(conds).expect("a rule has at least one condition")
+}
+
+/// Allowed with any arguments.
+const PLAIN: &[libc::c_long] = &[
+    // memory
+    libc::SYS_brk,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_madvise,
+    // threads and waiting
+    libc::SYS_futex,
+    libc::SYS_set_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_set_tid_address,
+    libc::SYS_sched_yield,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_sched_setaffinity,
+    libc::SYS_getcpu,
+    libc::SYS_gettid,
+    libc::SYS_getpid,
+    libc::SYS_getppid,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_restart_syscall,
+    // signals, to itself
+    libc::SYS_rt_sigaction,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_sigaltstack,
+    // time
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_getres,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_nanosleep,
+    libc::SYS_gettimeofday,
+    // I/O on descriptors it holds
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_readv,
+    libc::SYS_writev,
+    libc::SYS_pread64,
+    libc::SYS_pwrite64,
+    libc::SYS_preadv,
+    libc::SYS_pwritev,
+    libc::SYS_lseek,
+    libc::SYS_close,
+    libc::SYS_close_range,
+    libc::SYS_dup,
+    libc::SYS_dup3,
+    libc::SYS_recvfrom,
+    libc::SYS_sendto,
+    libc::SYS_recvmsg,
+    libc::SYS_sendmsg,
+    libc::SYS_shutdown,
+    libc::SYS_getsockopt,
+    libc::SYS_setsockopt,
+    libc::SYS_getsockname,
+    libc::SYS_getpeername,
+    libc::SYS_ppoll,
+    libc::SYS_pselect6,
+    libc::SYS_epoll_create1,
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+    libc::SYS_eventfd2,
+    libc::SYS_fadvise64,
+    libc::SYS_readahead,
+    // files it may see (the mount view and Landlock decide which)
+    libc::SYS_openat,
+    libc::SYS_newfstatat,
+    libc::SYS_fstat,
+    libc::SYS_statx,
+    libc::SYS_statfs,
+    libc::SYS_fstatfs,
+    libc::SYS_getdents64,
+    libc::SYS_readlinkat,
+    libc::SYS_faccessat,
+    libc::SYS_faccessat2,
+    libc::SYS_getcwd,
+    // about itself
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
+    libc::SYS_getresuid,
+    libc::SYS_getresgid,
+    libc::SYS_getgroups,
+    libc::SYS_capget,
+    libc::SYS_uname,
+    libc::SYS_sysinfo,
+    libc::SYS_getrusage,
+    libc::SYS_times,
+    libc::SYS_getrandom,
+];
+
+/// The x86_64-only spellings of the same needs.
+#[cfg(target_arch = "x86_64")]
+const PLAIN_X86_64: &[libc::c_long] = &[
+    libc::SYS_open,
+    libc::SYS_stat,
+    libc::SYS_lstat,
+    libc::SYS_access,
+    libc::SYS_readlink,
+    libc::SYS_poll,
+    libc::SYS_select,
+    libc::SYS_epoll_wait,
+    libc::SYS_dup2,
+    libc::SYS_getrlimit,
+    libc::SYS_getdents,
+    libc::SYS_time,
+];
+#[cfg(not(target_arch = "x86_64"))]
+const PLAIN_X86_64: &[libc::c_long] = &[];
+
+/// `ioctl` requests a CPU session makes: non-blocking mode, close-on-exec, bytes readable, and
+/// the RDMA verbs ioctl (`RDMA_VERBS_IOCTL`, `_IOWR(0x1b, 1, struct ib_uverbs_ioctl_hdr)`).
+const IOCTLS: &[u32] = &[
+    libc::FIONBIO as u32,
+    libc::FIOCLEX as u32,
+    libc::FIONCLEX as u32,
+    libc::FIONREAD as u32,
+    0xc018_1b01,
+];
+
+/// `prctl` options: a thread's name (Rust and OpenMP name their threads), whether it may dump.
+const PRCTLS: &[u32] = &[
+    libc::PR_SET_NAME as u32,
+    libc::PR_GET_NAME as u32,
+    libc::PR_GET_DUMPABLE as u32,
+];
+
+/// `fcntl` commands: descriptor and status flags, duplication, seals read. Not `F_SETOWN`/
+/// `F_SETSIG` (signals sent by the kernel on its behalf), not locks.
+const FCNTLS: &[u32] = &[
+    libc::F_GETFD as u32,
+    libc::F_SETFD as u32,
+    libc::F_GETFL as u32,
+    libc::F_SETFL as u32,
+    libc::F_DUPFD as u32,
+    libc::F_DUPFD_CLOEXEC as u32,
+    libc::F_GET_SEALS as u32,
+];
+
+/// The allow-list: system call → the argument conditions of which one must hold (empty: any
+/// arguments). `pid` is the session's own pid (1, in its PID namespace).
+pub fn allowed(needs: Needs, pid: u32) -> BTreeMap<i64, Vec<SeccompRule>> {
+    let mut m: BTreeMap<i64, Vec<SeccompRule>> = PLAIN
+        .iter()
+        .chain(PLAIN_X86_64)
+        .map(|&nr| (nr, Vec::new()))
+        .collect();
+    let any_of = |arg: u8, vals: &[u32]| -> Vec<SeccompRule> {
+        vals.iter().map(|&v| rule(vec![eq32(arg, v)])).collect()
+    };
+    // Answered ENOSYS by the first filter ([`seccomp_filters`]): the kernel returns the
+    // strictest answer of all filters.
+    m.insert(libc::SYS_clone3, Vec::new());
+    // Threads, never processes: clone with CLONE_THREAD.
+    let thread = libc::CLONE_THREAD as u64;
+    m.insert(
         libc::SYS_clone,
-        vec![SeccompRule::new(vec![no_thread]).map_err(err)?],
+        vec![rule(vec![SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(thread),
+            thread,
+        )
+        .expect("argument index below 6")])],
     );
+    // Signals to itself only (abort, raise).
+    m.insert(libc::SYS_kill, vec![rule(vec![eq32(0, pid)])]);
+    m.insert(libc::SYS_tgkill, vec![rule(vec![eq32(0, pid)])]);
+    // Its own limits, read or lowered (raising a hard limit needs a capability it lacks).
+    m.insert(libc::SYS_prlimit64, vec![rule(vec![eq32(0, 0)])]);
+    m.insert(libc::SYS_prctl, any_of(0, PRCTLS));
+    // A connected pair of Unix sockets within itself (the async runtime's signal wake-up): no
+    // reach beyond the process.
+    m.insert(
+        libc::SYS_socketpair,
+        vec![rule(vec![eq32(0, libc::AF_UNIX as u32)])],
+    );
+    m.insert(libc::SYS_fcntl, any_of(1, FCNTLS));
+    if needs.gpu {
+        let tiocsti = SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Ne,
+            u64::from(libc::TIOCSTI as u32),
+        )
+        .expect("argument index below 6");
+        m.insert(libc::SYS_ioctl, vec![rule(vec![tiocsti])]);
+        m.insert(libc::SYS_mmap, Vec::new());
+        m.insert(libc::SYS_mprotect, Vec::new());
+    } else {
+        m.insert(libc::SYS_ioctl, any_of(1, IOCTLS));
+        // Never executable: the program and its libraries are mapped before the filter.
+        let exec = libc::PROT_EXEC as u64;
+        m.insert(libc::SYS_mmap, vec![rule(vec![none_of(2, exec)])]);
+        m.insert(libc::SYS_mprotect, vec![rule(vec![none_of(2, exec)])]);
+    }
+    if needs.rdma {
+        // Device discovery asks the kernel over netlink (NETLINK_RDMA).
+        m.insert(
+            libc::SYS_socket,
+            vec![rule(vec![
+                eq32(0, libc::AF_NETLINK as u32),
+                eq32(2, libc::NETLINK_RDMA as u32),
+            ])],
+        );
+        m.insert(libc::SYS_bind, Vec::new());
+    }
+    m
+}
+
+/// The two seccomp filters, in the order they are installed: `clone3` answers `ENOSYS`, then the
+/// allow-list (anything else `EPERM`; another architecture kills the process). The first lets
+/// the second be installed (`prctl`, `seccomp`), which then allows neither.
+fn seccomp_filters(
+    needs: Needs,
+    pid: u32,
+) -> Result<([seccompiler::BpfProgram; 2], usize), SandboxError> {
+    let err = |e: seccompiler::BackendError| SandboxError::Seccomp(e.to_string());
+    let rules = allowed(needs, pid);
+    let n = rules.len();
     let arch = std::env::consts::ARCH.try_into().map_err(err)?;
-    let deny = SeccompFilter::new(
+    let allow = SeccompFilter::new(
         rules,
-        SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
+        SeccompAction::Allow,
         arch,
     )
     .map_err(err)?;
@@ -155,82 +348,187 @@ fn seccomp_filters() -> Result<[seccompiler::BpfProgram; 2], SandboxError> {
         arch,
     )
     .map_err(err)?;
-    Ok([
-        deny.try_into().map_err(err)?,
-        clone3.try_into().map_err(err)?,
-    ])
+    Ok((
+        [
+            clone3.try_into().map_err(err)?,
+            allow.try_into().map_err(err)?,
+        ],
+        n,
+    ))
 }
 
-fn landlock(cache_dir: Option<&Path>) -> Result<RulesetStatus, SandboxError> {
+/// Read-only for `read`, read-write device files for `/dev`; `files` are single files.
+fn landlock(read_dirs: &[PathBuf], read_files: &[PathBuf]) -> Result<RulesetStatus, SandboxError> {
     let abi = ABI::V5;
     let mut rs = Ruleset::default()
         .handle_access(AccessFs::from_all(abi))?
         .handle_access(AccessNet::from_all(abi))?
         .create()?;
     let read = AccessFs::from_read(abi);
-    let all = AccessFs::from_all(abi);
+    let read_file = read & AccessFs::from_file(abi);
     // Device files: opened, read, written and driven by ioctl (RDMA verbs, GPU drivers).
     let rw_files = read | AccessFs::WriteFile | AccessFs::IoctlDev;
     // System libraries: drivers (RDMA providers, GPU runtimes) are loaded when first used.
-    let libs = [
+    let system = [
         "/usr",
         "/lib",
         "/lib64",
         "/etc/ld.so.cache",
         "/etc/libibverbs.d",
+        "/proc",
+        "/sys",
     ];
-    let system = libs.iter().map(|p| (*p, read));
-    for (p, access) in [("/proc", read), ("/sys", read), ("/dev", rw_files)]
-        .into_iter()
-        .chain(system)
-    {
+    for p in system {
         if let Ok(fd) = PathFd::new(p) {
+            let access = if Path::new(p).is_dir() {
+                read
+            } else {
+                read_file
+            };
             rs = rs.add_rule(PathBeneath::new(fd, access))?;
         }
     }
-    if let Some(d) = cache_dir {
+    if let Ok(fd) = PathFd::new("/dev") {
+        rs = rs.add_rule(PathBeneath::new(fd, rw_files))?;
+    }
+    for d in read_dirs {
         if let Ok(fd) = PathFd::new(d) {
-            rs = rs.add_rule(PathBeneath::new(fd, all))?;
+            rs = rs.add_rule(PathBeneath::new(fd, read))?;
+        }
+    }
+    for f in read_files {
+        if let Ok(fd) = PathFd::new(f) {
+            rs = rs.add_rule(PathBeneath::new(fd, read_file))?;
         }
     }
     Ok(rs.restrict_self()?.ruleset)
 }
 
-fn rlimits(budget: u64) -> Result<(), SandboxError> {
-    use rustix::process::{setrlimit, Resource, Rlimit};
-    let zero = Rlimit {
-        current: Some(0),
-        maximum: Some(0),
+fn set_limit(r: rustix::process::Resource, v: u64) -> Result<(), SandboxError> {
+    let lim = rustix::process::Rlimit {
+        current: Some(v),
+        maximum: Some(v),
     };
-    setrlimit(Resource::Core, zero).map_err(std::io::Error::from)?;
-    let data = budget.saturating_add(DATA_ALLOWANCE);
-    if data < u64::MAX / 2 {
-        let lim = Rlimit {
-            current: Some(data),
-            maximum: Some(data),
-        };
-        setrlimit(Resource::Data, lim).map_err(std::io::Error::from)?;
-    }
-    Ok(())
+    rustix::process::setrlimit(r, lim).map_err(|e| SandboxError::Rlimit(e.into()))
 }
 
-/// Step 1, as the session process starts: rlimits and the file rules (Landlock), for the whole
-/// process. `budget`: the most the session may hold in buffers; `cache_dir`: the weight cache,
-/// if any. Returns how far Landlock is enforced.
-pub fn restrict_files(budget: u64, cache_dir: Option<&Path>) -> Result<&'static str, SandboxError> {
-    rlimits(budget)?;
-    Ok(match landlock(cache_dir)? {
+/// Installs the sandbox on this process, which must have one thread: rlimits, Landlock (read
+/// `read_dirs` and `read_files`), then the system-call filter. `own_uid`: the session has a uid
+/// of its own, so its thread count can be bounded.
+pub fn install(
+    needs: Needs,
+    read_dirs: &[PathBuf],
+    read_files: &[PathBuf],
+    own_uid: bool,
+) -> Result<Installed, SandboxError> {
+    use rustix::process::Resource;
+    let threads = crate::namespaces::thread_count()?;
+    if threads != 1 {
+        return Err(SandboxError::Threads(threads));
+    }
+    set_limit(Resource::Core, 0)?;
+    set_limit(Resource::Nofile, MAX_FILES)?;
+    if own_uid {
+        set_limit(Resource::Nproc, MAX_THREADS)?;
+    }
+    let landlock = match landlock(read_dirs, read_files)? {
         RulesetStatus::FullyEnforced => "fully enforced",
         RulesetStatus::PartiallyEnforced => "partially enforced (older kernel)",
-        RulesetStatus::NotEnforced => "not enforced (no Landlock in this kernel)",
-    })
-}
-
-/// Step 2, once the transport is up: the system-call filter, on every thread.
-pub fn restrict_syscalls() -> Result<(), SandboxError> {
-    for prog in seccomp_filters()? {
+        RulesetStatus::NotEnforced => return Err(SandboxError::NoLandlock),
+    };
+    let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+    let (filters, syscalls) = seccomp_filters(needs, pid)?;
+    for prog in filters {
         seccompiler::apply_filter_all_threads(&prog)
             .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
     }
-    Ok(())
+    Ok(Installed { syscalls, landlock })
+}
+
+/// Bounds the session's whole address space (private and shared mappings alike) by its memory
+/// budget plus [`ADDRESS_ALLOWANCE`], once the budget is known and before the client's first
+/// byte is read. Not for GPU builds: their drivers reserve address space far beyond memory.
+pub fn limit_memory(budget: u64) -> Result<Option<u64>, SandboxError> {
+    if cfg!(any(feature = "cuda", feature = "vulkan")) {
+        return Ok(None);
+    }
+    let limit = budget.saturating_add(ADDRESS_ALLOWANCE);
+    if limit >= u64::MAX / 2 {
+        return Ok(None);
+    }
+    set_limit(rustix::process::Resource::As, limit)?;
+    Ok(Some(limit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allow_list_has_no_call_that_reaches_beyond_the_session() {
+        for needs in [
+            Needs::default(),
+            Needs {
+                rdma: true,
+                gpu: true,
+            },
+        ] {
+            let m = allowed(needs, 1);
+            for nr in [
+                libc::SYS_execve,
+                libc::SYS_execveat,
+                libc::SYS_memfd_create,
+                libc::SYS_shmget,
+                libc::SYS_connect,
+                libc::SYS_listen,
+                libc::SYS_accept4,
+                libc::SYS_ptrace,
+                libc::SYS_process_vm_readv,
+                libc::SYS_pidfd_open,
+                libc::SYS_pidfd_send_signal,
+                libc::SYS_tkill,
+                libc::SYS_fchmod,
+                libc::SYS_fchmodat,
+                libc::SYS_fchownat,
+                libc::SYS_setxattr,
+                libc::SYS_fsetxattr,
+                libc::SYS_unlinkat,
+                libc::SYS_renameat2,
+                libc::SYS_mount,
+                libc::SYS_unshare,
+                libc::SYS_setns,
+                libc::SYS_setresuid,
+                libc::SYS_bpf,
+                libc::SYS_io_uring_setup,
+                libc::SYS_keyctl,
+                libc::SYS_userfaultfd,
+                libc::SYS_perf_event_open,
+                libc::SYS_seccomp,
+                libc::SYS_ftruncate,
+                libc::SYS_pipe2,
+            ] {
+                assert!(!m.contains_key(&nr), "syscall {nr} is allowed");
+            }
+            if !needs.rdma {
+                assert!(!m.contains_key(&libc::SYS_socket));
+                assert!(!m.contains_key(&libc::SYS_bind));
+            }
+        }
+        assert!(!IOCTLS.contains(&(libc::TIOCSTI as u32)));
+    }
+
+    #[test]
+    fn the_filters_compile_for_this_architecture() {
+        let (_, n) = seccomp_filters(Needs::default(), 1).unwrap();
+        assert!(n > 50, "{n}");
+        let (_, m) = seccomp_filters(
+            Needs {
+                rdma: true,
+                gpu: false,
+            },
+            1,
+        )
+        .unwrap();
+        assert_eq!(m, n + 2, "socket and bind for RDMA");
+    }
 }

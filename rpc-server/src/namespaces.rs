@@ -1,0 +1,549 @@
+//! A session process's own identity and view of the system (Linux; part of containment, the
+//! default). What reaches the session process is attacker-shaped, so it runs where it can reach
+//! nothing but its own client, as OpenSSH's unprivileged child and a browser's renderer do:
+//!
+//! - **its own PID namespace**: it is process 1 of a namespace holding only itself; the front,
+//!   the other sessions and every other process have no number it could signal or trace;
+//! - **its own network namespace**: only a loopback that is down; the client's socket (and a
+//!   server-to-server link the front passes down) keep working, as they were made outside;
+//! - **its own mount namespace and root**: a read-only tmpfs holding only what a session reads
+//!   (system libraries, `/sys`, a few `/dev` nodes, the weight cache and `--gguf` files read-only,
+//!   a `/proc` of its own PID namespace); no home, no `/tmp`, no `/etc` beyond the loader cache;
+//! - **an identity that owns nothing**: as root, a dedicated unprivileged uid and gid
+//!   ([`session_uid`], no supplementary groups), so file permissions see a stranger; as another
+//!   user, a user namespace in which its capabilities are then dropped (bounding set included);
+//! - IPC, UTS and cgroup namespaces of its own; no controlling terminal (`setsid`); killed with
+//!   its parent (`PR_SET_PDEATHSIG`).
+//!
+//! It is done in two stages because a PID namespace takes effect only for children: the process
+//! the front starts (the outer stage, [`run_outer`]) unshares the namespaces and starts the same
+//! program again inside them (the inner stage, marked `--session-inner`), waits for it and
+//! mirrors how it ended; the inner stage builds its view ([`enter_view`]) and drops its identity
+//! ([`drop_identity`]) before `sandbox.rs` adds rlimits, Landlock and the system-call filter —
+//! all before any thread is started and any byte from the client is read. Any step that fails
+//! refuses the session (`--no-sandbox` turns all of it off).
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rustix::fs::{Mode, OFlags};
+use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+use rustix::thread::UnshareFlags;
+
+/// The first uid (and gid) of session processes when the server runs as root: above the ranges
+/// that distributions, systemd (dynamic users, 61184–65519; containers, 524288–1879048191) and
+/// container runtimes hand out, so no file on the system belongs to it.
+pub const SESSION_UID_BASE: u32 = 0x7F00_0000;
+/// How many distinct session uids there are ([`session_uid`]).
+pub const SESSION_UIDS: u32 = 0x10000;
+
+/// The uid and gid of the session process started by outer-stage process `pid`: distinct among
+/// sessions running at the same time (pids are unique among running processes, and fewer than
+/// 65536 sessions run at once), so no two sessions share an identity either.
+pub fn session_uid(pid: u32) -> u32 {
+    SESSION_UID_BASE + pid % SESSION_UIDS
+}
+
+/// How the inner stage becomes nobody in particular (`--session-inner`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// The server runs as root: switch to this uid and gid, no groups.
+    Dedicated(u32),
+    /// A user namespace in which the process is uid 0 (the server's own uid outside): drop every
+    /// capability, bounding set included.
+    UserNamespace,
+}
+
+impl Identity {
+    /// The value of `--session-inner`.
+    pub fn to_arg(self) -> String {
+        match self {
+            Identity::Dedicated(uid) => format!("uid:{uid}"),
+            Identity::UserNamespace => "userns".to_string(),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Identity> {
+        match s {
+            "userns" => Some(Identity::UserNamespace),
+            _ => s
+                .strip_prefix("uid:")?
+                .parse()
+                .ok()
+                .filter(|&u| u != 0)
+                .map(Identity::Dedicated),
+        }
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            Identity::Dedicated(uid) => format!("uid {uid}, no groups, no capabilities"),
+            Identity::UserNamespace => {
+                "a user namespace of its own, no capabilities (the server's uid outside)"
+                    .to_string()
+            }
+        }
+    }
+}
+
+/// A step of the set-up that failed, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{step}: {source}")]
+pub struct SetupError {
+    pub step: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn at<T, E: Into<std::io::Error>>(
+    step: impl Into<String>,
+    r: Result<T, E>,
+) -> Result<T, SetupError> {
+    r.map_err(|e| SetupError {
+        step: step.into(),
+        source: e.into(),
+    })
+}
+
+/// How many threads this process has (from `/proc/self/task`).
+pub fn thread_count() -> std::io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
+}
+
+/// The namespaces of a session: everything but time.
+const NAMESPACES: UnshareFlags = UnshareFlags::NEWPID
+    .union(UnshareFlags::NEWNS)
+    .union(UnshareFlags::NEWNET)
+    .union(UnshareFlags::NEWIPC)
+    .union(UnshareFlags::NEWUTS)
+    .union(UnshareFlags::NEWCGROUP);
+
+/// Outer stage, the first thing the process the front started does (one thread): unshares the
+/// namespaces, starts the program again inside them with `--session-inner` (the client's socket,
+/// the control line and stderr inherited), waits for it and returns the exit code that mirrors
+/// its end (a signal `n` becomes `128 + n`, which the front reports as that signal). Returns an
+/// error, and starts nothing, when a namespace cannot be made.
+pub fn run_outer() -> Result<i32, SetupError> {
+    use rustix::process::Signal;
+    // If the front dies, so does this process, and with it (its own death signal) the session.
+    at(
+        "PR_SET_PDEATHSIG",
+        rustix::process::set_parent_process_death_signal(Some(Signal::KILL)),
+    )?;
+    let threads = at("count threads", thread_count())?;
+    if threads != 1 {
+        return Err(SetupError {
+            step: "unshare".into(),
+            source: std::io::Error::other(format!("{threads} threads exist already")),
+        });
+    }
+    let identity = if rustix::process::geteuid().is_root() {
+        at(
+            "unshare namespaces",
+            crate::sys_linux::unshare_namespaces(NAMESPACES),
+        )?;
+        Identity::Dedicated(session_uid(std::process::id()))
+    } else {
+        let (uid, gid) = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        at(
+            "unshare a user namespace (unprivileged user namespaces may be off: sysctl kernel.unprivileged_userns_clone / user.max_user_namespaces)",
+            crate::sys_linux::unshare_namespaces(UnshareFlags::NEWUSER | NAMESPACES),
+        )?;
+        at(
+            "write /proc/self/setgroups",
+            std::fs::write("/proc/self/setgroups", "deny"),
+        )?;
+        at(
+            "write /proc/self/uid_map",
+            std::fs::write("/proc/self/uid_map", format!("0 {uid} 1")),
+        )?;
+        at(
+            "write /proc/self/gid_map",
+            std::fs::write("/proc/self/gid_map", format!("0 {gid} 1")),
+        )?;
+        Identity::UserNamespace
+    };
+    let exe = at("find the executable", std::env::current_exe())?;
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut child = at(
+        "start the session inside its namespaces",
+        Command::new(exe)
+            .args(args)
+            .arg("--session-inner")
+            .arg(identity.to_arg())
+            .spawn(),
+    )?;
+    let status = at("wait for the session", child.wait())?;
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        _ => 1,
+    })
+}
+
+/// What the session's view holds besides the system: the weight cache and `--gguf` files (all
+/// read-only) and whether RDMA devices are wanted.
+#[derive(Debug, Default, Clone)]
+pub struct View {
+    /// Directories to see read-only at their own path (the weight cache).
+    pub dirs: Vec<PathBuf>,
+    /// Files to see read-only at their own path (`--gguf` files, their index).
+    pub files: Vec<PathBuf>,
+    /// `/dev/infiniband` (RDMA verbs devices).
+    pub rdma: bool,
+}
+
+/// System directories a session reads: the program's libraries and those it loads later (RDMA
+/// providers, GPU runtimes).
+const SYSTEM_DIRS: &[&str] = &["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"];
+/// Single system files: the dynamic loader's cache, the RDMA provider list.
+const SYSTEM_PATHS: &[&str] = &["/etc/ld.so.cache", "/etc/libibverbs.d"];
+/// Device nodes every session may use.
+const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+/// GPU device nodes, for the builds that drive a GPU.
+#[cfg(feature = "cuda")]
+const GPU_DEVICE_PREFIXES: &[&str] = &["nvidia"];
+#[cfg(all(feature = "vulkan", not(feature = "cuda")))]
+const GPU_DEVICE_PREFIXES: &[&str] = &["dri"];
+#[cfg(not(any(feature = "cuda", feature = "vulkan")))]
+const GPU_DEVICE_PREFIXES: &[&str] = &[];
+
+/// Where the new root is built: a tmpfs mounted over `/tmp` of the new mount namespace (the
+/// outside `/tmp` is not touched: the mount is private to the session).
+const NEW_ROOT: &str = "/tmp";
+const OLD_ROOT: &str = ".old-root";
+
+/// One path of the view: where it is outside, and a handle to it taken before anything is
+/// mounted over it.
+struct Source {
+    path: PathBuf,
+    handle: rustix::fd::OwnedFd,
+    kind: Kind,
+}
+
+#[derive(PartialEq)]
+enum Kind {
+    Dir,
+    File,
+    /// A symbolic link, recreated as it is (e.g. `/lib -> usr/lib`).
+    Link(PathBuf),
+}
+
+fn source(path: &Path) -> Option<Source> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    let kind = if meta.file_type().is_symlink() {
+        Kind::Link(std::fs::read_link(path).ok()?)
+    } else if meta.is_dir() {
+        Kind::Dir
+    } else {
+        Kind::File
+    };
+    let handle = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .ok()?;
+    Some(Source {
+        path: path.to_path_buf(),
+        handle,
+        kind,
+    })
+}
+
+/// The view's sources, in mount order (a directory before anything inside it).
+fn sources(view: &View) -> Vec<Source> {
+    let mut paths: Vec<PathBuf> = SYSTEM_DIRS
+        .iter()
+        .chain(SYSTEM_PATHS)
+        .chain(DEVICES)
+        .map(PathBuf::from)
+        .collect();
+    paths.push("/sys".into());
+    if view.rdma {
+        paths.push("/dev/infiniband".into());
+    }
+    if let Ok(dev) = std::fs::read_dir("/dev") {
+        for e in dev.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if GPU_DEVICE_PREFIXES.iter().any(|p| name.starts_with(p)) {
+                paths.push(e.path());
+            }
+        }
+    }
+    for d in &view.dirs {
+        paths.push(std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()));
+    }
+    for f in &view.files {
+        paths.push(std::fs::canonicalize(f).unwrap_or_else(|_| f.clone()));
+    }
+    paths.sort_by_key(|p| p.components().count());
+    paths.dedup();
+    paths.iter().filter_map(|p| source(p)).collect()
+}
+
+/// The flags of the mount a source lives on that a remount must keep (in a user namespace the
+/// kernel refuses to clear them: they are locked).
+fn kept_flags(handle: &rustix::fd::OwnedFd) -> MountFlags {
+    use rustix::fs::StatVfsMountFlags as V;
+    let Ok(st) = rustix::fs::fstatvfs(handle) else {
+        return MountFlags::empty();
+    };
+    [
+        (V::NOEXEC, MountFlags::NOEXEC),
+        (V::NODEV, MountFlags::NODEV),
+        (V::NOSUID, MountFlags::NOSUID),
+        (V::NOATIME, MountFlags::NOATIME),
+        (V::NODIRATIME, MountFlags::NODIRATIME),
+        (V::RELATIME, MountFlags::RELATIME),
+    ]
+    .into_iter()
+    .filter(|(v, _)| st.f_flag.contains(*v))
+    .fold(MountFlags::empty(), |acc, (_, m)| acc | m)
+}
+
+/// `target` inside the new root.
+fn inside(root: &Path, p: &Path) -> PathBuf {
+    root.join(p.strip_prefix("/").unwrap_or(p))
+}
+
+fn mkdir_all(p: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(p)
+}
+
+/// Builds the session's root and enters it: private mounts, a tmpfs holding the sources bound
+/// read-only at their own paths, a `/proc` of the new PID namespace, `pivot_root`, the old root
+/// detached, the new one read-only. Runs as (namespace) root, before [`drop_identity`].
+pub fn enter_view(view: &View) -> Result<(), SetupError> {
+    at(
+        "PR_SET_PDEATHSIG",
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
+    )?;
+    // Nothing mounted here propagates back to the system.
+    at(
+        "make every mount private",
+        rustix::mount::mount_change(
+            "/",
+            MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+        ),
+    )?;
+    let sources = sources(view);
+    let root = Path::new(NEW_ROOT);
+    at(
+        "mount the new root (tmpfs)",
+        rustix::mount::mount(
+            "rpc-session",
+            root,
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            Some(c"mode=0755,size=1m"),
+        ),
+    )?;
+    for s in &sources {
+        let target = inside(root, &s.path);
+        if std::fs::symlink_metadata(&target).is_ok() {
+            // Already seen, read-only, through a directory bound before it (a --gguf file in
+            // the cache directory).
+            continue;
+        }
+        if let Some(parent) = target.parent() {
+            at(format!("mkdir {}", parent.display()), mkdir_all(parent))?;
+        }
+        match &s.kind {
+            Kind::Link(to) => {
+                at(
+                    format!("symlink {}", s.path.display()),
+                    rustix::fs::symlink(to, &target),
+                )?;
+                continue;
+            }
+            Kind::Dir => at(format!("mkdir {}", target.display()), mkdir_all(&target))?,
+            Kind::File => {
+                at(
+                    format!("create {}", target.display()),
+                    std::fs::File::create(&target),
+                )?;
+            }
+        }
+        let from = format!(
+            "/proc/self/fd/{}",
+            rustix::fd::AsRawFd::as_raw_fd(&s.handle)
+        );
+        at(
+            format!("bind {}", s.path.display()),
+            rustix::mount::mount_bind(from.as_str(), &target),
+        )?;
+        // Read-only, no set-uid; device nodes keep working (a read-only mount does not stop
+        // writes to a device).
+        let mut flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID;
+        if !s.path.starts_with("/dev") {
+            flags |= MountFlags::NODEV;
+        }
+        flags |= kept_flags(&s.handle);
+        at(
+            format!("make {} read-only", s.path.display()),
+            rustix::mount::mount_remount(&target, flags, ""),
+        )?;
+    }
+    let proc_dir = root.join("proc");
+    at("mkdir /proc", mkdir_all(&proc_dir))?;
+    at(
+        "mount /proc of the session's PID namespace",
+        rustix::mount::mount(
+            "proc",
+            &proc_dir,
+            "proc",
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            None,
+        ),
+    )?;
+    let old = root.join(OLD_ROOT);
+    at("mkdir the old root", mkdir_all(&old))?;
+    at("pivot_root", rustix::process::pivot_root(root, &old))?;
+    at("chdir /", rustix::process::chdir("/"))?;
+    let old = Path::new("/").join(OLD_ROOT);
+    at(
+        "detach the old root",
+        rustix::mount::unmount(&old, UnmountFlags::DETACH),
+    )?;
+    at(
+        "remove the old root's mount point",
+        std::fs::remove_dir(&old),
+    )?;
+    at(
+        "make the new root read-only",
+        rustix::mount::mount_remount(
+            "/",
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            "",
+        ),
+    )?;
+    Ok(())
+}
+
+/// Becomes nobody in particular ([`Identity`]), with no way back: a new session without a
+/// controlling terminal, no new privileges on exec.
+pub fn drop_identity(identity: Identity) -> Result<(), SetupError> {
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    // No controlling terminal: /dev/tty and terminal signals are out of reach.
+    at("setsid", rustix::process::setsid())?;
+    match identity {
+        Identity::Dedicated(id) => {
+            let (uid, gid) = (
+                rustix::process::Uid::from_raw(id),
+                rustix::process::Gid::from_raw(id),
+            );
+            at(
+                "drop supplementary groups",
+                rustix::thread::set_thread_groups(&[]),
+            )?;
+            at(
+                "setresgid",
+                rustix::thread::set_thread_res_gid(gid, gid, gid),
+            )?;
+            // Leaving uid 0 clears every capability (no SECBIT_KEEP_CAPS).
+            at(
+                "setresuid",
+                rustix::thread::set_thread_res_uid(uid, uid, uid),
+            )?;
+        }
+        Identity::UserNamespace => {
+            for cap in CapabilitySet::all().iter() {
+                // Capabilities this kernel does not know answer EINVAL: nothing to drop.
+                match rustix::thread::remove_capability_from_bounding_set(cap) {
+                    Ok(()) | Err(rustix::io::Errno::INVAL) => {}
+                    Err(e) => return at("drop the capability bounding set", Err(e)),
+                }
+            }
+            at(
+                "drop every capability",
+                rustix::thread::set_capabilities(
+                    None,
+                    CapabilitySets {
+                        effective: CapabilitySet::empty(),
+                        permitted: CapabilitySet::empty(),
+                        inheritable: CapabilitySet::empty(),
+                    },
+                ),
+            )?;
+        }
+    }
+    at(
+        "PR_SET_NO_NEW_PRIVS",
+        rustix::thread::set_no_new_privs(true),
+    )?;
+    // A change of uid clears the parent-death signal: set it again.
+    at(
+        "PR_SET_PDEATHSIG",
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
+    )?;
+    let caps = at("read capabilities", rustix::thread::capabilities(None))?;
+    if !caps.permitted.is_empty() || !caps.effective.is_empty() {
+        return Err(SetupError {
+            step: "drop capabilities".into(),
+            source: std::io::Error::other("capabilities remain"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_round_trips_and_never_names_root() {
+        for id in [
+            Identity::UserNamespace,
+            Identity::Dedicated(session_uid(4242)),
+        ] {
+            assert_eq!(Identity::parse(&id.to_arg()), Some(id));
+        }
+        assert_eq!(Identity::parse("uid:0"), None);
+        assert_eq!(Identity::parse("uid:x"), None);
+        assert_eq!(Identity::parse("root"), None);
+    }
+
+    #[test]
+    fn session_uids_are_distinct_per_pid_and_above_every_allocated_range() {
+        assert_ne!(session_uid(100), session_uid(101));
+        for pid in [0, 1, 65535, 65536, 4_194_304] {
+            let u = session_uid(pid);
+            assert!(u >= SESSION_UID_BASE && u < SESSION_UID_BASE + SESSION_UIDS);
+            assert!(u > 1_879_048_191, "above systemd's container range");
+        }
+    }
+
+    #[test]
+    fn the_view_is_built_a_parent_before_its_children() {
+        let d = std::env::temp_dir().join(format!("ns-view-{}", std::process::id()));
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/f"), b"x").unwrap();
+        let view = View {
+            dirs: vec![d.clone()],
+            files: vec![d.join("sub/f")],
+            rdma: false,
+        };
+        let s = sources(&view);
+        let pos = |p: &Path| s.iter().position(|x| x.path == p).unwrap();
+        let d = std::fs::canonicalize(&d).unwrap();
+        assert!(pos(&d) < pos(&d.join("sub/f")));
+        assert!(s.iter().any(|x| x.path == Path::new("/dev/null")));
+        assert!(!s
+            .iter()
+            .any(|x| x.path.starts_with("/home") || x.path == Path::new("/etc")));
+        std::fs::remove_dir_all(&d).ok();
+    }
+}
