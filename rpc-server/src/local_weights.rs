@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Mutex};
@@ -116,6 +116,11 @@ pub struct LocalWeights {
     /// hash → (file, entry) for every indexed tensor with that hash.
     by_hash: HashMap<u64, Vec<(usize, usize)>>,
     index_path: Option<PathBuf>,
+    /// The index's directory, opened once (the index is read and written relative to it, never
+    /// through a link), and whether this process writes it (the front; a session process only
+    /// reads it).
+    index_dir: Option<std::os::fd::OwnedFd>,
+    writes_index: bool,
     /// What the persisted index had for files not given this time (kept when it is rewritten).
     others: Vec<SavedFile>,
     save_lock: Mutex<()>,
@@ -155,7 +160,19 @@ impl LocalWeights {
     ) -> Result<LocalWeights, LocalWeightsError> {
         let t0 = Instant::now();
         let found = collect_files(paths)?;
-        let saved = index_path.as_deref().map(load_index).unwrap_or_default();
+        let index_dir = index_path.as_deref().and_then(|p| {
+            let d = p.parent()?;
+            if threads.is_some() {
+                if let Err(e) = fs::create_dir_all(d) {
+                    tracing::warn!(path = %d.display(), error = %e, "cannot create the GGUF index's directory");
+                }
+            }
+            crate::cache::open_dir(d).ok()
+        });
+        let saved = match (&index_dir, index_path.as_deref()) {
+            (Some(d), Some(p)) => load_index(d, p),
+            _ => Vec::new(),
+        };
         let mut files = Vec::new();
         // (file, entry) still to hash
         let mut jobs: Vec<(usize, usize)> = Vec::new();
@@ -222,6 +239,7 @@ impl LocalWeights {
             set.len()
         };
         let bytes_hashed: u64 = jobs.iter().map(|&(f, e)| files[f].entries[e].len).sum();
+        let writes_index = threads.is_some();
         let threads = threads.unwrap_or(1).clamp(1, jobs.len().max(1));
         let failed = hash_all(&mut files, &mut jobs, threads, bytes_hashed);
         // A file with a tensor that could not be read is not indexed at all.
@@ -254,6 +272,8 @@ impl LocalWeights {
             files,
             by_hash,
             index_path,
+            index_dir,
+            writes_index,
             others,
             save_lock: Mutex::new(()),
             counters: LocalCounters::default(),
@@ -377,7 +397,13 @@ impl LocalWeights {
     /// Writes the persisted index (atomically): the live files, and what an earlier run indexed
     /// for files not given this time, where they still exist unchanged.
     fn save(&self) {
-        let Some(path) = &self.index_path else { return };
+        let (Some(path), Some(dir), true) = (&self.index_path, &self.index_dir, self.writes_index)
+        else {
+            return;
+        };
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            return;
+        };
         let _g = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
         out.push_str(INDEX_MAGIC);
@@ -410,17 +436,9 @@ impl LocalWeights {
                 write(&o.path, o.size, o.mtime_ns, &o.entries);
             }
         }
-        let res = (|| {
-            if let Some(d) = path.parent() {
-                fs::create_dir_all(d)?;
-            }
-            let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-            let mut f = File::create(&tmp)?;
-            f.write_all(out.as_bytes())?;
-            f.sync_all()?;
-            fs::rename(&tmp, path)
-        })();
-        if let Err(e) = res {
+        // An exclusive temp file beside it, renamed over it (a link there is replaced, never
+        // followed).
+        if let Err(e) = crate::cache::replace_in(dir, name, out.as_bytes()) {
             tracing::warn!(path = %path.display(), error = %e, "cannot save the GGUF index");
         }
     }
@@ -615,8 +633,11 @@ struct SavedFile {
 
 /// Reads the persisted index; anything unreadable or malformed counts as empty (files are
 /// then rehashed).
-fn load_index(path: &Path) -> Vec<SavedFile> {
-    let Ok(f) = File::open(path) else {
+fn load_index(dir: &std::os::fd::OwnedFd, path: &Path) -> Vec<SavedFile> {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return Vec::new();
+    };
+    let Ok(f) = crate::cache::open_in(dir, name) else {
         return Vec::new();
     };
     let mut text = String::new();
@@ -744,6 +765,40 @@ mod tests {
         let lw4 = LocalWeights::from_index(&[d.join("m.gguf")], None).unwrap();
         assert_eq!((lw4.summary().files, lw4.summary().files_hashed), (0, 0));
         let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_link_planted_at_the_index_is_never_followed() {
+        let d = tmpdir("link");
+        let outside = tmpdir("link-outside");
+        fs::create_dir_all(&outside).unwrap();
+        let target = outside.join("victim");
+        fs::write(&target, b"precious").unwrap();
+        let a = big(9);
+        model(&d.join("m.gguf"), &[("a", &a)]);
+        let cache = d.join("cache");
+        fs::create_dir_all(&cache).unwrap();
+        let idx = cache.join(INDEX_FILE);
+        std::os::unix::fs::symlink(&target, &idx).unwrap();
+        let lw = LocalWeights::build(std::slice::from_ref(&d), Some(idx.clone()), 1).unwrap();
+        assert_eq!(lw.entry_len(fnv1a64(&a)), Some(a.len() as u64));
+        assert_eq!(
+            fs::read(&target).unwrap(),
+            b"precious",
+            "the target is untouched"
+        );
+        assert!(
+            fs::symlink_metadata(&idx).unwrap().is_file(),
+            "the link was replaced"
+        );
+        // A session process reads the index and writes nothing, even for a dropped file.
+        let before = fs::read(&idx).unwrap();
+        let lw2 = LocalWeights::from_index(&[d.join("m.gguf")], Some(idx.clone())).unwrap();
+        assert_eq!(lw2.entry_len(fnv1a64(&a)), Some(a.len() as u64));
+        lw2.drop_file(0);
+        assert_eq!(fs::read(&idx).unwrap(), before);
+        let _ = fs::remove_dir_all(&d);
+        let _ = fs::remove_dir_all(&outside);
     }
 
     #[test]
