@@ -667,7 +667,8 @@ impl Front {
         if !self.send(&ToFront::Store(data.len() as u64)) {
             return;
         }
-        match staging.recv_timeout(Duration::from_secs(30)) {
+        // The front answers once the store before this one is written (one per session).
+        match staging.recv_timeout(Duration::from_secs(600)) {
             Ok(Some(fd)) => {
                 let file = std::fs::File::from(fd);
                 if let Err(e) = file.write_all_at(data, 0) {
