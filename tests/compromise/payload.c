@@ -31,6 +31,7 @@
  *   RPC_ATTACK_MEM_LIMIT  bytes: the session's memory bound (memory case tries 256 MiB more)
  *   RPC_ATTACK_SHM_KEY    a SysV key: the memory case leaves a 64 MiB segment under it
  *   RPC_ATTACK_FLOOD_BYTES  size of the unterminated line (default 512 MiB)
+ *   RPC_ATTACK_FLOOD_STEP line|rate|junk: only that step of the flood case (default: all)
  *   RPC_ATTACK_RSS_BOUND  bytes the front's peak RSS may grow by (default 64 MiB)
  *   RPC_ATTACK_LINE_RATE  control lines per second the front may accept (default 10000)
  */
@@ -475,6 +476,13 @@ static long write_all(int fd, const char *b, size_t n) {
     return (long)done;
 }
 
+/* RPC_ATTACK_FLOOD_STEP=line|rate|junk runs that step only (the harness gives each its own
+ * server: a front that ends the session at the first would hide the others). */
+static int flood_wants(const char *st) {
+    const char *only = getenv("RPC_ATTACK_FLOOD_STEP");
+    return !only || !*only || !strcmp(only, st);
+}
+
 static void case_flood(void) {
     pid_t front = front_pid();
     unsigned long long total = env_u64("RPC_ATTACK_FLOOD_BYTES", 512 * MIB);
@@ -482,68 +490,80 @@ static void case_flood(void) {
     double rate_bound = (double)env_u64("RPC_ATTACK_LINE_RATE", 10000);
     long hwm0 = status_kib(front, "VmHWM:"), rss0 = status_kib(front, "VmRSS:");
     say("ATTACK-INFO flood front pid %d VmRSS %ld KiB VmHWM %ld KiB before", (int)front, rss0, hwm0);
-    /* One line that never ends: "S 0 000...". A front that keeps it whole grows by its size. */
-    say("ATTACK-TRY flood unterminated 512 MiB line on the control channel");
-    size_t chunk = 1 << 20;
-    char *buf = malloc(chunk);
-    memset(buf, '0', chunk);
-    unsigned long long sent = 0;
-    int e = 0;
-    long r = write_all(1, "S 0 ", 4);
-    if (r < 0) e = errno;
-    double t0 = now_s();
-    while (r >= 0 && sent < total) {
-        size_t n = total - sent < chunk ? (size_t)(total - sent) : chunk;
-        r = write_all(1, buf, n);
-        if (r < 0) { e = errno; break; }
-        sent += n;
-    }
-    double dt = now_s() - t0;
-    long hwm1 = status_kib(front, "VmHWM:");
     char detail[200];
-    long grown = hwm0 >= 0 && hwm1 >= 0 ? (hwm1 - hwm0) / 1024 : -1;
-    snprintf(detail, sizeof detail, "%llu MiB accepted in %.1f s; front VmHWM +%ld MiB, bound %llu MiB",
-             sent / MIB, dt, grown, bound / MIB);
-    if (r < 0) step("unterminated 512 MiB line on the control channel", -1, e, detail);
-    else if (grown < 0) step("unterminated 512 MiB line on the control channel", 0, 0, detail);
-    else step("unterminated 512 MiB line on the control channel", grown * MIB > bound ? 0 : -1, EDQUOT, detail);
-    /* End it (zeros parse as a counter delta of 0: the front logs nothing for it). */
-    write_all(1, "\n", 1);
-    free(buf);
-    /* Many short valid lines ("I freed 0 bytes": no log line each), for 3 s. */
-    say("ATTACK-TRY flood valid control lines as fast as possible");
-    static const char lines[] = "F 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\n";
-    unsigned long long count = 0;
-    t0 = now_s();
-    e = 0;
-    r = 0;
-    while (now_s() - t0 < 3.0) {
-        r = write_all(1, lines, sizeof lines - 1);
-        if (r < 0) { e = errno; break; }
-        count += 16;
+    long r = 0;
+    int e = 0;
+    double t0, dt, rate;
+    unsigned long long count;
+    if (flood_wants("line")) {
+        /* One line that never ends: "S 0 000...". A front that keeps it whole grows by its size. */
+        const char *st = "unterminated 512 MiB line on the control channel";
+        say("ATTACK-TRY flood %s", st);
+        size_t chunk = 1 << 20;
+        char *buf = malloc(chunk);
+        memset(buf, '0', chunk);
+        unsigned long long sent = 0;
+        r = write_all(1, "S 0 ", 4);
+        if (r < 0) e = errno;
+        t0 = now_s();
+        while (r >= 0 && sent < total) {
+            size_t n = total - sent < chunk ? (size_t)(total - sent) : chunk;
+            r = write_all(1, buf, n);
+            if (r < 0) { e = errno; break; }
+            sent += n;
+        }
+        dt = now_s() - t0;
+        long hwm1 = status_kib(front, "VmHWM:");
+        long grown = hwm0 >= 0 && hwm1 >= 0 ? (hwm1 - hwm0) / 1024 : -1;
+        snprintf(detail, sizeof detail, "%llu MiB accepted in %.1f s; front VmHWM +%ld MiB, bound %llu MiB",
+                 sent / MIB, dt, grown, bound / MIB);
+        if (r < 0) step(st, -1, e, detail);
+        else if (grown < 0) step(st, 0, 0, detail); /* cannot see the front: it took the whole line */
+        else step(st, grown * MIB > bound ? 0 : -1, EDQUOT, detail);
+        /* End it (zeros parse as a counter delta of 0: the front logs nothing for it). */
+        write_all(1, "\n", 1);
+        free(buf);
     }
-    dt = now_s() - t0;
-    double rate = (double)count / (dt > 0 ? dt : 1);
-    snprintf(detail, sizeof detail, "%llu lines in %.1f s = %.0f/s, bound %.0f/s", count, dt, rate, rate_bound);
-    if (r < 0) step("valid control lines as fast as possible", -1, e, detail);
-    else step("valid control lines as fast as possible", rate > rate_bound ? 0 : -1, EDQUOT, detail);
-    /* Junk lines: each one the front cannot parse (a front that logs each fills its log). */
-    count = 0;
-    t0 = now_s();
-    e = 0;
-    r = 0;
-    static const char junk[] = "X junk from a compromised session\n";
-    say("ATTACK-TRY flood junk control lines as fast as possible");
-    while (now_s() - t0 < 1.0 && count < 200000) {
-        r = write_all(1, junk, sizeof junk - 1);
-        if (r < 0) { e = errno; break; }
-        count++;
+    if (flood_wants("rate")) {
+        /* Many short valid lines ("I freed 0 bytes": no log line each), for 3 s. */
+        const char *st = "valid control lines as fast as possible";
+        say("ATTACK-TRY flood %s", st);
+        static const char lines[] = "F 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\nF 0\n";
+        count = 0;
+        t0 = now_s();
+        e = 0;
+        r = 0;
+        while (now_s() - t0 < 3.0) {
+            r = write_all(1, lines, sizeof lines - 1);
+            if (r < 0) { e = errno; break; }
+            count += 16;
+        }
+        dt = now_s() - t0;
+        rate = (double)count / (dt > 0 ? dt : 1);
+        snprintf(detail, sizeof detail, "%llu lines in %.1f s = %.0f/s, bound %.0f/s", count, dt, rate, rate_bound);
+        if (r < 0) step(st, -1, e, detail);
+        else step(st, rate > rate_bound ? 0 : -1, EDQUOT, detail);
     }
-    dt = now_s() - t0;
-    rate = (double)count / (dt > 0 ? dt : 1);
-    snprintf(detail, sizeof detail, "%llu junk lines in %.1f s = %.0f/s, bound %.0f/s", count, dt, rate, rate_bound);
-    if (r < 0) step("junk control lines as fast as possible", -1, e, detail);
-    else step("junk control lines as fast as possible", rate > rate_bound ? 0 : -1, EDQUOT, detail);
+    if (flood_wants("junk")) {
+        /* Junk lines: each one the front cannot parse (a front that logs each fills its log). */
+        const char *st = "junk control lines as fast as possible";
+        say("ATTACK-TRY flood %s", st);
+        static const char junk[] = "X junk from a compromised session\n";
+        count = 0;
+        t0 = now_s();
+        e = 0;
+        r = 0;
+        while (now_s() - t0 < 1.0 && count < 200000) {
+            r = write_all(1, junk, sizeof junk - 1);
+            if (r < 0) { e = errno; break; }
+            count++;
+        }
+        dt = now_s() - t0;
+        rate = (double)count / (dt > 0 ? dt : 1);
+        snprintf(detail, sizeof detail, "%llu junk lines in %.1f s = %.0f/s, bound %.0f/s", count, dt, rate, rate_bound);
+        if (r < 0) step(st, -1, e, detail);
+        else step(st, rate > rate_bound ? 0 : -1, EDQUOT, detail);
+    }
     long hwm2 = status_kib(front, "VmHWM:"), rss2 = status_kib(front, "VmRSS:");
     say("ATTACK-INFO flood front VmRSS %ld KiB VmHWM %ld KiB after", rss2, hwm2);
 }
