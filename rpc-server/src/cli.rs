@@ -130,7 +130,9 @@ pub struct Args {
     #[arg(long)]
     pub list_devices: bool,
 
-    /// Connections served at the same time, counted from their HELLO (more wait).
+    /// Connections served at the same time, counted from their HELLO. When all are taken, a new
+    /// client gets the slot of the oldest connection that holds nothing (no buffer, graph or
+    /// RDMA queue pair), which is closed; when every one holds something, it waits.
     #[arg(long, default_value_t = 128)]
     pub max_connections: usize,
 

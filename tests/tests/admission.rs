@@ -2,7 +2,10 @@
 //! from outside `--allow` and over a peer's share are closed unread; a connection takes a slot
 //! only once its HELLO is in, and must send all of it in time; a started request must keep
 //! arriving whatever the idle timeout; a request body is charged to the memory budget before a
-//! byte of it is read, and memory follows the bytes that arrive, not the size a header claims.
+//! byte of it is read, and memory follows the bytes that arrive, not the size a header claims;
+//! when every slot is taken a new client takes the slot of the oldest connection that holds
+//! nothing (HELLO-only connections cannot lock clients out), never of one that holds a buffer,
+//! with sessions in this process (`--no-isolate`) and contained (a session process each).
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -10,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use rpc_proto::Command;
 use rpc_server::admission::AllowList;
+#[cfg(unix)]
+use rpc_server::isolate::Isolation;
 use rpc_server::server::ServerOptions;
 use rpc_server::session::MemoryLimits;
 use rpc_server::stats::Refusal;
@@ -291,4 +296,212 @@ async fn memory_follows_the_bytes_that_arrive() {
     );
     drop(conns);
     assert_healthy(s.addr).await;
+}
+
+/// The two ways sessions run: in the server's process (`--no-isolate`), or contained, a process
+/// each (the default): the front serves a connection until its first stateful command, then
+/// hands it to a session process of the release binary.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    InProcess,
+    #[cfg(unix)]
+    Contained,
+}
+
+fn server(mode: Mode, max_connections: usize) -> TestServer {
+    let opts = ServerOptions {
+        max_connections,
+        ..Default::default()
+    };
+    let opts = match mode {
+        Mode::InProcess => opts,
+        #[cfg(unix)]
+        Mode::Contained => ServerOptions {
+            isolate: Some(std::sync::Arc::new(Isolation {
+                exe: release_server_bin(BuildServer::IfMissing),
+                args: vec!["-t".into(), "1".into()],
+            })),
+            ..opts
+        },
+    };
+    TestServer::start_with_options(opts)
+}
+
+/// Connects, sends a HELLO and reads its whole reply (which comes once the connection holds a
+/// slot), then says nothing more.
+async fn hello_only(addr: SocketAddr) -> TcpStream {
+    let mut s = raw(addr).await;
+    s.write_all(&hello()).await.expect("send HELLO");
+    let mut size = [0u8; 8];
+    within("HELLO reply", s.read_exact(&mut size))
+        .await
+        .expect("HELLO reply");
+    let mut reply = vec![0u8; u64::from_le_bytes(size) as usize];
+    s.read_exact(&mut reply).await.expect("HELLO reply");
+    s
+}
+
+/// Whether a raw connection past its HELLO is still served (DEVICE_COUNT is answered).
+async fn still_served(s: &mut TcpStream) -> bool {
+    if s.write_all(&frame(Command::DeviceCount as u8, &[]))
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    let mut reply = [0u8; 8 + 4];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut reply)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// A client that holds something: a buffer with a tensor whose bytes it set.
+async fn loaded_client(addr: SocketAddr, seed: u64) -> (rpc_client::Client, Buf) {
+    let mut c = connect(addr).await;
+    let buf = alloc(&mut c, 4096).await;
+    let t = buf.f32(1, &[16], 0).build();
+    let data = pattern(64, seed);
+    c.set_tensor(&t, 0, &data, false).await.expect("SET_TENSOR");
+    assert_eq!(c.get_tensor(&t, 0, 64).await.expect("GET_TENSOR"), data);
+    (c, buf)
+}
+
+/// Whether a client's buffer still holds what [`loaded_client`] set.
+async fn still_loaded(c: &mut rpc_client::Client, buf: &Buf, seed: u64) -> bool {
+    let t = buf.f32(1, &[16], 0).build();
+    matches!(c.get_tensor(&t, 0, 64).await, Ok(d) if d == pattern(64, seed))
+}
+
+async fn evictions(s: &TestServer, n: u64) {
+    let t = Instant::now();
+    while s.stats.evicted.load(Relaxed) != n {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{} evictions counted, expected {n}",
+            s.stats.evicted.load(Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The outside review's finding: `--max-connections` (128 by default) loopback clients that
+/// each send a HELLO and nothing else used to lock every other client out until the idle
+/// timeout (600 s). Now a client that comes when all slots are taken gets the slot of the
+/// oldest of them, and loads.
+async fn hello_only_connections_give_way(mode: Mode) {
+    let max = 128;
+    let s = server(mode, max);
+    let mut idle = Vec::with_capacity(max);
+    for _ in 0..max {
+        idle.push(hello_only(s.addr).await);
+    }
+    let (mut c, buf) = within(
+        "a client past 128 HELLO-only connections",
+        loaded_client(s.addr, 1),
+    )
+    .await;
+    let t = closed_after(&mut idle[0], Duration::from_secs(5)).await;
+    assert!(
+        t.is_some(),
+        "{mode:?}: the oldest HELLO-only connection is still open"
+    );
+    evictions(&s, 1).await;
+    for (i, c) in idle.iter_mut().enumerate().skip(1) {
+        assert!(
+            still_served(c).await,
+            "{mode:?}: HELLO-only connection {i} was closed too"
+        );
+    }
+    // The next client takes the slot of the next oldest.
+    let (mut d, dbuf) = within("a second client", loaded_client(s.addr, 2)).await;
+    assert!(closed_after(&mut idle[1], Duration::from_secs(5))
+        .await
+        .is_some());
+    evictions(&s, 2).await;
+    assert!(still_served(&mut idle[2]).await);
+    assert!(still_loaded(&mut c, &buf, 1).await && still_loaded(&mut d, &dbuf, 2).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_only_connections_give_way_to_a_client_no_isolate() {
+    hello_only_connections_give_way(Mode::InProcess).await;
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_only_connections_give_way_to_a_client_contained() {
+    hello_only_connections_give_way(Mode::Contained).await;
+}
+
+/// Only a connection that holds nothing is closed for a new client, the oldest of them: one that
+/// holds a buffer never is, however old; when all hold something a new client waits for a slot.
+async fn a_connection_that_holds_a_buffer_is_never_evicted(mode: Mode) {
+    let s = server(mode, 4);
+    let (mut a, abuf) = loaded_client(s.addr, 1).await;
+    let mut b = hello_only(s.addr).await;
+    let (mut c, cbuf) = loaded_client(s.addr, 3).await;
+    let mut d = hello_only(s.addr).await;
+    // Full: E takes the slot of B (A is older but holds a buffer), F that of D.
+    let (mut e, ebuf) = within("E", loaded_client(s.addr, 5)).await;
+    assert!(
+        closed_after(&mut b, Duration::from_secs(5)).await.is_some(),
+        "{mode:?}: B"
+    );
+    assert!(still_served(&mut d).await, "{mode:?}: D closed before B");
+    let (mut f, fbuf) = within("F", loaded_client(s.addr, 6)).await;
+    assert!(
+        closed_after(&mut d, Duration::from_secs(5)).await.is_some(),
+        "{mode:?}: D"
+    );
+    evictions(&s, 2).await;
+    // All four hold a buffer: G's HELLO waits, unanswered, and nobody is closed for it.
+    let mut g = raw(s.addr).await;
+    assert!(
+        !answers_hello(&mut g, Duration::from_millis(1500)).await,
+        "{mode:?}: G was admitted while every slot held a buffer"
+    );
+    for (name, cl, buf, seed) in [
+        ("A", &mut a, &abuf, 1),
+        ("C", &mut c, &cbuf, 3),
+        ("E", &mut e, &ebuf, 5),
+        ("F", &mut f, &fbuf, 6),
+    ] {
+        assert!(
+            still_loaded(cl, buf, seed).await,
+            "{mode:?}: {name} lost its buffer"
+        );
+    }
+    assert_eq!(s.stats.evicted.load(Relaxed), 2);
+    // A leaves: G gets its slot (the HELLO reply arrives).
+    drop(a);
+    let mut size = [0u8; 8];
+    within("G admitted once A left", g.read_exact(&mut size))
+        .await
+        .expect("HELLO reply");
+    assert_eq!(s.stats.evicted.load(Relaxed), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_holds_a_buffer_is_never_evicted_no_isolate() {
+    a_connection_that_holds_a_buffer_is_never_evicted(Mode::InProcess).await;
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_holds_a_buffer_is_never_evicted_contained() {
+    a_connection_that_holds_a_buffer_is_never_evicted(Mode::Contained).await;
+}
+
+/// In this process a session that freed everything holds nothing again: it may give way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_freed_its_buffer_may_give_way_no_isolate() {
+    let s = server(Mode::InProcess, 2);
+    let (mut a, abuf) = loaded_client(s.addr, 1).await;
+    let (mut b, bbuf) = loaded_client(s.addr, 2).await;
+    a.free_buffer(abuf.handle).await.expect("FREE_BUFFER");
+    let (_c, _cbuf) = within("C", loaded_client(s.addr, 3)).await;
+    expect_closed(&mut a, "A, which holds nothing since its FREE_BUFFER").await;
+    assert!(still_loaded(&mut b, &bbuf, 2).await);
+    evictions(&s, 1).await;
 }
