@@ -383,7 +383,15 @@ pub fn enter_view(view: &View) -> Result<(), SetupError> {
         );
         at(
             format!("bind {}", s.path.display()),
-            rustix::mount::mount_bind(from.as_str(), &target),
+            // Alone where the kernel allows it; in a user namespace a directory with mounts
+            // below it (`/sys`) can only be bound with them.
+            rustix::mount::mount_bind(from.as_str(), &target).or_else(|e| {
+                if e == rustix::io::Errno::INVAL && s.kind == Kind::Dir {
+                    rustix::mount::mount_bind_recursive(from.as_str(), &target)
+                } else {
+                    Err(e)
+                }
+            }),
         )?;
         // Read-only, no set-uid; device nodes keep working (a read-only mount does not stop
         // writes to a device).

@@ -88,6 +88,21 @@ pub struct Installed {
     pub landlock: &'static str,
 }
 
+/// `arch_prctl` codes (x86_64, asm/prctl.h) and the AMX tile data feature.
+#[cfg(target_arch = "x86_64")]
+const ARCH_GET_XCOMP_PERM: u32 = 0x1022;
+#[cfg(target_arch = "x86_64")]
+const ARCH_REQ_XCOMP_PERM: u32 = 0x1023;
+#[cfg(target_arch = "x86_64")]
+const XFEATURE_XTILE_DATA: u64 = 18;
+
+/// A condition on argument `arg`: equal to `v` (64-bit compare).
+#[cfg(target_arch = "x86_64")]
+fn eq(arg: u8, v: u64) -> SeccompCondition {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, v)
+        .expect("argument index below 6")
+}
+
 /// A condition on argument `arg`: equal to `v` in its low 32 bits (an `int` argument).
 fn eq32(arg: u8, v: u32) -> SeccompCondition {
     SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, u64::from(v))
@@ -289,6 +304,19 @@ pub fn allowed(needs: Needs, pid: u32) -> BTreeMap<i64, Vec<SeccompRule>> {
         vec![rule(vec![eq32(0, libc::AF_UNIX as u32)])],
     );
     m.insert(libc::SYS_fcntl, any_of(1, FCNTLS));
+    // ggml's CPU backend asks for the AMX tile state (on machines that have it) while it
+    // computes: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILE_DATA)` and the query of it.
+    #[cfg(target_arch = "x86_64")]
+    m.insert(
+        libc::SYS_arch_prctl,
+        vec![
+            rule(vec![
+                eq32(0, ARCH_REQ_XCOMP_PERM),
+                eq(1, XFEATURE_XTILE_DATA),
+            ]),
+            rule(vec![eq32(0, ARCH_GET_XCOMP_PERM)]),
+        ],
+    );
     if needs.gpu {
         let tiocsti = SeccompCondition::new(
             1,
