@@ -529,7 +529,7 @@ mod tests {
         assert_ne!(session_uid(100), session_uid(101));
         for pid in [0, 1, 65535, 65536, 4_194_304] {
             let u = session_uid(pid);
-            assert!(u >= SESSION_UID_BASE && u < SESSION_UID_BASE + SESSION_UIDS);
+            assert!((SESSION_UID_BASE..SESSION_UID_BASE + SESSION_UIDS).contains(&u));
             assert!(u > 1_879_048_191, "above systemd's container range");
         }
     }

@@ -609,3 +609,92 @@ async fn a_session_log_line_comes_out_of_the_front_tagged() {
     // The session's escape sequences never reach the front's output.
     assert!(!s.log().contains('\u{1b}'));
 }
+
+/// `/proc/<pid>/status` field `key` (e.g. `Uid`), its first value.
+#[cfg(target_os = "linux")]
+fn status_field(pid: u32, key: &str) -> String {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .and_then(|v| v.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Seen from outside, the process that serves a contained session (the inner stage, the child of
+/// the process the front started: `namespaces.rs`) has namespaces of its own (PID, network,
+/// mount, IPC, UTS), an identity that owns nothing (as root: a dedicated uid and gid, no
+/// groups; otherwise a user namespace), no capabilities, no new privileges, a seccomp filter,
+/// and a root holding only the system's libraries, `/proc`, `/sys` and a few `/dev` nodes.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_process_owns_nothing_and_sees_only_its_own_view() {
+    let s = Server::start(&[]);
+    let mut c = connect(s.addr).await;
+    alloc(&mut c, 4096).await;
+    let outer = s.wait_sessions(1)[0];
+    let t = Instant::now();
+    let inner = loop {
+        let kids = std::fs::read_to_string(format!("/proc/{outer}/task/{outer}/children"))
+            .unwrap_or_default();
+        if let Some(p) = kids.split_whitespace().next() {
+            break p.parse::<u32>().unwrap();
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "no inner process");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let front = s.child.id();
+    for ns in ["pid", "net", "mnt", "ipc", "uts"] {
+        let of = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/{ns}")).unwrap();
+        assert_ne!(of(inner), of(front), "{ns} namespace shared with the front");
+    }
+    let uid: u32 = status_field(inner, "Uid").parse().unwrap();
+    if status_field(front, "Uid") == "0" {
+        assert!(uid >= 0x7F00_0000, "a dedicated uid, not {uid}");
+        assert_eq!(status_field(inner, "Gid"), uid.to_string());
+        assert_eq!(status_field(inner, "Groups"), "", "no supplementary groups");
+    }
+    assert_eq!(status_field(inner, "CapEff"), "0000000000000000");
+    assert_eq!(status_field(inner, "CapPrm"), "0000000000000000");
+    assert_eq!(status_field(inner, "NoNewPrivs"), "1");
+    assert_eq!(status_field(inner, "Seccomp"), "2");
+    // Its root: what it may read, nothing else (no home, no /tmp content, one /etc file).
+    let root = PathBuf::from(format!("/proc/{inner}/root"));
+    let names = |d: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(root.join(d))
+            .unwrap_or_else(|e| panic!("{d}: {e}"))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let top = names("");
+    for absent in ["home", "root", "tmp", "var", "run", "boot", "work"] {
+        assert!(
+            !top.contains(&absent.to_string()),
+            "/{absent} in the view: {top:?}"
+        );
+    }
+    assert!(top.contains(&"usr".to_string()) && top.contains(&"proc".to_string()));
+    assert!(names("etc")
+        .iter()
+        .all(|n| n == "ld.so.cache" || n == "libibverbs.d"));
+    assert!(
+        names("dev").iter().all(
+            |n| ["null", "zero", "full", "random", "urandom", "infiniband"].contains(&n.as_str())
+        ),
+        "{:?}",
+        names("dev")
+    );
+    // Its /proc shows its own PID namespace: itself, as process 1.
+    let pids: Vec<String> = names("proc")
+        .into_iter()
+        .filter(|n| n.chars().all(|c| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(pids, vec!["1".to_string()]);
+    // The root is read-only.
+    let w = std::fs::write(root.join("planted"), b"x");
+    assert!(w.is_err(), "the session's root is writable");
+    drop(c);
+    s.wait_sessions(0);
+}
