@@ -559,4 +559,181 @@ mod tests {
         .unwrap();
         assert_eq!(m, n + 2, "socket and bind for RDMA");
     }
+
+    /// A classic-BPF interpreter for the instructions seccompiler emits, run over a
+    /// `seccomp_data` (nr, arch, instruction pointer, six arguments), as the kernel runs a
+    /// filter.
+    fn run_bpf(prog: &[seccompiler::sock_filter], data: &[u8; 64]) -> u32 {
+        let (mut a, mut pc) = (0u32, 0usize);
+        loop {
+            let i = &prog[pc];
+            pc += 1;
+            let k = i.k as usize;
+            match i.code {
+                0x20 => a = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap()), // LD W ABS
+                0x00 => a = i.k,                                                    // LD IMM
+                0x54 => a &= i.k,                                                   // AND K
+                0x06 => return i.k,                                                 // RET K
+                0x05 => pc += k,                                                    // JA
+                0x15 | 0x25 | 0x35 | 0x45 => {
+                    let taken = match i.code {
+                        0x15 => a == i.k,
+                        0x25 => a > i.k,
+                        0x35 => a >= i.k,
+                        _ => a & i.k != 0,
+                    };
+                    pc += usize::from(if taken { i.jt } else { i.jf });
+                }
+                c => panic!("BPF opcode {c:#x} not interpreted"),
+            }
+        }
+    }
+
+    const ALLOW: u32 = 0x7fff_0000;
+    const KILL_PROCESS: u32 = 0x8000_0000;
+    const fn errno(e: i32) -> u32 {
+        0x0005_0000 | e as u32
+    }
+
+    /// What the installed filters answer for one call: every filter runs, the strictest action
+    /// wins (the most recently installed among equals), as in the kernel.
+    fn verdict(needs: Needs, arch: u32, nr: i64, args: [u64; 6]) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&(nr as u32).to_ne_bytes());
+        data[4..8].copy_from_slice(&arch.to_ne_bytes());
+        for (i, v) in args.iter().enumerate() {
+            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&v.to_ne_bytes());
+        }
+        let (filters, _) = seccomp_filters(needs, 1).unwrap();
+        let action = |r: u32| (r & 0xffff_0000) as i32;
+        filters
+            .iter()
+            .rev()
+            .map(|p| run_bpf(p, &data))
+            .reduce(|best, r| if action(r) < action(best) { r } else { best })
+            .unwrap()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_filter_answers_each_call_as_intended() {
+        const X86_64: u32 = 0xC000_003E;
+        const I386: u32 = 0x4000_0003;
+        const X32_BIT: i64 = 0x4000_0000;
+        let cpu = Needs::default();
+        let rdma = Needs {
+            rdma: true,
+            gpu: false,
+        };
+        let gpu = Needs {
+            rdma: false,
+            gpu: true,
+        };
+        let v = |n: Needs, nr: i64, args: [u64; 6]| verdict(n, X86_64, nr, args);
+        let z = [0u64; 6];
+        let eperm = errno(libc::EPERM);
+        assert_eq!(v(cpu, libc::SYS_getpid, z), ALLOW);
+        assert_eq!(v(cpu, libc::SYS_getpid | X32_BIT, z), eperm, "x32 numbers");
+        assert_eq!(verdict(cpu, I386, 20, z), KILL_PROCESS, "i386 calls");
+        assert_eq!(v(cpu, libc::SYS_clone3, z), errno(libc::ENOSYS));
+        assert_eq!(v(cpu, libc::SYS_clone, [0x3d0f00, 0, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(
+            v(cpu, libc::SYS_clone, [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]),
+            eperm
+        );
+        for nr in [
+            libc::SYS_execve,
+            libc::SYS_memfd_create,
+            libc::SYS_fork,
+            libc::SYS_shmget,
+        ] {
+            assert_eq!(v(cpu, nr, z), eperm, "{nr}");
+        }
+        let sock = |d: u64, p: u64| [d, libc::SOCK_RAW as u64, p, 0, 0, 0];
+        let (inet, nl) = (libc::AF_INET as u64, libc::AF_NETLINK as u64);
+        let nl_rdma = libc::NETLINK_RDMA as u64;
+        assert_eq!(v(cpu, libc::SYS_socket, sock(nl, nl_rdma)), eperm);
+        assert_eq!(v(rdma, libc::SYS_socket, sock(nl, nl_rdma)), ALLOW);
+        assert_eq!(
+            v(rdma, libc::SYS_socket, sock(nl, 0)),
+            eperm,
+            "NETLINK_ROUTE"
+        );
+        assert_eq!(v(rdma, libc::SYS_socket, sock(inet, 0)), eperm);
+        assert_eq!(v(cpu, libc::SYS_connect, z), eperm);
+        let unix = libc::AF_UNIX as u64;
+        assert_eq!(v(cpu, libc::SYS_socketpair, [unix, 1, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(v(cpu, libc::SYS_socketpair, [inet, 1, 0, 0, 0, 0]), eperm);
+        // Signals: to itself (pid 1 in its namespace) only.
+        assert_eq!(v(cpu, libc::SYS_tgkill, [1, 1, 6, 0, 0, 0]), ALLOW);
+        assert_eq!(v(cpu, libc::SYS_tgkill, [2, 2, 9, 0, 0, 0]), eperm);
+        assert_eq!(
+            v(cpu, libc::SYS_kill, [u64::MAX, 9, 0, 0, 0, 0]),
+            eperm,
+            "kill(-1)"
+        );
+        assert_eq!(v(cpu, libc::SYS_prlimit64, [0, 7, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(v(cpu, libc::SYS_prlimit64, [4242, 7, 0, 0, 0, 0]), eperm);
+        // ioctl: the terminal's TIOCSTI never, whatever its upper bits.
+        let tiocsti = libc::TIOCSTI as u64;
+        for n in [cpu, gpu] {
+            assert_eq!(v(n, libc::SYS_ioctl, [2, tiocsti, 0, 0, 0, 0]), eperm);
+            assert_eq!(
+                v(n, libc::SYS_ioctl, [2, tiocsti | (1 << 40), 0, 0, 0, 0]),
+                eperm
+            );
+            assert_eq!(
+                v(n, libc::SYS_ioctl, [3, libc::FIONBIO as u64, 0, 0, 0, 0]),
+                ALLOW
+            );
+        }
+        assert_eq!(
+            v(
+                cpu,
+                libc::SYS_ioctl,
+                [3, libc::TIOCGWINSZ as u64, 0, 0, 0, 0]
+            ),
+            eperm
+        );
+        assert_eq!(
+            v(rdma, libc::SYS_ioctl, [5, 0xc018_1b01, 0, 0, 0, 0]),
+            ALLOW
+        );
+        // No executable memory in a CPU build.
+        let (rw, rwx) = (3u64, 7u64);
+        assert_eq!(
+            v(cpu, libc::SYS_mmap, [0, 4096, rw, 0x22, u64::MAX, 0]),
+            ALLOW
+        );
+        assert_eq!(
+            v(cpu, libc::SYS_mmap, [0, 4096, rwx, 0x22, u64::MAX, 0]),
+            eperm
+        );
+        assert_eq!(v(cpu, libc::SYS_mprotect, [0, 4096, rwx, 0, 0, 0]), eperm);
+        assert_eq!(v(gpu, libc::SYS_mprotect, [0, 4096, rwx, 0, 0, 0]), ALLOW);
+        // fcntl without signal ownership; arch_prctl only for AMX.
+        assert_eq!(
+            v(cpu, libc::SYS_fcntl, [3, libc::F_GETFL as u64, 0, 0, 0, 0]),
+            ALLOW
+        );
+        assert_eq!(
+            v(cpu, libc::SYS_fcntl, [3, libc::F_SETOWN as u64, 1, 0, 0, 0]),
+            eperm
+        );
+        assert_eq!(
+            v(cpu, libc::SYS_arch_prctl, [0x1023, 18, 0, 0, 0, 0]),
+            ALLOW
+        );
+        assert_eq!(v(cpu, libc::SYS_arch_prctl, [0x1002, 0, 0, 0, 0, 0]), eperm);
+        // Files: the calls exist (the view and Landlock decide); changing modes does not.
+        assert_eq!(v(cpu, libc::SYS_openat, z), ALLOW);
+        for nr in [
+            libc::SYS_fchmodat,
+            libc::SYS_fchown,
+            libc::SYS_setxattr,
+            libc::SYS_unlinkat,
+        ] {
+            assert_eq!(v(cpu, nr, z), eperm, "{nr}");
+        }
+    }
 }
