@@ -505,3 +505,62 @@ async fn a_connection_that_freed_its_buffer_may_give_way_no_isolate() {
     assert!(still_loaded(&mut b, &bbuf, 2).await);
     evictions(&s, 1).await;
 }
+
+/// A client whose first stateful command races a newcomer for the one slot either keeps its
+/// slot (its ALLOC_BUFFER is answered, it stays served, the newcomer waits) or is evicted before
+/// the command acts (closed unanswered, the newcomer gets in): never answered and then closed.
+async fn a_command_racing_an_eviction_is_served_or_never_acted_on(mode: Mode) {
+    let s = server(mode, 1);
+    let (mut kept, mut evicted) = (0, 0);
+    for i in 0..30 {
+        let mut x = connect(s.addr).await;
+        let mut y = raw(s.addr).await;
+        let (allocated, y_answered) = tokio::join!(x.alloc_buffer(0, 4096), async {
+            answers_hello(&mut y, Duration::from_millis(500)).await
+        });
+        match allocated {
+            Ok(Some(b)) => {
+                kept += 1;
+                assert!(
+                    !y_answered,
+                    "{mode:?} #{i}: admitted beside a client holding a buffer"
+                );
+                let base = x.buffer_get_base(b.handle).await;
+                assert!(
+                    base.is_ok(),
+                    "{mode:?} #{i}: the client that won was closed"
+                );
+                drop(x);
+                let mut size = [0u8; 8];
+                within(
+                    "the newcomer, once the client left",
+                    y.read_exact(&mut size),
+                )
+                .await
+                .expect("HELLO reply");
+            }
+            Ok(None) => panic!("{mode:?} #{i}: ALLOC_BUFFER of 4 KiB refused"),
+            Err(_) => {
+                evicted += 1;
+                assert!(y_answered, "{mode:?} #{i}: evicted, yet the newcomer waits");
+            }
+        }
+    }
+    eprintln!(
+        "{mode:?}: the racing client kept its slot {kept} times, was evicted {evicted} times"
+    );
+    // (A newcomer that got in is in turn evicted by the next client when the server has not yet
+    // seen it leave.)
+    assert!(s.stats.evicted.load(Relaxed) >= evicted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_racing_an_eviction_is_served_or_never_acted_on_no_isolate() {
+    a_command_racing_an_eviction_is_served_or_never_acted_on(Mode::InProcess).await;
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_racing_an_eviction_is_served_or_never_acted_on_contained() {
+    a_command_racing_an_eviction_is_served_or_never_acted_on(Mode::Contained).await;
+}
