@@ -219,9 +219,10 @@ pub async fn hand_off(
     let status = child.wait()?;
     // A contained session's inner process is mirrored by its outer one: a signal `n` as the
     // exit status 128 + n (`namespaces::run_outer`).
-    let signal = status
-        .signal()
-        .or(status.code().filter(|c| (129..160).contains(c)).map(|c| c - 128));
+    let signal = status.signal().or(status
+        .code()
+        .filter(|c| (129..160).contains(c))
+        .map(|c| c - 128));
     match (status.code(), signal) {
         (Some(0), _) => Ok(()),
         (Some(SANDBOX_REFUSED), _) => Err(child_error(format!(
@@ -1140,5 +1141,178 @@ mod tests {
         assert_eq!(parse_hex::<24>("00"), None);
         assert_eq!(parse_hex::<24>(&"zz".repeat(24)), None);
         assert_eq!(parse_hex::<24>(&"é".repeat(24)), None);
+    }
+
+    /// A front for [`serve_control`] tests: a cache in `dir`, a budget of 1 MiB per session
+    /// (and the shutdown switch, which must live).
+    fn front_ctx(dir: &std::path::Path) -> (ConnectionContext, watch::Sender<bool>) {
+        let (tx, shutdown) = watch::channel(false);
+        let ctx = ConnectionContext {
+            config: Arc::new(SessionConfig {
+                devices: Vec::new(),
+                n_threads: 1,
+                cache: Some(crate::cache::WeightCache::open(dir, None).unwrap()),
+                local: None,
+            }),
+            major: rpc_proto::Major::V8,
+            limits: Limits::default(),
+            stats: Arc::new(Stats::default()),
+            rdma: Arc::new(RdmaConfig::new(TransportMode::Tcp, Default::default(), 1)),
+            conn: ConnectionOptions {
+                budget: Arc::new(MemoryBudget::new(crate::session::MemoryLimits {
+                    per_connection: 1 << 20,
+                    total: 1 << 30,
+                })),
+                ..Default::default()
+            },
+            shutdown,
+        };
+        (ctx, tx)
+    }
+
+    fn connector() -> crate::comm::TcpConnector {
+        crate::comm::TcpConnector {
+            bind_ip: std::net::Ipv4Addr::LOCALHOST.into(),
+            allow: Default::default(),
+            setup_timeout: Duration::from_secs(1),
+            io_timeout: Duration::from_secs(1),
+        }
+    }
+
+    fn tmpdir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("rpc-isolate-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Runs [`serve_control`] for a stand-in session process (`sleep`) while `session` plays
+    /// the session's side of the line; returns what the front still held and how the stand-in
+    /// ended (its signal, if killed).
+    fn serve_against(
+        ctx: &ConnectionContext,
+        session: impl FnOnce(UnixStream) + Send + 'static,
+    ) -> (u64, Option<i32>) {
+        let mut stand_in = Command::new("sleep").arg("30").spawn().unwrap();
+        let (front_end, session_end) = UnixStream::pair().unwrap();
+        let player = std::thread::spawn(move || session(session_end));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut shutdown = ctx.shutdown.clone();
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let held = rt.block_on(serve_control(
+            front_end,
+            ctx,
+            peer,
+            stand_in.id(),
+            &connector(),
+            &mut shutdown,
+        ));
+        player.join().unwrap();
+        // A kill takes effect a moment later.
+        let t = std::time::Instant::now();
+        let signal = loop {
+            match stand_in.try_wait().unwrap() {
+                Some(s) => break s.signal(),
+                None if t.elapsed() > Duration::from_secs(2) => {
+                    let _ = stand_in.kill();
+                    let _ = stand_in.wait();
+                    break None;
+                }
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        (held, signal)
+    }
+
+    #[test]
+    fn anything_but_a_message_kills_the_session_process() {
+        let d = tmpdir("violations");
+        let (ctx, _stop) = front_ctx(&d);
+        let n = counters(&ctx.stats, &ctx.rdma, &ctx.config, &ctx.conn.budget).len();
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("unknown", b"HELLO\n".to_vec()),
+            ("malformed", b"R -1\n".to_vec()),
+            ("over-long, no newline", vec![b'1'; 1 << 20]),
+            ("flood", b"F 0\n".repeat(30_000)),
+            (
+                "wrong counter count",
+                format!("S{}\n", " 1".repeat(n + 1)).into_bytes(),
+            ),
+            ("D without W", b"D\n".to_vec()),
+        ];
+        for (what, bytes) in cases {
+            let (held, signal) = serve_against(&ctx, move |mut s| {
+                // The front may close the line before all is written.
+                let _ = s.write_all(b"R 100\n");
+                let _ = s.write_all(&bytes);
+                let mut sink = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut s, &mut sink);
+            });
+            assert_eq!(signal, Some(9), "{what}: the session process is killed");
+            assert_eq!(
+                held, 100,
+                "{what}: what it held is given back by the caller"
+            );
+            ctx.conn.budget.release(held);
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_store_goes_through_a_sealed_memfd_the_front_hashes() {
+        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        let d = tmpdir("store");
+        let (ctx, _stop) = front_ctx(&d);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let expect = rpc_proto::fnv1a64(&data);
+        let budget = ctx.conn.budget.clone();
+        let (held, signal) = serve_against(&ctx, move |mut s| {
+            s.write_all(&ToFront::Store(data.len() as u64).encode())
+                .unwrap();
+            let mut buf = [0u8; 16];
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let r = recvmsg(
+                &s,
+                &mut [std::io::IoSliceMut::new(&mut buf)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            )
+            .unwrap();
+            assert_eq!(&buf[..r.bytes], ToSession::Staging.encode());
+            let fd = control
+                .drain()
+                .find_map(|m| match m {
+                    RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+                    _ => None,
+                })
+                .expect("a staging file");
+            assert_eq!(budget.used(), data.len() as u64, "charged while it lives");
+            let f = std::fs::File::from(fd);
+            assert!(f.set_len(10).is_err(), "sealed against shrinking");
+            f.write_all_at(&data, 0).unwrap();
+            s.write_all(&ToFront::Stored.encode()).unwrap();
+            // Done: a second store of nothing is refused (X), then the line closes.
+            s.write_all(&ToFront::Store(0).encode()).unwrap();
+            let mut b = [0u8; 2];
+            std::io::Read::read_exact(&mut s, &mut b).unwrap();
+            assert_eq!(&b, ToSession::NoStaging.encode());
+            assert!(
+                f.write_all_at(b"x", 0).is_err(),
+                "sealed against writes once stored"
+            );
+        });
+        assert_eq!(signal, None, "a well-behaved session lives");
+        assert_eq!(held, 0);
+        assert_eq!(
+            ctx.conn.budget.used(),
+            0,
+            "the staging charge is given back"
+        );
+        assert!(d.join(format!("{expect:016x}")).is_file());
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
