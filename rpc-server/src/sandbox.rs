@@ -616,6 +616,8 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
+    // libc's request constants are `c_ulong` here and `c_int` elsewhere.
+    #[allow(clippy::unnecessary_cast)]
     fn the_filter_answers_each_call_as_intended() {
         const X86_64: u32 = 0xC000_003E;
         const I386: u32 = 0x4000_0003;
