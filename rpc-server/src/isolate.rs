@@ -288,10 +288,9 @@ async fn serve_control(
     let mut job_running = false;
     let mut clamp_noted = false;
     let mut stopping = false;
-    let cache = config
-        .cache
-        .as_ref()
-        .filter(|c| c.writes() && c.seeded_before().is_none());
+    // The cache this process writes (checks: always; stores: not with --trusted-weights-only).
+    let cache = config.cache.as_ref().filter(|c| c.writes());
+    let stores = cache.filter(|c| c.seeded_before().is_none());
     let violation: Option<ControlError> = 'serve: loop {
         while let Some(l) = lines.next_line() {
             let msg = match l.and_then(|l| inbound.message(&l, Instant::now())) {
@@ -352,7 +351,7 @@ async fn serve_control(
                     if staging.is_some() {
                         break 'serve Some(ControlError::OutOfOrder("W before the last D"));
                     }
-                    let file = cache
+                    let file = stores
                         .filter(|_| n > 0)
                         .filter(|_| budget.try_reserve(held + store_charge, n))
                         .map(|c| {
@@ -550,8 +549,21 @@ fn log_session_line(raw: &[u8], truncated: bool, peer: SocketAddr, pid: u32) {
     if truncated {
         clean.push_str(" [...]");
     }
-    let words: Vec<&str> = clean.split_whitespace().take(3).collect();
-    let has = |l: &str| words.contains(&l);
+    // The session's own timestamp and level go (the front's line has both).
+    let mut rest = clean.trim_start();
+    let is_time =
+        |w: &str| w.len() >= 20 && w.starts_with(|c: char| c.is_ascii_digit()) && w.contains('T');
+    if let Some((_, r)) = rest.split_once(' ').filter(|(w, _)| is_time(w)) {
+        rest = r.trim_start();
+    }
+    let level = ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"]
+        .into_iter()
+        .find(|l| rest.split_once(' ').is_some_and(|(w, _)| w == *l));
+    if let Some(l) = level {
+        rest = rest[l.len()..].trim_start();
+    }
+    let clean = rest;
+    let has = |l: &str| level == Some(l);
     if has("ERROR") {
         tracing::error!(session.peer = %peer, session.pid = pid, "session: {clean}");
     } else if has("WARN") {
