@@ -33,6 +33,9 @@ pub const MAX_STATS_FIELDS: usize = 1000;
 pub const RATE_PER_SEC: f64 = 5000.0;
 /// ... and in a burst.
 pub const BURST: f64 = 10_000.0;
+/// A line costs one message of the rate bound per started [`BYTES_PER_MESSAGE`] bytes (so the
+/// bound is also ~1.3 MB/s: a flood of long `S` lines costs the front no more than short ones).
+pub const BYTES_PER_MESSAGE: usize = 256;
 /// The counter clamp: no counter may grow by more than this per second of the session's life
 /// (plus one second), summed over its reports: ≈ 137 G, above any byte rate of a link and any
 /// nanoseconds of computing per second.
@@ -71,7 +74,7 @@ pub enum ControlError {
     Malformed(&'static str),
     #[error("unknown message {0:?}")]
     Unknown(String),
-    #[error("more than {RATE_PER_SEC} messages per second")]
+    #[error("more than {RATE_PER_SEC} messages (or {BYTES_PER_MESSAGE}-byte pieces of a line) per second")]
     Flood,
     #[error("{got} counters where {want} were expected")]
     FieldCount { got: usize, want: usize },
@@ -354,7 +357,8 @@ impl Inbound {
 
     /// One line (without its newline) as a message, or why the session must end.
     pub fn message(&mut self, line: &[u8], now: Instant) -> Result<ToFront, ControlError> {
-        if !self.bucket.take(1.0, now) {
+        let cost = line.len().div_ceil(BYTES_PER_MESSAGE).max(1);
+        if !self.bucket.take(cost as f64, now) {
             return Err(ControlError::Flood);
         }
         ToFront::decode(line)
@@ -531,6 +535,12 @@ mod tests {
         let fast = step / 2;
         let cut = (0..(10 * BURST as u32)).find(|&i| inb.message(b"F 1", t0 + fast * i).is_err());
         assert!(cut.is_some_and(|i| i >= BURST as u32));
+        // Long lines count by their length: a burst of 24 KiB lines is cut off ~100 times sooner.
+        let mut inb = Inbound::new(t0);
+        let long = format!("S{}", " 12345678901234567890".repeat(MAX_STATS_FIELDS));
+        let cut = (0..BURST as u32).find(|_| inb.message(long.as_bytes(), t0).is_err());
+        let per_line = long.len().div_ceil(BYTES_PER_MESSAGE) as u32;
+        assert_eq!(cut, Some(BURST as u32 / per_line));
     }
 
     #[test]
