@@ -521,9 +521,24 @@ fn relay_stderr(err: std::process::ChildStderr, peer: SocketAddr, pid: u32) {
     }
 }
 
-/// One line of a session's log, as the front logs it: escape sequences removed, other control
-/// characters replaced, at the level the session's line names.
+/// One line of a session's log, as the front logs it, at the level the session's line names.
 fn log_session_line(raw: &[u8], truncated: bool, peer: SocketAddr, pid: u32) {
+    let (level, clean) = tidy_session_line(raw, truncated);
+    let has = |l: &str| level == Some(l);
+    if has("ERROR") {
+        tracing::error!(session.peer = %peer, session.pid = pid, "session: {clean}");
+    } else if has("WARN") {
+        tracing::warn!(session.peer = %peer, session.pid = pid, "session: {clean}");
+    } else if has("DEBUG") || has("TRACE") {
+        tracing::debug!(session.peer = %peer, session.pid = pid, "session: {clean}");
+    } else {
+        tracing::info!(session.peer = %peer, session.pid = pid, "session: {clean}");
+    }
+}
+
+/// A line of a session's log made fit for the front's: escape sequences removed, other control
+/// characters replaced, the session's own timestamp and level taken off (the level returned).
+fn tidy_session_line(raw: &[u8], truncated: bool) -> (Option<&'static str>, String) {
     let text = String::from_utf8_lossy(raw);
     let mut clean = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
@@ -562,17 +577,7 @@ fn log_session_line(raw: &[u8], truncated: bool, peer: SocketAddr, pid: u32) {
     if let Some(l) = level {
         rest = rest[l.len()..].trim_start();
     }
-    let clean = rest;
-    let has = |l: &str| level == Some(l);
-    if has("ERROR") {
-        tracing::error!(session.peer = %peer, session.pid = pid, "session: {clean}");
-    } else if has("WARN") {
-        tracing::warn!(session.peer = %peer, session.pid = pid, "session: {clean}");
-    } else if has("DEBUG") || has("TRACE") {
-        tracing::debug!(session.peer = %peer, session.pid = pid, "session: {clean}");
-    } else {
-        tracing::info!(session.peer = %peer, session.pid = pid, "session: {clean}");
-    }
+    (level, rest.to_string())
 }
 
 /// Front side of a session's `C` line: the COMM_INIT it carries, set up with the front's
@@ -1142,6 +1147,24 @@ pub fn describe_mode(iso: Option<&Isolation>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_log_line_is_tidied_for_the_front() {
+        let (level, text) = tidy_session_line(
+            b"2026-12-02T13:07:02.219332Z  WARN session{pid=1}: x: hello \x1b[31mred\x1b[0m\x07 \x1b]0;title\x07end",
+            false,
+        );
+        assert_eq!(level, Some("WARN"));
+        assert_eq!(text, "session{pid=1}: x: hello red? 0;title?end");
+        assert!(!text.contains('\u{1b}'));
+        let (level, text) = tidy_session_line(b"plain \xff\r\n text", true);
+        assert_eq!(level, None);
+        assert_eq!(text, "plain \u{fffd}?? text [...]");
+        assert_eq!(
+            tidy_session_line(b"ERROR boom", false),
+            (Some("ERROR"), "boom".into())
+        );
+    }
 
     #[test]
     fn caps_round_trip_through_hex() {
