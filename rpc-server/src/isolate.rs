@@ -906,7 +906,13 @@ fn restrict_syscalls(on: bool, cache_dir: Option<&std::path::Path>) {
         let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
         match crate::sandbox_mac::apply(home.as_deref(), cache_dir) {
             Ok(()) => tracing::debug!("sandbox profile applied"),
-            Err(e) => tracing::warn!("session not sandboxed: {e}"),
+            // Fail closed, as on Linux.
+            Err(e) => {
+                tracing::error!(
+                    "session refused: its sandbox profile cannot be applied: {e} (--no-sandbox serves without it)"
+                );
+                std::process::exit(SANDBOX_REFUSED);
+            }
         }
     }
     let _ = on;
