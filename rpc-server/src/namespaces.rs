@@ -139,6 +139,10 @@ pub fn run_outer() -> Result<i32, SetupError> {
             source: std::io::Error::other(format!("{threads} threads exist already")),
         });
     }
+    // Its path before the new mount namespace: after it, `/proc/self/exe` names the file by its
+    // old mount, seen from the namespace's root (outside a chroot the same path, inside one the
+    // path with the chroot's prefix, which does not exist).
+    let exe = at("find the executable", std::env::current_exe())?;
     let identity = if rustix::process::geteuid().is_root() {
         at(
             "unshare namespaces",
@@ -168,7 +172,6 @@ pub fn run_outer() -> Result<i32, SetupError> {
         )?;
         Identity::UserNamespace
     };
-    let exe = at("find the executable", std::env::current_exe())?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let mut child = at(
         "start the session inside its namespaces",
