@@ -104,8 +104,9 @@ fn session_view(args: &Args) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf
 }
 
 /// Containment of a session process (Linux), the first thing it does: the outer stage makes
-/// the namespaces and waits for the inner one (this never returns there); the inner stage
-/// enters its own root, drops its identity and installs the sandbox, then returns to serve.
+/// the namespaces, forks the inner one into them and waits for it (this never returns there);
+/// the inner stage enters its own root, drops its identity and installs the sandbox, then
+/// returns to serve.
 /// Any failure refuses the session: the process exits with `isolate::SANDBOX_REFUSED`.
 #[cfg(target_os = "linux")]
 fn contain(args: &Args) {
@@ -115,14 +116,10 @@ fn contain(args: &Args) {
         );
         std::process::exit(crate::isolate::SANDBOX_REFUSED)
     };
-    let Some(inner) = &args.session_inner else {
-        match crate::namespaces::run_outer() {
-            Ok(code) => std::process::exit(code),
-            Err(e) => refuse(&e),
-        }
-    };
-    let Some(identity) = crate::namespaces::Identity::parse(inner) else {
-        refuse(&"--session-inner: not an identity")
+    let identity = match crate::namespaces::run_outer() {
+        Ok(crate::namespaces::Outer::Exited(code)) => std::process::exit(code),
+        Ok(crate::namespaces::Outer::Inner(identity)) => identity,
+        Err(e) => refuse(&e),
     };
     let rdma = !args.session_tcp_only
         && args.transport != TransportMode::Tcp

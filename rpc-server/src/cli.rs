@@ -192,11 +192,6 @@ pub struct Args {
     #[arg(long, hide = true, requires = "session_child")]
     pub session_tcp_only: bool,
 
-    /// (internal) The inner stage of a session process, inside its namespaces: how it drops
-    /// its identity (`uid:N` or `userns`; `namespaces.rs`).
-    #[arg(long, hide = true, value_name = "IDENTITY")]
-    pub session_inner: Option<String>,
-
     /// (internal) Set up a session's containment as a session process would, print what was
     /// installed and exit (the front does this once at start for its banner).
     #[arg(long, hide = true)]

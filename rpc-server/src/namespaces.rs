@@ -16,17 +16,14 @@
 //!   its parent (`PR_SET_PDEATHSIG`).
 //!
 //! It is done in two stages because a PID namespace takes effect only for children: the process
-//! the front starts (the outer stage, [`run_outer`]) unshares the namespaces and starts the same
-//! program again inside them (the inner stage, marked `--session-inner`), waits for it and
-//! mirrors how it ended; the inner stage builds its view ([`enter_view`]) and drops its identity
+//! the front starts (the outer stage, [`run_outer`]) unshares the namespaces and forks (it has one
+//! thread) a copy that is process 1 inside them (the inner stage), waits for it and mirrors how it
+//! ended; the inner stage builds its view ([`enter_view`]) and drops its identity
 //! ([`drop_identity`]) before `sandbox.rs` adds rlimits, Landlock and the system-call filter —
 //! all before any thread is started and any byte from the client is read. Any step that fails
 //! refuses the session (`--no-sandbox` turns all of it off).
 
-use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use rustix::fs::{Mode, OFlags};
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
@@ -46,7 +43,7 @@ pub fn session_uid(pid: u32) -> u32 {
     SESSION_UID_BASE + pid % SESSION_UIDS
 }
 
-/// How the inner stage becomes nobody in particular (`--session-inner`).
+/// How the inner stage becomes nobody in particular.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Identity {
     /// The server runs as root: switch to this uid and gid, no groups.
@@ -57,26 +54,6 @@ pub enum Identity {
 }
 
 impl Identity {
-    /// The value of `--session-inner`.
-    pub fn to_arg(self) -> String {
-        match self {
-            Identity::Dedicated(uid) => format!("uid:{uid}"),
-            Identity::UserNamespace => "userns".to_string(),
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Identity> {
-        match s {
-            "userns" => Some(Identity::UserNamespace),
-            _ => s
-                .strip_prefix("uid:")?
-                .parse()
-                .ok()
-                .filter(|&u| u != 0)
-                .map(Identity::Dedicated),
-        }
-    }
-
     pub fn describe(self) -> String {
         match self {
             Identity::Dedicated(uid) => format!("uid {uid}, no groups, no capabilities"),
@@ -121,11 +98,11 @@ const NAMESPACES: UnshareFlags = UnshareFlags::NEWPID
     .union(UnshareFlags::NEWCGROUP);
 
 /// Outer stage, the first thing the process the front started does (one thread): unshares the
-/// namespaces, starts the program again inside them with `--session-inner` (the client's socket,
-/// the control line and stderr inherited), waits for it and returns the exit code that mirrors
+/// namespaces, forks the session into them (the client's socket, the control line and stderr
+/// are the copy's too; `Outer::Inner` there), waits for it and returns the exit code that mirrors
 /// its end (a signal `n` becomes `128 + n`, which the front reports as that signal). Returns an
 /// error, and starts nothing, when a namespace cannot be made.
-pub fn run_outer() -> Result<i32, SetupError> {
+pub fn run_outer() -> Result<Outer, SetupError> {
     use rustix::process::Signal;
     // If the front dies, so does this process, and with it (its own death signal) the session.
     at(
@@ -139,10 +116,6 @@ pub fn run_outer() -> Result<i32, SetupError> {
             source: std::io::Error::other(format!("{threads} threads exist already")),
         });
     }
-    // Its path before the new mount namespace: after it, `/proc/self/exe` names the file by its
-    // old mount, seen from the namespace's root (outside a chroot the same path, inside one the
-    // path with the chroot's prefix, which does not exist).
-    let exe = at("find the executable", std::env::current_exe())?;
     let identity = if rustix::process::geteuid().is_root() {
         at(
             "unshare namespaces",
@@ -172,21 +145,38 @@ pub fn run_outer() -> Result<i32, SetupError> {
         )?;
         Identity::UserNamespace
     };
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let mut child = at(
-        "start the session inside its namespaces",
-        Command::new(exe)
-            .args(args)
-            .arg("--session-inner")
-            .arg(identity.to_arg())
-            .spawn(),
-    )?;
-    let status = at("wait for the session", child.wait())?;
-    Ok(match (status.code(), status.signal()) {
-        (Some(code), _) => code,
-        (None, Some(sig)) => 128 + sig,
-        _ => 1,
-    })
+    // One thread still (checked above): the copy continues as the session, process 1 of the
+    // new PID namespace, without a second program start.
+    match at(
+        "fork into the namespaces",
+        crate::sys_linux::fork_single_threaded(),
+    )? {
+        crate::sys_linux::Forked::Child => Ok(Outer::Inner(identity)),
+        crate::sys_linux::Forked::Parent(pid) => {
+            let status = loop {
+                match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
+                    Ok(Some((_, st))) => break st,
+                    Ok(None) | Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return at("wait for the session", Err(e)),
+                }
+            };
+            Ok(Outer::Exited(
+                match (status.exit_status(), status.terminating_signal()) {
+                    (Some(code), _) => code,
+                    (None, Some(sig)) => 128 + sig,
+                    _ => 1,
+                },
+            ))
+        }
+    }
+}
+
+/// How [`run_outer`] ended in this process.
+pub enum Outer {
+    /// This is the outer process: the session ended with this exit code.
+    Exited(i32),
+    /// This is the session, inside its namespaces: it goes on to [`enter_view`].
+    Inner(Identity),
 }
 
 /// What the session's view holds besides the system: the weight cache and `--gguf` files (all
@@ -513,19 +503,6 @@ pub fn drop_identity(identity: Identity) -> Result<(), SetupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn identity_round_trips_and_never_names_root() {
-        for id in [
-            Identity::UserNamespace,
-            Identity::Dedicated(session_uid(4242)),
-        ] {
-            assert_eq!(Identity::parse(&id.to_arg()), Some(id));
-        }
-        assert_eq!(Identity::parse("uid:0"), None);
-        assert_eq!(Identity::parse("uid:x"), None);
-        assert_eq!(Identity::parse("root"), None);
-    }
 
     #[test]
     fn session_uids_are_distinct_per_pid_and_above_every_allocated_range() {
