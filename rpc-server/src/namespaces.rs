@@ -406,7 +406,7 @@ pub fn enter_view(view: &View) -> Result<(), SetupError> {
             "proc",
             &proc_dir,
             "proc",
-            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC | MountFlags::RDONLY,
             None,
         ),
     )?;
@@ -440,6 +440,15 @@ pub fn drop_identity(identity: Identity) -> Result<(), SetupError> {
     use rustix::thread::{CapabilitySet, CapabilitySets};
     // No controlling terminal: /dev/tty and terminal signals are out of reach.
     at("setsid", rustix::process::setsid())?;
+    // No capability can come back, whatever the identity (as root this needs CAP_SETPCAP,
+    // which root still has here).
+    for cap in CapabilitySet::all().iter() {
+        // Capabilities this kernel does not know answer EINVAL: nothing to drop.
+        match rustix::thread::remove_capability_from_bounding_set(cap) {
+            Ok(()) | Err(rustix::io::Errno::INVAL) => {}
+            Err(e) => return at("drop the capability bounding set", Err(e)),
+        }
+    }
     match identity {
         Identity::Dedicated(id) => {
             let (uid, gid) = (
@@ -461,13 +470,6 @@ pub fn drop_identity(identity: Identity) -> Result<(), SetupError> {
             )?;
         }
         Identity::UserNamespace => {
-            for cap in CapabilitySet::all().iter() {
-                // Capabilities this kernel does not know answer EINVAL: nothing to drop.
-                match rustix::thread::remove_capability_from_bounding_set(cap) {
-                    Ok(()) | Err(rustix::io::Errno::INVAL) => {}
-                    Err(e) => return at("drop the capability bounding set", Err(e)),
-                }
-            }
             at(
                 "drop every capability",
                 rustix::thread::set_capabilities(

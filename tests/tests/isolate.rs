@@ -656,6 +656,7 @@ async fn a_session_process_owns_nothing_and_sees_only_its_own_view() {
     }
     assert_eq!(status_field(inner, "CapEff"), "0000000000000000");
     assert_eq!(status_field(inner, "CapPrm"), "0000000000000000");
+    assert_eq!(status_field(inner, "CapBnd"), "0000000000000000");
     assert_eq!(status_field(inner, "NoNewPrivs"), "1");
     assert_eq!(status_field(inner, "Seccomp"), "2");
     // Its root: what it may read, nothing else (no home, no /tmp content, one /etc file).
