@@ -87,20 +87,23 @@ pub fn main() {
 }
 
 /// What a session process sees read-only besides the system: the weight cache directory, the
-/// `--gguf` files and their index.
+/// `--gguf` files and the directory of their index.
 fn session_view(args: &Args) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
     let cache_dir = if args.cache || args.cache_dir.is_some() {
         args.cache_dir.clone().or_else(default_cache_dir)
     } else {
         None
     };
-    let mut files = args.gguf.clone();
+    let mut dirs: Vec<std::path::PathBuf> = cache_dir.clone().into_iter().collect();
     if !args.gguf.is_empty() {
-        if let Some(d) = cache_dir.clone().or_else(default_cache_dir) {
-            files.push(d.join(crate::local_weights::INDEX_FILE));
+        // The index is read through a handle on its directory (`local_weights.rs`).
+        if let Some(d) = cache_dir.or_else(default_cache_dir) {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
         }
     }
-    (cache_dir.into_iter().collect(), files)
+    (dirs, args.gguf.clone())
 }
 
 /// Containment of a session process (Linux), the first thing it does: the outer stage makes

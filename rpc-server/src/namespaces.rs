@@ -255,6 +255,20 @@ fn source(path: &Path) -> Option<Source> {
     })
 }
 
+/// A path the operator named (`-c`, `--gguf`): seen at the path as named (made absolute against
+/// the working directory, which the session keeps), holding what it leads to (symbolic links
+/// followed), so that the session opens it by the same name as the front.
+fn named_source(path: &Path) -> Option<Source> {
+    let path = std::path::absolute(path).ok()?;
+    let kind = if std::fs::metadata(&path).ok()?.is_dir() {
+        Kind::Dir
+    } else {
+        Kind::File
+    };
+    let handle = rustix::fs::open(&path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    Some(Source { path, handle, kind })
+}
+
 /// The view's sources, in mount order (a directory before anything inside it).
 fn sources(view: &View) -> Vec<Source> {
     let mut paths: Vec<PathBuf> = SYSTEM_DIRS
@@ -276,15 +290,16 @@ fn sources(view: &View) -> Vec<Source> {
             }
         }
     }
-    for d in &view.dirs {
-        paths.push(std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()));
-    }
-    for f in &view.files {
-        paths.push(std::fs::canonicalize(f).unwrap_or_else(|_| f.clone()));
-    }
-    paths.sort_by_key(|p| p.components().count());
-    paths.dedup();
-    paths.iter().filter_map(|p| source(p)).collect()
+    let mut all: Vec<Source> = paths.iter().filter_map(|p| source(p)).collect();
+    all.extend(
+        view.dirs
+            .iter()
+            .chain(&view.files)
+            .filter_map(|p| named_source(p)),
+    );
+    all.sort_by_key(|s| s.path.components().count());
+    all.dedup_by(|a, b| a.path == b.path);
+    all
 }
 
 /// The flags of the mount a source lives on that a remount must keep (in a user namespace the
@@ -410,6 +425,14 @@ pub fn enter_view(view: &View) -> Result<(), SetupError> {
             None,
         ),
     )?;
+    // The working directory stays (relative `--gguf` paths are named from it), empty unless
+    // something in the view is under it.
+    let cwd = std::env::current_dir().ok();
+    if let Some(c) = &cwd {
+        if std::fs::symlink_metadata(inside(root, c)).is_err() {
+            at("mkdir the working directory", mkdir_all(&inside(root, c)))?;
+        }
+    }
     let old = root.join(OLD_ROOT);
     at("mkdir the old root", mkdir_all(&old))?;
     at("pivot_root", rustix::process::pivot_root(root, &old))?;
@@ -431,6 +454,9 @@ pub fn enter_view(view: &View) -> Result<(), SetupError> {
             "",
         ),
     )?;
+    if let Some(c) = cwd {
+        at("chdir to the working directory", rustix::process::chdir(&c))?;
+    }
     Ok(())
 }
 
@@ -521,15 +547,17 @@ mod tests {
         let d = std::env::temp_dir().join(format!("ns-view-{}", std::process::id()));
         std::fs::create_dir_all(d.join("sub")).unwrap();
         std::fs::write(d.join("sub/f"), b"x").unwrap();
+        // A named file that is a link: seen at the link's name, holding the file.
+        std::os::unix::fs::symlink(d.join("sub/f"), d.join("link")).unwrap();
         let view = View {
             dirs: vec![d.clone()],
-            files: vec![d.join("sub/f")],
+            files: vec![d.join("sub/f"), d.join("link")],
             rdma: false,
         };
         let s = sources(&view);
         let pos = |p: &Path| s.iter().position(|x| x.path == p).unwrap();
-        let d = std::fs::canonicalize(&d).unwrap();
         assert!(pos(&d) < pos(&d.join("sub/f")));
+        assert!(s[pos(&d.join("link"))].kind == Kind::File);
         assert!(s.iter().any(|x| x.path == Path::new("/dev/null")));
         assert!(!s
             .iter()
