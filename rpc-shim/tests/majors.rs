@@ -19,7 +19,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Protocol 8.0.0's own features through `addr` (a shim in front of an 8.0.0 worker); answers
 /// that do not depend on the connection are compared with `reference` (the worker directly).
-async fn exercise8(addr: SocketAddr, reference: SocketAddr) {
+/// `fatal_tail`: end with a GRAPH_RECOMPUTE of an unknown uid, which the worker answers by
+/// closing. A close with nothing pending marks the worker down in the shim, which closes every
+/// client connection still without an upstream of its own: not while another client runs.
+async fn exercise8(addr: SocketAddr, reference: SocketAddr, fatal_tail: bool) {
     within("exercise protocol 8.0.0", async {
         let mut c = connect(addr).await;
         assert_eq!(
@@ -134,9 +137,11 @@ async fn exercise8(addr: SocketAddr, reference: SocketAddr) {
         c.comm_free(0).await.unwrap();
         assert!(c.get_alignment(0).await.unwrap() > 0);
 
-        // A uid never stored: the worker closes, and so does the shim.
-        c.graph_recompute_uid(0, 999).await.unwrap();
-        expect_closed(&mut c, "GRAPH_RECOMPUTE of an unknown uid").await;
+        if fatal_tail {
+            // A uid never stored: the worker closes, and so does the shim.
+            c.graph_recompute_uid(0, 999).await.unwrap();
+            expect_closed(&mut c, "GRAPH_RECOMPUTE of an unknown uid").await;
+        }
     })
     .await;
 }
@@ -145,7 +150,7 @@ async fn exercise8(addr: SocketAddr, reference: SocketAddr) {
 async fn v8_client_through_the_shim() {
     let server = TestServer::start();
     let shim = shim_tcp_major(server.addr8, Major::V8, test_opts()).await;
-    exercise8(shim.local, server.addr8).await;
+    exercise8(shim.local, server.addr8, true).await;
     // Frames of 7.0 only are refused on an 8.0 listener: RPC_CMD_NONE of 8.0 (23) closes.
     let mut c = connect(shim.local).await;
     c.send_bytes(&frame(23, &[])).await.unwrap();
@@ -175,10 +180,10 @@ async fn v7_client_on_the_proto7_port_of_an_8_worker() {
     // exercise() checks the 7.0.0 HELLO, a graph computed and recomputed, against a 7.0.0
     // connection to the same server.
     exercise(s7.local, server.addr).await;
-    exercise8(s8.local, server.addr8).await;
+    exercise8(s8.local, server.addr8, true).await;
     tokio::join!(
         exercise(s7.local, server.addr),
-        exercise8(s8.local, server.addr8)
+        exercise8(s8.local, server.addr8, false)
     );
     assert_eq!(w.major(), Some(Major::V8));
     // 8.0's commands do not exist on the 7.0.0 port.
