@@ -422,6 +422,13 @@ fn real_main() -> anyhow::Result<()> {
         }
         println!("  threads        : {}", args.threads);
         println!("  transport      : {}", opts.rdma.describe());
+        #[cfg(target_os = "linux")]
+        if containment.is_some()
+            && opts.rdma.mode != TransportMode::Tcp
+            && crate::namespaces::rdma_netns_exclusive()
+        {
+            println!("  WARNING        : RDMA devices are in exclusive network-namespace mode: contained sessions see none and stay on TCP (`rdma system set netns shared`, the kernel's default, or --no-sandbox)");
+        }
         println!(
             "  connections    : up to {} at once, {} per peer; from {}",
             args.max_connections,

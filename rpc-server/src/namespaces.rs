@@ -179,6 +179,22 @@ pub enum Outer {
     Inner(Identity),
 }
 
+/// Where the kernel says whether RDMA devices are shared by every network namespace (`Y`, the
+/// default) or belong to one (`N`: `rdma system set netns exclusive`).
+const RDMA_NETNS_MODE: &str = "/sys/module/ib_core/parameters/netns_mode";
+
+/// Whether RDMA devices are in the kernel's exclusive network-namespace mode, in which a
+/// session's own network namespace has none (its client stays on TCP). `text`: the content of
+/// [`RDMA_NETNS_MODE`].
+pub fn rdma_netns_exclusive_in(text: &str) -> bool {
+    matches!(text.trim(), "N" | "n" | "0")
+}
+
+/// [`rdma_netns_exclusive_in`] of this machine; false where there is no RDMA core module.
+pub fn rdma_netns_exclusive() -> bool {
+    std::fs::read_to_string(RDMA_NETNS_MODE).is_ok_and(|t| rdma_netns_exclusive_in(&t))
+}
+
 /// What the session's view holds besides the system: the weight cache and `--gguf` files (all
 /// read-only) and whether RDMA devices are wanted.
 #[derive(Debug, Default, Clone)]
@@ -531,6 +547,13 @@ pub fn drop_identity(identity: Identity) -> Result<(), SetupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rdma_netns_mode_as_the_kernel_prints_it() {
+        assert!(rdma_netns_exclusive_in("N\n"));
+        assert!(!rdma_netns_exclusive_in("Y\n"));
+        assert!(!rdma_netns_exclusive_in(""));
+    }
 
     #[test]
     fn session_uids_are_distinct_per_pid_and_above_every_allocated_range() {
