@@ -304,26 +304,25 @@ impl WeightCache {
     /// Opens (creating it with its parents) the cache directory, for a process that writes it.
     pub fn open(dir: &Path, max_size: Option<u64>) -> io::Result<WeightCache> {
         fs::create_dir_all(dir)?;
-        let dirfd = open_dir(dir)?;
-        let verified = read_verified(dir, &dirfd, true);
-        Ok(WeightCache {
-            dir: dir.to_path_buf(),
-            dirfd,
-            max_size,
-            evict_lock: Mutex::new(()),
-            counters: CacheCounters::default(),
-            verified: Mutex::new(verified),
-            verify_always: false,
-            keeper: None,
-            seeded_before: None,
-        })
+        WeightCache::open_with(dir, max_size, true, None)
     }
 
     /// Opens the cache directory of a session process: read only; stores and verification
     /// records go to the [`CacheKeeper`] given to [`WeightCache::delegate`].
     pub fn open_read_only(dir: &Path, max_size: Option<u64>) -> io::Result<WeightCache> {
+        WeightCache::open_with(dir, max_size, false, Some(OnceLock::new()))
+    }
+
+    /// The one constructor: the directory handle, its verified-entries record (`compact`: this
+    /// process may rewrite it), and where stores go (`keeper`: `None` writes here).
+    fn open_with(
+        dir: &Path,
+        max_size: Option<u64>,
+        compact: bool,
+        keeper: Option<OnceLock<Box<dyn CacheKeeper>>>,
+    ) -> io::Result<WeightCache> {
         let dirfd = open_dir(dir)?;
-        let verified = read_verified(dir, &dirfd, false);
+        let verified = read_verified(dir, &dirfd, compact);
         Ok(WeightCache {
             dir: dir.to_path_buf(),
             dirfd,
@@ -332,7 +331,7 @@ impl WeightCache {
             counters: CacheCounters::default(),
             verified: Mutex::new(verified),
             verify_always: false,
-            keeper: Some(OnceLock::new()),
+            keeper,
             seeded_before: None,
         })
     }
