@@ -28,7 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
-from e2e_common import free_port, resolve_ours, resolve_stock_bin, script_output  # noqa: E402
+from e2e_common import free_port, request, resolve_ours, resolve_stock_bin, script_output  # noqa: E402
 
 HELLO, ALLOC_BUFFER = 14, 0
 
@@ -36,22 +36,6 @@ HELLO, ALLOC_BUFFER = 14, 0
 def loadavg():
     with open("/proc/loadavg") as f:
         return float(f.read().split()[0])
-
-
-def recv_exact(s, n):
-    b = b""
-    while len(b) < n:
-        c = s.recv(n - len(b))
-        if not c:
-            raise EOFError("closed after %d of %d bytes" % (len(b), n))
-        b += c
-    return b
-
-
-def request(s, cmd, payload):
-    s.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
-    n, = struct.unpack("<Q", recv_exact(s, 8))
-    return recv_exact(s, n)
 
 
 def session_start_ms(port):

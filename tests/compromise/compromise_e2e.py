@@ -57,7 +57,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
-from e2e_common import REPO, clean_env, log, resolve_ours, resolve_stock_bin, run, script_output, tail  # noqa: E402
+from e2e_common import REPO, clean_env, log, request, resolve_ours, resolve_stock_bin, run, script_output, tail  # noqa: E402
 
 CASES = ["signal", "cache", "symlink", "terminal", "chmod", "flood", "thread", "memory", "devices", "net"]
 PROMPT = "The capital of France is"
@@ -92,22 +92,6 @@ def complete(stock, model, n, endpoint, tag, workdir, timeout=300):
 
 
 # --- raw protocol 7.0.0 clients ---
-
-def rx(s, n):
-    b = b""
-    while len(b) < n:
-        c = s.recv(n - len(b))
-        if not c:
-            raise ConnectionError("closed after %d of %d bytes" % (len(b), n))
-        b += c
-    return b
-
-
-def request(s, cmd, payload):
-    s.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
-    n, = struct.unpack("<Q", rx(s, 8))
-    return rx(s, n)
-
 
 def open_session(port, src="127.0.0.1", timeout=30):
     """HELLO + ALLOC_BUFFER(1 MiB): the connection is then served by a session process."""

@@ -9,12 +9,31 @@ import os
 import shlex
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 CACHE = os.environ.get("RPC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ggml-rpc-rs")
+
+
+def recv_exact(s, n):
+    """Exactly n bytes from socket s; ConnectionError if it closes first."""
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise ConnectionError("closed after %d of %d bytes" % (len(b), n))
+        b += c
+    return b
+
+
+def request(s, cmd, payload):
+    """One raw ggml RPC request (command byte, u64 LE size, payload); returns the reply's payload."""
+    s.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
+    n, = struct.unpack("<Q", recv_exact(s, 8))
+    return recv_exact(s, n)
 
 
 def log(msg):
