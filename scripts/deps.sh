@@ -5,10 +5,23 @@
 set -euo pipefail
 # What building the server needs (per OS) first; then what only the tests need.
 "$(dirname "$0")/build-deps.sh"
+# pip install PACKAGES... for the python3 the tests run with. A Python that refuses it (PEP 668:
+# Homebrew's, "externally-managed-environment") gets them in the user's site directory instead,
+# which it reads too: --user --break-system-packages (Homebrew's own packages are not touched).
+pip_install() {
+  local out
+  if out="$(python3 -m pip install -q "$@" 2>&1)"; then return 0; fi
+  case "$out" in
+    *externally-managed-environment*)
+      echo "deps: this python3 is externally managed (PEP 668): pip install --user --break-system-packages $*" >&2
+      python3 -m pip install -q --user --break-system-packages "$@" ;;
+    *) printf '%s\n' "$out" >&2; return 1 ;;
+  esac
+}
 if [ "$(uname -s)" != Linux ]; then
   echo "deps: the test suite's system packages (QEMU, rdma-core, ...) are Linux-only; on $(uname -s) only the build dependencies were set up" >&2
-  python3 -c "import gguf, numpy" 2>/dev/null || python3 -m pip install -q "gguf==0.19.0" numpy
-  python3 -c "import check_jsonschema" 2>/dev/null || python3 -m pip install -q "check-jsonschema==0.39.0"
+  python3 -c "import gguf, numpy" 2>/dev/null || pip_install "gguf==0.19.0" numpy
+  python3 -c "import check_jsonschema" 2>/dev/null || pip_install "check-jsonschema==0.39.0"
   exit 0
 fi
 need_apt=()
@@ -27,6 +40,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-python3 -c "import gguf, numpy" 2>/dev/null || python3 -m pip install -q "gguf==0.19.0" numpy
+python3 -c "import gguf, numpy" 2>/dev/null || pip_install "gguf==0.19.0" numpy
 # The CI workflow's schema check (tests/scripts/test_workflow.py).
-python3 -c "import check_jsonschema" 2>/dev/null || python3 -m pip install -q "check-jsonschema==0.39.0"
+python3 -c "import check_jsonschema" 2>/dev/null || pip_install "check-jsonschema==0.39.0"

@@ -9,6 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build-deps.sh >&2
+# Build tools build-deps.sh installed or found off PATH (cmake from a venv or Homebrew).
+tools="${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}/bin"
+if [ -d "$tools" ]; then PATH="$tools:$PATH"; export PATH; fi
 target=target
 if [ "${PORTABLE:-0}" = 1 ]; then
   RUSTFLAGS="$(./scripts/portable-rustflags.sh)"

@@ -1,9 +1,21 @@
 #!/usr/bin/env python3
-"""The OS branching of scripts/build-deps.sh under a faked OS (no Mac is available here).
+"""The OS branching of scripts/build-deps.sh, run-server.sh and deps.sh under a faked OS (no Mac
+is available here).
 
 Each case runs the script with PATH holding only stub commands (`uname`, `xcode-select`, `xcrun`,
-`brew`, `apt-get`, `dpkg`, `cmake`, `cargo`, ... as the case needs) that record how they were
-called, and checks what the script installed, printed and returned. Prints 'N passed, N failed'.
+`brew`, `apt-get`, `dpkg`, `cmake`, `cargo`, `python3`, ... as the case needs) that record how they
+were called, beside links to the few real tools a Mac has too (no `nproc`, no `sha256sum`), and
+checks what the script installed, printed and returned. The stubs fail the way the real tools do:
+cargo fails unless a working `cmake` is on PATH (the cmake crate's error), a Homebrew Python
+refuses `pip install --user` with pip's "externally-managed-environment" error (PEP 668), the
+Command Line Tools' Python puts a `pip install --user` into ~/Library/Python/3.9/bin (off PATH),
+`brew install cmake` puts cmake into Homebrew's bin. First commands on a fresh Mac are run end to
+end (run-server.sh to a running stub server): Command Line Tools only, Homebrew (on PATH, and off
+PATH as in a non-login SSH shell), a Homebrew Python, no Command Line Tools. Prints 'N passed, N
+failed'.
+
+TEST_BASH=/path/to/bash runs every script under that bash (tests/scripts/test_portable.py passes a
+real bash 3.2, macOS's, when it has one).
 
   python3 tests/scripts/test_build_deps.py
 """
@@ -17,30 +29,39 @@ import tempfile
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SCRIPT = os.path.join(REPO, "scripts", "build-deps.sh")
 # Real tools the script itself runs (from /usr/bin or /bin), linked into the stub directory.
-REAL = ["bash", "id", "env", "dirname", "mkdir", "chmod", "date"]
+# Only tools macOS has too (and no GNU-only ones such as nproc or sha256sum).
+REAL = ["id", "env", "dirname", "basename", "mkdir", "chmod", "date", "ln", "cat", "cp", "rm"]
+BASH = os.environ.get("TEST_BASH") or shutil.which("bash")
 
 
 def stub_dir(stubs):
-    """A directory with each stub as an executable logging '<name> <args>' to $STUB_LOG."""
+    """A directory with each stub as an executable logging '<name> <args>' to $STUB_LOG. A name
+    with a '/' (e.g. 'homebrew/bin/brew') is made in that subdirectory, off PATH."""
     d = tempfile.mkdtemp(prefix="build-deps-test-")
+    os.symlink(BASH, os.path.join(d, "bash"))
     for tool in REAL:
         path = shutil.which(tool)
         if path:
             os.symlink(path, os.path.join(d, tool))
     for name, body in stubs.items():
-        with open(os.path.join(d, name), "w") as f:
-            f.write("#!%s\necho \"%s $*\" >> \"$STUB_LOG\"\n%s\n" % (shutil.which("bash"), name, body or "exit 0"))
-        os.chmod(os.path.join(d, name), 0o755)
+        path = os.path.join(d, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("#!%s\necho \"%s $*\" >> \"$STUB_LOG\"\n%s\n" % (shutil.which("bash"), os.path.basename(name),
+                                                                     body or "exit 0"))
+        os.chmod(path, 0o755)
     return d
 
 
 def run_case(stubs, env=None, script=SCRIPT, args=(), out=None):
+    """Runs `script` with PATH the stub directory, HOME in it; '{d}' in an env value is the
+    directory."""
     d = stub_dir(stubs)
     log = os.path.join(d, "calls.log")
     open(log, "w").close()
     e = {"PATH": d, "STUB_LOG": log, "HOME": d}
-    e.update(env or {})
-    r = subprocess.run([shutil.which("bash"), script] + list(args), env=e, stdin=subprocess.DEVNULL,
+    e.update({k: v.replace("{d}", d) for k, v in (env or {}).items()})
+    r = subprocess.run([BASH, script] + list(args), env=e, stdin=subprocess.DEVNULL,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     with open(log) as f:
         calls = f.read().splitlines()
@@ -59,10 +80,69 @@ CARGO_BUILDS = ('echo "build RUSTFLAGS=[${RUSTFLAGS-unset}] TARGET=[${CARGO_TARG
                 'chmod +x "${CARGO_TARGET_DIR:-target}/release/rpc-server"')
 
 
+# cargo as the build fails without cmake: llama-cpp-sys-2's build script runs `cmake` (the cmake
+# crate), and cargo reports its error and exits 101.
+CARGO_NEEDS_CMAKE = (
+    'if ! command -v cmake >/dev/null || ! cmake --version >/dev/null; then\n'
+    '  echo "error: failed to run custom build command for \\`llama-cpp-sys-2 v0.1.161\\`" >&2\n'
+    '  echo "  failed to execute command: No such file or directory (os error 2)" >&2\n'
+    '  echo "  is \\`cmake\\` not installed?" >&2\n'
+    '  exit 101\n'
+    'fi\n' + CARGO_BUILDS)
+
+# A cmake stub as pip's wheel or Homebrew installs it: `cmake --version` works.
+CMAKE_BODY = 'case "$1" in --version) echo "cmake version 4.1.2";; esac; exit 0'
+
+
+def python3_stub(pep668):
+    """python3 as on a Mac: the Command Line Tools' 3.9 (pep668=False: `pip install` falls back to
+    --user, into ~/Library/Python/3.9/bin, which is not on PATH) or Homebrew's (pep668=True:
+    refuses any install outside a venv unless --break-system-packages). `-m venv DIR` makes a venv
+    whose python3 installs cmake into DIR/bin with pip."""
+    refuse = ('cat >&2 <<"E"\nerror: externally-managed-environment\n\n'
+              '\u00d7 This environment is externally managed\n'
+              '\u2570\u2500> To install Python packages system-wide, try brew install\n'
+              '    xyz, where xyz is the package you are trying to\n    install.\n\n'
+              '    If you wish to install a Python library that isn\'t in Homebrew,\n'
+              '    use a virtual environment:\n\n    python3 -m venv path/to/venv\n'
+              '    source path/to/venv/bin/activate\n    python3 -m pip install xyz\n\n'
+              'note: If you believe this is a mistake, please contact your Python installation or OS '
+              'distribution provider. You can override this, at the risk of breaking your Python '
+              'installation or OS, by passing --break-system-packages.\n'
+              'hint: See PEP 668 for the detailed specification.\nE\nexit 1\n')
+    venv_python = ('#!' + shutil.which("bash") + '\n'
+                   'echo "venv-python3 $*" >> "$STUB_LOG"\n'
+                   'case "$*" in *"-m pip install"*cmake*)\n'
+                   '  printf \'#!/bin/sh\\n%s\\n\' \'' + CMAKE_BODY + '\' > "$(dirname "$0")/cmake"\n'
+                   '  chmod +x "$(dirname "$0")/cmake";; esac\n')
+    user_base = '$HOME/Library/Python/3.9'
+    return (
+        'case "$*" in\n'
+        '  "-m venv "*) mkdir -p "$3/bin"; cat > "$3/bin/python3" <<"V"\n' + venv_python + 'V\n'
+        '    chmod +x "$3/bin/python3"; ln -s python3 "$3/bin/pip";;\n'
+        '  "-m site --user-base") echo "' + user_base + '";;\n'
+        '  *"-m pip install"*"--break-system-packages"*) ;;\n'
+        '  *"-m pip install"*) ' + (refuse if pep668 else
+                                   'echo "Defaulting to user installation because normal site-packages is not writeable"\n'
+                                   '    case "$*" in *cmake*) mkdir -p "' + user_base + '/bin"\n'
+                                   '      printf \'#!/bin/sh\\n%s\\n\' \'' + CMAKE_BODY + '\' > "' + user_base + '/bin/cmake"\n'
+                                   '      chmod +x "' + user_base + '/bin/cmake";; esac') + ';;\n'
+        '  "-c "*) exit 1;;\n'
+        'esac\n')
+
+
+# brew as Homebrew's: `install cmake` puts cmake into its prefix's bin (beside brew itself).
+BREW = ('here="$(cd "$(dirname "$0")" && pwd)"\n'
+        'case "$1" in\n'
+        '  install) printf \'#!/bin/sh\\n%s\\n\' \'' + CMAKE_BODY + '\' > "$here/cmake"; chmod +x "$here/cmake";;\n'
+        '  --prefix) dirname "$here";;\n'
+        'esac\n')
+
+
 def run_server_case(stubs, env=None, args=("-p", "50052")):
     repo = tempfile.mkdtemp(prefix="run-server-test-")
     os.mkdir(os.path.join(repo, "scripts"))
-    for f in ("run-server.sh", "build-deps.sh", "portable-rustflags.sh"):
+    for f in ("run-server.sh", "build-deps.sh", "portable-rustflags.sh", "deps.sh"):
         shutil.copy(os.path.join(REPO, "scripts", f), os.path.join(repo, "scripts", f))
     out = []
     rc, err, calls = run_case(stubs, env=env, script=os.path.join(repo, "scripts", "run-server.sh"), args=args,
@@ -84,10 +164,12 @@ LINUX_OK = {
 }
 
 
-def with_(base, **changes):
+def with_(base, paths=None, **changes):
+    """`base` with the stubs in `changes` (keyword: '_' for '-') and `paths` (name: body) added,
+    or removed where the body is False."""
     d = dict(base)
-    for k, v in changes.items():
-        k = k.replace("_", "-")
+    items = [(k.replace("_", "-"), v) for k, v in changes.items()] + list((paths or {}).items())
+    for k, v in items:
         if v is False:
             d.pop(k, None)
         else:
@@ -134,16 +216,18 @@ def mac_sdk_27_counts_as_new():
 
 @case
 def mac_without_cmake_uses_homebrew():
-    rc, err, calls = run_case(with_(MAC_OK, cmake=False, brew=None))
+    rc, err, calls = run_case(with_(MAC_OK, cmake=False, brew=BREW))
     assert rc == 0, err
     assert "brew install cmake" in calls, calls
 
 
 @case
-def mac_without_cmake_or_homebrew_uses_pip():
-    rc, err, calls = run_case(with_(MAC_OK, cmake=False, python3=None))
+def mac_without_cmake_or_homebrew_uses_pip_in_a_private_venv():
+    rc, err, calls = run_case(with_(MAC_OK, cmake=False, python3=python3_stub(pep668=False)))
     assert rc == 0, err
-    assert any(c.startswith("python3 -m pip install --user") and "cmake" in c for c in calls), calls
+    assert any(c.startswith("python3 -m venv ") and c.endswith("/.cache/ggml-rpc-rs/cmake-venv") for c in calls), calls
+    assert any(c.startswith("venv-python3 -m pip install") and "cmake" in c for c in calls), calls
+    assert not any("--user" in c for c in calls), calls
 
 
 @case
@@ -230,6 +314,104 @@ def run_server_portable_on_a_mac_uses_the_targets_baseline():
     # Empty RUSTFLAGS (set, so .cargo/config.toml's target-cpu=native is not used): apple-m1.
     assert "build RUSTFLAGS=[] TARGET=[target/portable]" in calls, calls
     assert out.strip() == "served -H 10.0.0.2", out
+
+
+def served(rc, err, out, args="-p 50052"):
+    assert rc == 0, err
+    assert out.strip() == "served %s" % args, (out, err)
+
+
+MAC_FRESH = with_(MAC_OK, uname=uname("Darwin", "arm64"), cmake=False, cargo=CARGO_NEEDS_CMAKE)
+
+
+@case
+def the_stub_cargo_fails_without_cmake_as_the_real_build_does():
+    """The control of the cases below: without cmake on PATH the build stops, with cmake's error."""
+    rc, err, calls, out = run_server_case(with_(MAC_FRESH, python3=False))
+    assert rc == 1 and "brew.sh" in err, err
+    assert not any(c.startswith("build") for c in calls), calls
+    d = tempfile.mkdtemp()
+    try:
+        r = subprocess.run([BASH, "-c", "cargo build"], env={"PATH": stub_dir({"cargo": CARGO_NEEDS_CMAKE}),
+                                                             "STUB_LOG": os.devnull}, cwd=d,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    assert r.returncode == 101 and "is `cmake` not installed?" in r.stderr, r.stderr
+
+
+@case
+def first_command_on_a_mac_with_only_the_command_line_tools():
+    rc, err, calls, out = run_server_case(with_(MAC_FRESH, python3=python3_stub(pep668=False)))
+    served(rc, err, out)
+    assert any(c.startswith("python3 -m venv ") for c in calls), calls
+    assert not any("--user" in c for c in calls), calls
+    assert any(c.startswith("build ") for c in calls), calls
+
+
+@case
+def first_command_on_a_mac_with_homebrew():
+    rc, err, calls, out = run_server_case(with_(MAC_FRESH, brew=BREW))
+    served(rc, err, out)
+    assert "brew install cmake" in calls, calls
+
+
+@case
+def first_command_over_ssh_with_homebrew_off_path():
+    """A non-login SSH shell has no `brew shellenv`: brew and its cmake are not on PATH."""
+    env = {"RPC_BREW_PREFIXES": "{d}/nowhere {d}/homebrew"}
+    rc, err, calls, out = run_server_case(with_(MAC_FRESH, {"homebrew/bin/brew": BREW}), env=env)
+    served(rc, err, out)
+    assert "brew install cmake" in calls, calls
+    # Installed once; the next run finds Homebrew's cmake, off PATH, and installs nothing.
+    rc, err, calls, out = run_server_case(with_(MAC_FRESH, {"homebrew/bin/brew": BREW,
+                                                            "homebrew/bin/cmake": CMAKE_BODY}), env=env)
+    served(rc, err, out)
+    assert "brew install cmake" not in calls, calls
+
+
+@case
+def first_command_on_a_mac_with_a_homebrew_python_that_refuses_pip_user():
+    rc, err, calls, out = run_server_case(with_(MAC_FRESH, python3=python3_stub(pep668=True)))
+    served(rc, err, out)
+    assert any(c.startswith("python3 -m venv ") for c in calls), calls
+    assert "externally-managed-environment" not in err, err
+
+
+@case
+def the_homebrew_python_stub_refuses_pip_user_as_pip_does():
+    """The control of the case above: the stub refuses what the old script ran."""
+    d = stub_dir({"python3": python3_stub(pep668=True)})
+    try:
+        r = subprocess.run([os.path.join(d, "python3"), "-m", "pip", "install", "--user", "-q", "cmake"],
+                           env={"PATH": d, "STUB_LOG": os.devnull, "HOME": d}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    assert r.returncode == 1 and "error: externally-managed-environment" in r.stderr, r.stderr
+
+
+@case
+def first_command_on_a_mac_without_the_command_line_tools():
+    # Without them xcode-select -p fails, and /usr/bin/python3 and cc only offer the install.
+    shim = 'echo "xcode-select: note: No developer tools were found, requesting install." >&2; exit 1'
+    xs = ('echo "xcode-select: error: unable to get active developer directory, use \\`sudo xcode-select '
+          '--switch path/to/Xcode.app\\` to set it (or see \\`man xcode-select\\`)" >&2; exit 2')
+    rc, err, calls, out = run_server_case(with_(MAC_FRESH, xcode_select=xs, python3=shim, cc=shim))
+    assert rc == 1, err
+    assert "xcode-select --install" in err and "softwareupdate --install" in err, err
+    assert not [c for c in calls if c.startswith(("python3", "cc", "cargo", "build", "brew"))], calls
+    assert out == "", out
+
+
+@case
+def deps_on_a_mac_with_a_homebrew_python_installs_the_test_packages_for_the_user():
+    rc, err, calls = run_case(with_(MAC_OK, python3=python3_stub(pep668=True)),
+                              script=os.path.join(REPO, "scripts", "deps.sh"))
+    assert rc == 0, err
+    installs = [c for c in calls if c.startswith("python3 -m pip install")]
+    assert any("gguf==0.19.0" in c and "--break-system-packages" in c and "--user" in c for c in installs), calls
+    assert "externally managed (PEP 668)" in err, err
 
 
 def test_plan(os_name):
