@@ -8,7 +8,10 @@
 #   STOCK_PATCHES="patches/a.patch ..." patches applied to the source (part of the cache key; the
 #                                       plain native build defaults to patches/test-backend-ops-rpc.patch)
 #   STOCK_CMAKE_FLAGS="-DX=Y ..."        extra CMake flags (part of the cache key)
-#   STOCK_TARGETS="..."                   ninja targets (executables, or libraries such as ggml-rpc)
+#   STOCK_TARGETS="..."                   build targets (executables, or libraries such as ggml-rpc)
+# Needs python3 (pip download), cmake, a C/C++ compiler; ninja when there is one, else make (macOS
+# has make with the Command Line Tools). cmake from scripts/build-deps.sh's tools directory too.
+# Portable: bash 3.2 and BSD tools (macOS).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 PROTO="${STOCK_PROTO:-7}"
@@ -31,9 +34,12 @@ else
 fi
 TARGETS="${STOCK_TARGETS:-$DEFAULT_TARGETS}"
 cache="${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}"
+if [ -d "$cache/bin" ]; then PATH="$cache/bin:$PATH"; fi
+sha256() { if command -v sha256sum >/dev/null; then sha256sum; else shasum -a 256; fi; }
+jobs="$(getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)"
 key="rdma-${RDMA}"
 if [ -n "$PATCHES$EXTRA_FLAGS" ]; then
-  key="$key-$( (cd "$here" && cat $PATCHES; echo "$EXTRA_FLAGS") | sha256sum | cut -c1-12)"
+  key="$key-$( (cd "$here" && cat $PATCHES; echo "$EXTRA_FLAGS") | sha256 | cut -c1-12)"
 fi
 base="$cache/$PKG-$VERSION"
 src="$base/src-$key"
@@ -58,15 +64,18 @@ if [ ! -f "$src/.unpacked" ]; then
   for p in $PATCHES; do log "applying $p"; patch -d "$src" -p1 < "$here/$p" >&2; done
   touch "$src/.unpacked"
 fi
-if [ ! -f "$build/build.ninja" ]; then
-  log "configuring (GGML_RPC_RDMA=$RDMA)"
-  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_RPC=ON -DGGML_RPC_RDMA="$RDMA" \
+if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
+  if command -v ninja >/dev/null; then gen=Ninja; else gen="Unix Makefiles"; fi
+  log "configuring (GGML_RPC_RDMA=$RDMA, $gen)"
+  cmake -S "$src" -B "$build" -G "$gen" -DCMAKE_BUILD_TYPE=Release -DGGML_RPC=ON -DGGML_RPC_RDMA="$RDMA" \
     -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=ON -DGGML_CCACHE=OFF $EXTRA_FLAGS >&2
 fi
 missing=""
-for t in $TARGETS; do [ -x "$build/bin/$t" ] || [ -e "$build/bin/lib$t.so" ] || missing="$missing $t"; done
+for t in $TARGETS; do
+  [ -x "$build/bin/$t" ] || [ -e "$build/bin/lib$t.so" ] || [ -e "$build/bin/lib$t.dylib" ] || missing="$missing $t"
+done
 if [ -n "$missing" ]; then
   log "building$missing (protocol $PROTO; about 12 minutes on 2 cores the first time)"
-  ninja -C "$build" -j"$(nproc)" $missing >&2
+  cmake --build "$build" -j "$jobs" --target $missing >&2
 fi
 echo "$build/bin"

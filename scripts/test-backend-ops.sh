@@ -11,6 +11,7 @@
 #   TBO_PARAMS='type=f32' scripts/...           extra -p filter (regex over the case params)
 #   SERVER=target/release/rpc-server PORT=50098 THREADS=2 TBO_TIMEOUT=1800
 # Prints one line per op and a summary; exits non-zero if any case failed or any op crashed.
+# Portable: bash 3.2 and BSD tools (macOS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SERVER="${SERVER:-target/release/rpc-server}"
@@ -27,6 +28,18 @@ echo "test-backend-ops: $tbo; logs in $logs"
 # A server without --proto7-port (stock, or ours before 8.0.0) listens with -p.
 listen_flags() { # binary port
   case "$("$1" --help 2>&1)" in *--proto7-port*) echo "-p $(($2 + 7000)) --proto7-port $2" ;; *) echo "-p $2" ;; esac
+}
+# timeout(1) is GNU coreutils (macOS has none; Homebrew's is gtimeout): else the command in the
+# background, killed after SECONDS (exit 143 then).
+with_timeout() { # SECONDS COMMAND...
+  local secs="$1"; shift
+  if command -v timeout >/dev/null; then timeout "$secs" "$@"; return; fi
+  if command -v gtimeout >/dev/null; then gtimeout "$secs" "$@"; return; fi
+  "$@" & local pid=$! waited=0 rc
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt $((secs * 5)) ]; do sleep 0.2; waited=$((waited + 1)); done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" && rc=0 || rc=$?
+  return "$rc"
 }
 server_pid=""
 start_server() {
@@ -62,7 +75,8 @@ if [ "$#" -gt 0 ]; then
 elif [ "${SUBSET:-0}" = 1 ]; then
   ops=("${subset[@]}")
 else
-  mapfile -t ops < <("$tbo" --list-ops | sed -n 's/^  \([A-Z0-9_]*\)$/\1/p')
+  ops=()
+  while IFS= read -r op; do ops+=("$op"); done < <("$tbo" --list-ops | sed -n 's/^  \([A-Z0-9_]*\)$/\1/p')
 fi
 
 total_pass=0; total_cases=0; bad_ops=()
@@ -75,7 +89,7 @@ for spec in "${ops[@]}"; do
     args+=(-p "$TBO_PARAMS")
   fi
   set +e
-  GGML_RPC_SERVERS="127.0.0.1:$PORT" timeout "$TBO_TIMEOUT" "$tbo" "${args[@]}" >"$logs/$op.log" 2>&1
+  GGML_RPC_SERVERS="127.0.0.1:$PORT" with_timeout "$TBO_TIMEOUT" "$tbo" "${args[@]}" >"$logs/$op.log" 2>&1
   rc=$?
   set -e
   line="$(grep -Eo '[0-9]+/[0-9]+ tests passed' "$logs/$op.log" | tail -1 || true)"
