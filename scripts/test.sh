@@ -34,11 +34,13 @@ suite "build" -- cargo build --release --workspace --all-targets
 suite "lints (cargo clippy --workspace --all-targets -- -D warnings)" -- \
   cargo clippy --release --workspace --all-targets -- -D warnings
 suite "unit and protocol tests" -- cargo test --release --workspace
-suite "script tests: build-deps.sh, run-server.sh and test.sh's plan under a faked OS (macOS and Linux branches)" -- \
+suite "script tests: build-deps.sh, run-server.sh, deps.sh and test.sh's plan under a faked OS (macOS and Linux branches; first command on a fresh Mac: Command Line Tools only, Homebrew, Homebrew Python, no Command Line Tools)" -- \
   python3 tests/scripts/test_build_deps.py
-suite "script tests: scripts/service.sh (launchd plist via plistlib, systemd unit via systemd-analyze verify, install/uninstall under a faked OS)" -- \
+suite "script tests: scripts/service.sh (launchd daemon and agent plists via plistlib, systemd unit via systemd-analyze verify, install/restart/uninstall under a faked OS)" -- \
   python3 tests/scripts/test_service.py --bin target/release/rpc-server
-suite "script tests: the macOS CI workflow (.github/workflows/, GitHub's workflow schema)" -- \
+suite "script tests: the Mac path's scripts portable to bash 3.2 and BSD tools (lint; run with a Mac's tools only; under a real bash 3.2 when cached)" -- \
+  python3 tests/scripts/test_portable.py --bin target/release/rpc-server
+suite "script tests: the macOS CI workflow (.github/workflows/, GitHub's workflow schema, the jobs' steps)" -- \
   python3 tests/scripts/test_workflow.py
 if [ "$PLAN" = 1 ]; then
   STOCK_BIN="<stock-bin>"; STOCK_BIN8="<stock-bin8>"
