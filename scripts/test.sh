@@ -28,11 +28,18 @@ VM="Linux-only: the soft-RoCE VM is QEMU with the Linux kernel's rdma_rxe"
 
 suite "dependencies" -- ./scripts/deps.sh
 suite "format (cargo fmt --check)" -- cargo fmt --all --check
+suite "format of the fuzz crate (fuzz/ is its own workspace: cargo fmt --manifest-path fuzz/Cargo.toml --check)" -- \
+  cargo fmt --manifest-path fuzz/Cargo.toml --check
 suite "ARCHITECTURE.md names every source file once, and only paths that exist (scripts/file-index.py --check)" -- \
   python3 scripts/file-index.py --check
 suite "build" -- cargo build --release --workspace --all-targets
 suite "lints (cargo clippy --workspace --all-targets -- -D warnings)" -- \
   cargo clippy --release --workspace --all-targets -- -D warnings
+# The fuzz crate on the stable toolchain, in the workspace's target directory and profile, so it
+# reuses the dependencies (ggml included) the lines above built; only libfuzzer-sys and the crate
+# itself are new. (The smoke run's own directory holds nightly ASan builds, which stable cannot reuse.)
+suite "lints of the fuzz crate (cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings)" -- \
+  env CARGO_PROFILE_RELEASE_DEBUG=1 cargo clippy --release --manifest-path fuzz/Cargo.toml --target-dir target --all-targets -- -D warnings
 suite "unit and protocol tests" -- cargo test --release --workspace
 suite "script tests: build-deps.sh, run-server.sh, deps.sh and test.sh's plan under a faked OS (macOS and Linux branches; first command on a fresh Mac: Command Line Tools only, Homebrew, Homebrew Python, no Command Line Tools)" -- \
   python3 tests/scripts/test_build_deps.py
