@@ -66,7 +66,7 @@ pub(super) fn im2col_back(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck
     // The result has the shape of the original im2col input; the gradient src[0] the shape
     // im2col produced from it with kernel src[1].
     let (want, is2d) = im2col_shape(d, b, d, "IM2COL_BACK")?;
-    ne_eq(a, want).map_err(|e| format!("IM2COL_BACK gradient: {e}"))?;
+    ne_eq(a, want).map_err(|e| e.about("IM2COL_BACK gradient"))?;
     if is2d {
         ensure!(d.ne(2) == b.ne(2), "IM2COL_BACK channels");
     } else {
@@ -253,7 +253,7 @@ fn im2col_shape(
     kernel: &TensorSpec,
     input: &TensorSpec,
     what: &str,
-) -> Result<([i64; 4], bool), String> {
+) -> Result<([i64; 4], bool), Refusal> {
     let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
     let (s0, s1, p0, p1, d0, d1, is2d) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
     ensure!(
@@ -289,7 +289,7 @@ fn conv_2d_out(
     kernel: &TensorSpec,
     input: &TensorSpec,
     what: &str,
-) -> Result<(i64, i64), String> {
+) -> Result<(i64, i64), Refusal> {
     let p: Vec<i64> = (0..6).map(|i| d.op_i32(i) as i64).collect();
     ensure!(
         p[0] > 0 && p[1] > 0 && p[2] >= 0 && p[3] >= 0 && p[4] > 0 && p[5] > 0,

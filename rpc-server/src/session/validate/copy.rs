@@ -200,6 +200,6 @@ fn copy_rules(a: &TensorSpec, d: &TensorSpec, cpu: bool) -> R {
             );
             Ok(())
         }
-        (s, t) => Err(format!("no copy from type {s} to type {t}")),
+        (s, t) => Err(refuse!("no copy from type {s} to type {t}")),
     }
 }

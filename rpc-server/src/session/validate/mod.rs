@@ -41,14 +41,26 @@ pub(crate) struct IndexCheck {
     pub what: &'static str,
 }
 
-type R = Result<(), String>;
+type R = Result<(), Refusal>;
 
+/// A [`Refusal`]: `refuse!("template", args..)` by an op's own check ([`Rule::Check`] of the
+/// template), `refuse!(Rule::Type; "template", args..)` by a named rule.
+macro_rules! refuse {
+    ($fmt:literal $($args:tt)*) => {
+        Refusal::new(Rule::Check($fmt), format!($fmt $($args)*))
+    };
+    ($rule:expr; $fmt:literal $($args:tt)*) => {
+        Refusal::new($rule, format!($fmt $($args)*))
+    };
+}
+
+/// Refuses (see [`refuse!`]) unless the condition holds.
 macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)+) => {{
+    ($cond:expr, $($refusal:tt)+) => {{
         // Negated on purpose: a float condition fails on NaN too.
         #[allow(clippy::neg_cmp_op_on_partial_ord)]
         if !$cond {
-            return Err(format!($($fmt)+));
+            return Err(refuse!($($refusal)+));
         }
     }};
 }
@@ -63,6 +75,7 @@ mod norm;
 mod optimizer;
 mod pool;
 mod reduce;
+mod refusal;
 mod rope;
 mod rows;
 mod ssm;
@@ -71,6 +84,7 @@ mod tests;
 mod unary;
 mod views;
 
+pub(crate) use refusal::{Refusal, Rule};
 use views::check_no_partial_overlap;
 pub(crate) use views::check_view;
 
@@ -235,7 +249,10 @@ fn can_repeat(t0: &TensorSpec, t1: &TensorSpec) -> bool {
 
 fn ne_eq(t: &TensorSpec, want: [i64; 4]) -> R {
     let got = [t.ne(0), t.ne(1), t.ne(2), t.ne(3)];
-    ensure!(got == want, "result shape {got:?}, expected {want:?}");
+    ensure!(
+        got == want,
+        Rule::ResultShape; "result shape {got:?}, expected {want:?}"
+    );
     Ok(())
 }
 
@@ -244,20 +261,20 @@ fn ne_eq(t: &TensorSpec, want: [i64; 4]) -> R {
 fn fresh_or_inplace(d: &TensorSpec, a: &TensorSpec) -> R {
     ensure!(
         d.contiguous() || (same_shape(d, a) && same_stride(d, a)),
-        "result must be contiguous or an in-place view of its first source"
+        Rule::FreshResult; "result must be contiguous or an in-place view of its first source"
     );
     Ok(())
 }
 
 fn fresh(d: &TensorSpec) -> R {
-    ensure!(d.contiguous(), "result must be contiguous");
+    ensure!(d.contiguous(), Rule::FreshResult; "result must be contiguous");
     Ok(())
 }
 
 fn nb0_is_ts(t: &TensorSpec, what: &str) -> R {
     ensure!(
         t.nb(0) == t.ts(),
-        "{what}: nb[0]={} must be the element size {}",
+        Rule::ElementStride; "{what}: nb[0]={} must be the element size {}",
         t.nb(0),
         t.ts()
     );
@@ -267,7 +284,7 @@ fn nb0_is_ts(t: &TensorSpec, what: &str) -> R {
 fn ty_is(t: &TensorSpec, want: u32, what: &str) -> R {
     ensure!(
         t.ty() == want,
-        "{what}: type {} where {} is required",
+        Rule::Type; "{what}: type {} where {} is required",
         t.ty(),
         want
     );
@@ -277,7 +294,7 @@ fn ty_is(t: &TensorSpec, want: u32, what: &str) -> R {
 fn ty_in(t: &TensorSpec, want: &[u32], what: &str) -> R {
     ensure!(
         want.contains(&t.ty()),
-        "{what}: type {} not in {:?}",
+        Rule::Type; "{what}: type {} not in {:?}",
         t.ty(),
         want
     );
@@ -288,7 +305,7 @@ fn ty_in(t: &TensorSpec, want: &[u32], what: &str) -> R {
 fn strides_increase(d: &TensorSpec) -> R {
     ensure!(
         d.nb(0) <= d.nb(1) && d.nb(1) <= d.nb(2) && d.nb(2) <= d.nb(3),
-        "result strides must increase (ne {:?}, nb {:?})",
+        Rule::StridesIncrease; "result strides must increase (ne {:?}, nb {:?})",
         d.ne,
         d.nb
     );
@@ -354,19 +371,19 @@ fn mask_and_sinks(
 
 /// Checks that hold for every tensor of a graph that a kernel may read or write.
 pub(crate) fn check_layout(t: &TensorSpec) -> R {
-    let info = type_info(t.type_).ok_or("invalid type")?;
+    let info = type_info(t.type_).ok_or_else(|| refuse!(Rule::Layout; "invalid type"))?;
     // Elements (or blocks) do not overlap their neighbours in dim 0; with the extent check this
     // bounds every row read or written as `ne[0]` consecutive elements.
     if t.ne.iter().all(|&n| n > 0) && t.ne[0] > 1 {
         ensure!(
             t.nb[0] >= info.type_size,
-            "nb[0]={} is smaller than the element size {}",
+            Rule::Layout; "nb[0]={} is smaller than the element size {}",
             t.nb[0],
             info.type_size
         );
     }
     // ggml computes element counts in int64.
-    ensure!(t.nelements() < (1i128 << 62), "too many elements");
+    ensure!(t.nelements() < (1i128 << 62), Rule::Layout; "too many elements");
     Ok(())
 }
 
@@ -379,12 +396,12 @@ pub(crate) struct Node<'a> {
 }
 
 impl<'a> Node<'a> {
-    fn s(&self, i: usize) -> Result<&'a TensorSpec, String> {
-        self.src[i].ok_or_else(|| format!("src[{i}] is missing"))
+    fn s(&self, i: usize) -> Result<&'a TensorSpec, Refusal> {
+        self.src[i].ok_or_else(|| refuse!(Rule::MissingSource; "src[{i}] is missing"))
     }
     fn none_from(&self, i: usize) -> R {
         for j in i..10 {
-            ensure!(self.src[j].is_none(), "unexpected src[{j}]");
+            ensure!(self.src[j].is_none(), Rule::ExtraSource; "unexpected src[{j}]");
         }
         Ok(())
     }
@@ -394,15 +411,15 @@ impl<'a> Node<'a> {
 }
 
 /// Validates one computing node. Returns the data-dependent checks it needs.
-pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, String> {
+pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Refusal> {
     let d = n.d;
     let mut checks = Vec::new();
     check_no_partial_overlap(n)?;
     // Every tensor a kernel touches has plausible strides.
-    check_layout(d).map_err(|e| format!("result: {e}"))?;
+    check_layout(d).map_err(|e| e.about("result"))?;
     for (i, s) in n.src.iter().enumerate() {
         if let Some(s) = s {
-            check_layout(s).map_err(|e| format!("src[{i}]: {e}"))?;
+            check_layout(s).map_err(|e| e.about(&format!("src[{i}]")))?;
         }
     }
     rule(d.op)?(n, cpu, &mut checks)?;
@@ -411,10 +428,10 @@ pub(crate) fn check_node(n: &Node<'_>, cpu: bool) -> Result<Vec<IndexCheck>, Str
 
 /// A rule: the node, whether the CPU backend computes it (its kernels' own type and layout
 /// rules), and where to put the data-dependent checks the node needs.
-type Rule = fn(&Node<'_>, bool, &mut Vec<IndexCheck>) -> R;
+type OpRule = fn(&Node<'_>, bool, &mut Vec<IndexCheck>) -> R;
 
 /// The rule of each op, by family. Whatever is not listed is refused.
-fn rule(op: u32) -> Result<Rule, String> {
+fn rule(op: u32) -> Result<OpRule, Refusal> {
     Ok(match op {
         // copy.rs: copies, writes into views, repeats, concatenation
         ops::DUP | ops::CONT => copy::dup_cont,
@@ -503,13 +520,17 @@ fn rule(op: u32) -> Result<Rule, String> {
         ops::CROSS_ENTROPY_LOSS => optimizer::cross_entropy_loss,
         ops::CROSS_ENTROPY_LOSS_BACK => optimizer::cross_entropy_loss_back,
         ops::OPT_STEP_ADAMW | ops::OPT_STEP_SGD => optimizer::opt_step,
-        ops::FLASH_ATTN_BACK => return Err("FLASH_ATTN_BACK is not supported by ggml".into()),
+        ops::FLASH_ATTN_BACK => {
+            return Err(refuse!(Rule::UnsupportedOp; "FLASH_ATTN_BACK is not supported by ggml"))
+        }
         ops::MAP_CUSTOM1 | ops::MAP_CUSTOM2 | ops::MAP_CUSTOM3 | ops::CUSTOM => {
-            return Err("custom ops carry code pointers and are refused".into())
+            return Err(refuse!(
+                Rule::UnsupportedOp; "custom ops carry code pointers and are refused"
+            ))
         }
         _ => {
-            return Err(format!(
-                "op {} is not supported by this server",
+            return Err(refuse!(
+                Rule::UnsupportedOp; "op {} is not supported by this server",
                 ops::name(op).unwrap_or_default()
             ))
         }

@@ -209,7 +209,7 @@ pub(super) fn win_unpart(n: &Node<'_>, _cpu: bool, _checks: &mut Vec<IndexCheck>
 
 /// POOL_2D's parameters (`op_params`: op, k0, k1, s0, s1, p0, p1) and the width and height of its
 /// result for `input` (POOL_2D's source, POOL_2D_BACK's original input).
-fn pool_2d_out(d: &TensorSpec, input: &TensorSpec, what: &str) -> Result<(i64, i64), String> {
+fn pool_2d_out(d: &TensorSpec, input: &TensorSpec, what: &str) -> Result<(i64, i64), Refusal> {
     let p: Vec<i64> = (0..7).map(|i| d.op_i32(i) as i64).collect();
     let (pop, k0, k1, s0, s1, p0, p1) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
     ensure!(

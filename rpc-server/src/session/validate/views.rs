@@ -14,13 +14,13 @@ pub(crate) fn check_view(view: &TensorSpec, src: &TensorSpec) -> R {
         return Ok(());
     }
     ensure!(
-        std::sync::Arc::ptr_eq(vb, sb),
-        "view and its view_src are in different buffers"
+        vb == sb,
+        Rule::ViewBounds; "view and its view_src are in different buffers"
     );
     let (v0, s0) = (*voff as u128, *soff as u128);
     ensure!(
         v0 >= s0 && v0 + vsize <= s0 + src.nbytes(),
-        "view [{v0}, +{vsize}) outside its view_src [{s0}, +{})",
+        Rule::ViewBounds; "view [{v0}, +{vsize}) outside its view_src [{s0}, +{})",
         src.nbytes()
     );
     Ok(())
@@ -40,14 +40,14 @@ pub(super) fn check_no_partial_overlap(n: &Node<'_>) -> R {
         let Some((sb, soff)) = &s.buffer else {
             continue;
         };
-        if !std::sync::Arc::ptr_eq(db, sb) || soff == doff {
+        if db != sb || soff == doff {
             continue;
         }
         let (d0, s0) = (*doff as u128, *soff as u128);
         let slen = s.nbytes();
         ensure!(
             d0 + dlen <= s0 || s0 + slen <= d0 || dlen == 0 || slen == 0,
-            "result partially overlaps src[{i}]"
+            Rule::PartialOverlap; "result partially overlaps src[{i}]"
         );
     }
     Ok(())

@@ -1,0 +1,1 @@
+//! Tests of the GRAPH_COMPUTE steps.
