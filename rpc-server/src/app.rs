@@ -4,13 +4,15 @@
 
 use std::sync::Arc;
 
-use crate::cache::{default_cache_dir, WeightCache};
+use crate::cache::WeightCache;
 use crate::cli::Args;
+use crate::control::{SessionStart, SANDBOX_REFUSED};
 use crate::ggml::{Device, DeviceKind};
 use crate::local_weights::LocalWeights;
-use crate::rdma::{RdmaConfig, TransportMode};
-use crate::server::{self, ServerOptions};
-use crate::session::{MemoryLimits, SessionConfig};
+use crate::options::{ServerOptions, SessionOptions};
+use crate::rdma::TransportMode;
+use crate::server;
+use crate::session::SessionConfig;
 use crate::stats::Stats;
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -29,12 +31,11 @@ fn device_line(d: &Device) -> String {
     )
 }
 
-fn select_devices(args: &Args) -> anyhow::Result<Vec<Device>> {
-    let names = args.device_names();
+fn select_devices(names: &[String]) -> anyhow::Result<Vec<Device>> {
     let all = Device::all();
     if !names.is_empty() {
         let mut out = Vec::new();
-        for n in &names {
+        for n in names {
             match Device::by_name(n) {
                 Some(d) => out.push(d),
                 None => {
@@ -88,46 +89,41 @@ pub fn main() {
 
 /// What a session process sees read-only besides the system: the weight cache directory, the
 /// `--gguf` files and the directory of their index.
-fn session_view(args: &Args) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
-    let cache_dir = if args.cache || args.cache_dir.is_some() {
-        args.cache_dir.clone().or_else(default_cache_dir)
-    } else {
-        None
-    };
-    let mut dirs: Vec<std::path::PathBuf> = cache_dir.clone().into_iter().collect();
-    if !args.gguf.is_empty() {
+fn session_view(o: &SessionOptions) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
+    let mut dirs: Vec<std::path::PathBuf> = o.cache_dir.clone().into_iter().collect();
+    if !o.gguf.is_empty() {
         // The index is read through a handle on its directory (`local_weights.rs`).
-        if let Some(d) = cache_dir.or_else(default_cache_dir) {
-            if !dirs.contains(&d) {
-                dirs.push(d);
+        if let Some(d) = o.gguf_index.as_deref().and_then(|i| i.parent()) {
+            if !dirs.iter().any(|x| x == d) {
+                dirs.push(d.to_path_buf());
             }
         }
     }
-    (dirs, args.gguf.clone())
+    (dirs, o.gguf.clone())
 }
 
 /// Containment of a session process (Linux), the first thing it does: the outer stage makes
 /// the namespaces, forks the inner one into them and waits for it (this never returns there);
 /// the inner stage enters its own root, drops its identity and installs the sandbox, then
 /// returns to serve.
-/// Any failure refuses the session: the process exits with `isolate::SANDBOX_REFUSED`.
+/// Any failure refuses the session: the process exits with `control::SANDBOX_REFUSED`.
 #[cfg(target_os = "linux")]
-fn contain(args: &Args) {
+fn contain(start: &SessionStart, probe: bool) {
     let refuse = |e: &dyn std::fmt::Display| -> ! {
         tracing::error!(
             "session refused: its containment cannot be set up: {e} (--no-sandbox serves without it)"
         );
-        std::process::exit(crate::isolate::SANDBOX_REFUSED)
+        std::process::exit(SANDBOX_REFUSED)
     };
     let identity = match crate::namespaces::run_outer() {
         Ok(crate::namespaces::Outer::Exited(code)) => std::process::exit(code),
         Ok(crate::namespaces::Outer::Inner(identity)) => identity,
         Err(e) => refuse(&e),
     };
-    let rdma = !args.session_tcp_only
-        && args.transport != TransportMode::Tcp
+    let rdma = !start.tcp_only
+        && start.options.transport != TransportMode::Tcp
         && std::env::var_os("GGML_RPC_NO_RDMA").is_none();
-    let (dirs, files) = session_view(args);
+    let (dirs, files) = session_view(&start.options.session);
     let view = crate::namespaces::View {
         dirs: dirs.clone(),
         files: files.clone(),
@@ -159,7 +155,7 @@ fn contain(args: &Args) {
                 i.syscalls,
                 i.landlock
             );
-            if args.sandbox_probe {
+            if probe {
                 println!("{layers}");
                 std::process::exit(0);
             }
@@ -172,11 +168,19 @@ fn contain(args: &Args) {
 /// The front's check at start that sessions can be contained here: one probe session process
 /// (`--sandbox-probe`) sets up every layer and says what it installed. `Err` says why not.
 #[cfg(target_os = "linux")]
-fn probe_containment() -> anyhow::Result<String> {
+fn probe_containment(options: &ServerOptions) -> anyhow::Result<String> {
     let exe = std::env::current_exe()?;
+    let start = SessionStart {
+        options: options.clone(),
+        caps: [0; rpc_proto::CONN_CAPS_SIZE],
+        pending: None,
+        peer: String::new(),
+        major: rpc_proto::Major::V8.number(),
+        tcp_only: false,
+    };
     let out = std::process::Command::new(exe)
-        .args(std::env::args_os().skip(1))
         .arg("--sandbox-probe")
+        .env(crate::control::SESSION_START_ENV, start.encode())
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .output()?;
@@ -195,9 +199,71 @@ fn probe_containment() -> anyhow::Result<String> {
     }
 }
 
+/// What each session computes with, from its options: the devices, the weight cache and the
+/// `--gguf` weights. A session process opens the cache read-only (its writes go to the front)
+/// and reads the `--gguf` index its front made.
+fn session_config(o: &SessionOptions, in_child: bool) -> anyhow::Result<SessionConfig> {
+    let devices = select_devices(&o.devices)?;
+    let cache = match &o.cache_dir {
+        Some(dir) => {
+            let opened = match in_child {
+                true => WeightCache::open_read_only(dir, o.cache_max_size),
+                false => WeightCache::open(dir, o.cache_max_size),
+            };
+            let cache = opened
+                .with_context(|| format!("cannot open cache directory {}", dir.display()))?
+                .verify_every_load(o.verify_loads);
+            Some(match o.trusted_seeded_before {
+                Some(t) => cache.trusted_only(i128::from(t)),
+                None => cache,
+            })
+        }
+        None => None,
+    };
+    let local = match o.gguf.is_empty() {
+        true => None,
+        false => {
+            let index = o.gguf_index.clone();
+            let local = match in_child {
+                true => LocalWeights::from_index(&o.gguf, index)?,
+                false => {
+                    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    LocalWeights::build(&o.gguf, index, threads)?
+                }
+            };
+            Some(local.verify_every_load(o.verify_loads))
+        }
+    };
+    Ok(SessionConfig {
+        devices,
+        n_threads: o.threads,
+        cache,
+        local,
+    })
+}
+
+/// A session process (`--session-child`), or the front's containment probe
+/// (`--sandbox-probe`): configured by the front's message alone.
+#[cfg(unix)]
+fn session_main(probe: bool) -> anyhow::Result<()> {
+    let start = SessionStart::from_env()
+        .context("a session process is started by its front, which passes its configuration")?
+        .map_err(|e| anyhow::anyhow!("the front's message: {e}"))?;
+    crate::ggml::use_huge_pages(start.options.session.huge_pages);
+    #[cfg(target_os = "linux")]
+    if start.options.sandbox {
+        contain(&start, probe);
+    }
+    if probe {
+        bail!("--sandbox-probe: no containment to probe (--no-sandbox)");
+    }
+    crate::ggml::load_backends();
+    let config = Arc::new(session_config(&start.options.session, true)?);
+    std::process::exit(crate::child::child_main(start, config));
+}
+
 fn real_main() -> anyhow::Result<()> {
     let args = Args::parse();
-    crate::ggml::use_huge_pages(!args.no_huge_pages);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RPC_LOG")
@@ -206,10 +272,12 @@ fn real_main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    #[cfg(target_os = "linux")]
-    if (args.session_child.is_some() || args.sandbox_probe) && !args.no_sandbox {
-        contain(&args);
+    #[cfg(unix)]
+    if args.session_child || args.sandbox_probe {
+        return session_main(args.sandbox_probe);
     }
+    let opts = args.options();
+    crate::ggml::use_huge_pages(opts.session.huge_pages);
     crate::ggml::load_backends();
 
     if let Some(crate::cli::SubCommand::Doctor { peer, probe }) = &args.command {
@@ -217,18 +285,8 @@ fn real_main() -> anyhow::Result<()> {
         crate::doctor::run(peer.as_deref());
         return Ok(());
     }
-    // Upstream's environment switches keep working.
-    let mut mode = args.transport;
-    if std::env::var_os("GGML_RPC_NO_RDMA").is_some() {
-        mode = TransportMode::Tcp;
-    }
-    let rdma_opts = args.rdma.options();
-    let rdma = Arc::new(RdmaConfig::new(
-        mode,
-        rdma_opts,
-        args.rdma_max_connections.max(1),
-    ));
-    if mode == TransportMode::Rdma {
+    let rdma = opts.rdma_config();
+    if rdma.mode == TransportMode::Rdma {
         let usable = rdma_verbs::load().is_ok()
             && rdma_verbs::devices()
                 .map(|d| !d.is_empty())
@@ -247,100 +305,13 @@ fn real_main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let devices = select_devices(&args)?;
-    let cache = if args.cache || args.cache_dir.is_some() {
-        let dir = args
-            .cache_dir
-            .clone()
-            .or_else(default_cache_dir)
-            .context("cannot determine the cache directory")?;
-        // A session process writes nothing there: its stores and checks go to the front.
-        let opened = if args.session_child.is_some() {
-            WeightCache::open_read_only(&dir, args.cache_max_size)
-        } else {
-            WeightCache::open(&dir, args.cache_max_size)
-        };
-        let cache = opened
-            .with_context(|| format!("cannot open cache directory {}", dir.display()))?
-            .verify_every_load(args.verify_loads);
-        Some(match trusted_since(&args) {
-            Some(t) => cache.trusted_only(i128::from(t)),
-            None => cache,
-        })
-    } else {
-        None
-    };
-
-    let local = if args.gguf.is_empty() {
-        None
-    } else {
-        let index = cache
-            .as_ref()
-            .map(|c| c.dir().to_path_buf())
-            .or_else(default_cache_dir)
-            .map(|d| d.join(crate::local_weights::INDEX_FILE));
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let local = if args.session_child.is_some() {
-            // A session process: the front hashed and saved the index at start.
-            LocalWeights::from_index(&args.gguf, index)?
-        } else {
-            LocalWeights::build(&args.gguf, index, threads)?
-        };
-        Some(local.verify_every_load(args.verify_loads))
-    };
-
-    // Default memory limits: what the devices have (a larger ALLOC_BUFFER would only succeed
-    // through overcommit and end in the OOM killer).
-    let device_memory: u64 = devices.iter().map(|d| d.memory().1).sum::<u64>().max(1);
-    let config = Arc::new(SessionConfig {
-        devices,
-        n_threads: args.threads,
-        cache,
-        local,
-    });
-    let opts = server_options(&args, device_memory, rdma)?;
-
-    #[cfg(unix)]
-    if let Some(caps) = &args.session_child {
-        let caps = crate::isolate::parse_hex(caps).context("--session-child: bad caps")?;
-        let pending = match &args.session_pending {
-            Some(h) => Some(crate::isolate::parse_hex(h).context("--session-pending: bad header")?),
-            None => None,
-        };
-        let conn = crate::connection::ConnectionOptions {
-            budget: Arc::new(crate::session::MemoryBudget::new(opts.memory)),
-            idle_timeout: opts.idle_timeout,
-            hello_timeout: opts.hello_timeout,
-            request_timeout: opts.request_timeout,
-            poll_window: opts.poll_window,
-            isolate: None,
-            allow: opts.allow.clone(),
-            comm: None,
-        };
-        let rdma = if args.session_tcp_only {
-            Arc::new(RdmaConfig::new(TransportMode::Tcp, Default::default(), 1))
-        } else {
-            opts.rdma.clone()
-        };
-        let major =
-            rpc_proto::Major::from_number(args.session_major).context("--session-major: 7 or 8")?;
-        std::process::exit(crate::isolate::child_main(crate::isolate::Child {
-            caps,
-            pending,
-            peer: args.session_peer.clone().unwrap_or_default(),
-            config,
-            major,
-            limits: opts.limits,
-            rdma,
-            conn,
-            sandbox: !args.no_sandbox,
-        }));
-    }
+    let config = Arc::new(session_config(&opts.session, false)?);
+    let memory = opts.memory(server::device_memory(&config));
 
     // Every session process will be contained, or the server does not start (fail closed).
     #[cfg(target_os = "linux")]
-    let containment = match (&opts.isolate, args.no_sandbox) {
-        (Some(_), false) => Some(probe_containment().context(
+    let containment = match (opts.isolate, opts.sandbox) {
+        (true, true) => Some(probe_containment(&opts).context(
             "session processes cannot be contained on this machine; --no-sandbox serves them in \
              processes of their own without namespaces, seccomp and Landlock",
         )?),
@@ -420,57 +391,53 @@ fn real_main() -> anyhow::Result<()> {
         for d in &config.devices {
             println!("{}", device_line(d));
         }
-        println!("  threads        : {}", args.threads);
-        println!("  transport      : {}", opts.rdma.describe());
+        println!("  threads        : {}", opts.session.threads);
+        println!("  transport      : {}", rdma.describe());
         #[cfg(target_os = "linux")]
         if containment.is_some()
-            && opts.rdma.mode != TransportMode::Tcp
+            && rdma.mode != TransportMode::Tcp
             && crate::namespaces::rdma_netns_exclusive()
         {
             println!("  WARNING        : RDMA devices are in exclusive network-namespace mode: contained sessions see none and stay on TCP (`rdma system set netns shared`, the kernel's default, or --no-sandbox)");
         }
         println!(
             "  connections    : up to {} at once, {} per peer; from {}",
-            args.max_connections,
-            opts.max_per_peer.unwrap_or_default(),
-            opts.allow.describe()
+            opts.max_connections,
+            opts.peer_share(),
+            opts.allow_list().describe()
         );
         #[cfg(unix)]
         println!(
             "  sessions       : {}",
-            crate::isolate::describe_mode(opts.isolate.as_deref())
+            describe_sessions(opts.isolate)
         );
         #[cfg(target_os = "linux")]
-        match (&containment, &opts.isolate) {
+        match (&containment, opts.isolate) {
             (Some(layers), _) => println!("  containment    : {layers}"),
-            (None, Some(_)) => println!("  containment    : off (--no-sandbox): sessions run with this process's identity and view"),
-            (None, None) => {}
+            (None, true) => println!("  containment    : off (--no-sandbox): sessions run with this process's identity and view"),
+            (None, false) => {}
         }
         if let Some(m) = &metrics {
             println!("  metrics        : http://{}/metrics", m.local_addr()?);
         }
         println!(
             "  limits         : {} MiB per connection, {} MiB in total",
-            opts.memory.per_connection / MIB,
-            opts.memory.total / MIB,
+            memory.per_connection / MIB,
+            memory.total / MIB,
         );
         println!(
             "  liveness       : idle timeout {} (connections holding nothing), keepalive {}",
-            if args.idle_timeout > 0 {
-                format!("{} s", args.idle_timeout)
-            } else {
-                "off".into()
+            match opts.idle_timeout {
+                Some(t) => format!("{} s", t.as_secs()),
+                None => "off".into(),
             },
-            if args.keepalive > 0 {
-                let dead =
-                    server::keepalive_deadline(std::time::Duration::from_secs(args.keepalive));
-                format!(
+            match opts.keepalive {
+                Some(k) => format!(
                     "{} s (a vanished peer is dropped after ~{} s)",
-                    args.keepalive,
-                    dead.as_secs()
-                )
-            } else {
-                "off".into()
+                    k.as_secs(),
+                    server::keepalive_deadline(k).as_secs()
+                ),
+                None => "off".into(),
             }
         );
         use std::io::Write;
@@ -480,12 +447,12 @@ fn real_main() -> anyhow::Result<()> {
         if let Some(m) = metrics {
             let src = Arc::new(crate::metrics::Sources {
                 stats: stats.clone(),
-                rdma: opts.rdma.clone(),
+                rdma: rdma.clone(),
                 config: config.clone(),
             });
             tokio::spawn(crate::metrics::serve(m, src));
         }
-        server::serve(listeners, config, opts, stats, shutdown_signal()).await;
+        server::serve(listeners, config, opts, stats, rdma, shutdown_signal()).await;
         Ok(())
     })
 }
@@ -516,68 +483,10 @@ async fn bind_listeners(args: &Args) -> anyhow::Result<Vec<server::Listener>> {
     Ok(out)
 }
 
-/// The listener's settings from the flags (also what a session process configures itself from).
-fn server_options(
-    args: &Args,
-    device_memory: u64,
-    rdma: Arc<RdmaConfig>,
-) -> anyhow::Result<ServerOptions> {
-    let secs = std::time::Duration::from_secs;
-    let mut opts = ServerOptions {
-        max_connections: args.max_connections,
-        max_per_peer: Some(args.max_connections_per_peer.map_or_else(
-            || crate::admission::default_peer_share(args.max_connections),
-            |n| usize::try_from(n).unwrap_or(usize::MAX),
-        )),
-        allow: crate::admission::AllowList(args.allow.clone()),
-        hello_timeout: secs(args.hello_timeout),
-        request_timeout: secs(args.request_timeout),
-        rdma,
-        ..Default::default()
-    };
-    opts.limits.max_request_size = args.max_request_size;
-    opts.limits.max_graph_nodes = args.max_graph_size;
-    opts.limits.max_graph_tensors = args.max_graph_size;
-    // Per connection by default: the total less one fair share kept for the other connections
-    // (the whole total with --max-connections 1), see `default_alloc_per_connection`.
-    let total = args.max_alloc_total.unwrap_or(device_memory);
-    opts.memory = MemoryLimits {
-        per_connection: args.max_alloc_per_connection.unwrap_or_else(|| {
-            crate::admission::default_alloc_per_connection(total, args.max_connections)
-        }),
-        total,
-    };
-    opts.idle_timeout = (args.idle_timeout > 0).then(|| secs(args.idle_timeout));
-    opts.keepalive = (args.keepalive > 0).then(|| secs(args.keepalive));
-    opts.poll_window = std::time::Duration::from_micros(args.poll_window);
-    opts.shutdown_grace = secs(args.shutdown_grace);
-    #[cfg(unix)]
-    if !args.no_isolate {
-        let exe = std::env::current_exe()
-            .context("cannot find this executable to start session processes (--no-isolate)")?;
-        let mut args_os: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-        if let Some(t) = trusted_since(args) {
-            // Session processes serve the entries seeded before the front started.
-            args_os.push("--trusted-seeded-before".into());
-            args_os.push(t.to_string().into());
-        }
-        opts.isolate = Some(Arc::new(crate::isolate::Isolation { exe, args: args_os }));
+/// One line for the banner.
+fn describe_sessions(isolate: bool) -> &'static str {
+    match isolate {
+        true => "a process of its own per session (--no-isolate: all in this one)",
+        false => "all in this process (--no-isolate): no containment",
     }
-    Ok(opts)
-}
-
-/// `--trusted-weights-only`: the cache serves only entries whose status-change time is before
-/// this (ns since the epoch): the front's start, which its session processes are given.
-fn trusted_since(args: &Args) -> Option<u64> {
-    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    if !args.trusted_weights_only {
-        return None;
-    }
-    Some(args.trusted_seeded_before.unwrap_or_else(|| {
-        *START.get_or_init(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        })
-    }))
 }

@@ -1,15 +1,17 @@
 //! Command line: the flags of the stock `ggml-rpc-server`, plus our own.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 
-fn default_threads() -> usize {
-    (std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        / 2)
-    .max(1)
+use crate::options::{ServerOptions, SessionOptions};
+
+/// Now, in ns since the epoch.
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// Parses sizes like `512M`, `20G`, `1T` or plain bytes.
@@ -79,7 +81,7 @@ pub struct Args {
     pub device: Vec<String>,
 
     /// Number of threads for the CPU device.
-    #[arg(short, long, default_value_t = default_threads(), value_parser = parse_threads)]
+    #[arg(short, long, default_value_t = crate::options::default_threads(), value_parser = parse_threads)]
     pub threads: usize,
 
     /// Enable the local weight cache (SET_TENSOR_HASH), in the stock directory
@@ -116,16 +118,6 @@ pub struct Args {
     #[arg(long)]
     pub trusted_weights_only: bool,
 
-    /// (internal) --trusted-weights-only in a session process: the front's start (ns since the
-    /// epoch); entries changed after it are not served.
-    #[arg(
-        long,
-        hide = true,
-        value_name = "NS",
-        requires = "trusted_weights_only"
-    )]
-    pub trusted_seeded_before: Option<u64>,
-
     /// List the available devices and exit.
     #[arg(long)]
     pub list_devices: bool,
@@ -133,7 +125,7 @@ pub struct Args {
     /// Connections served at the same time, counted from their HELLO. When all are taken, a new
     /// client gets the slot of the oldest connection that holds nothing (no buffer, graph or
     /// RDMA queue pair), which is closed; when every one holds something, it waits.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = crate::options::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
 
     /// Connections one peer may have at once (an IPv4 address, an IPv6 /64; connections waiting
@@ -146,16 +138,16 @@ pub struct Args {
     /// `--allow 192.168.2.0/24,fe80::/10` (comma-separated; a bare address is one host). Other
     /// peers are closed before a byte is read. Default: anyone who can reach the port.
     #[arg(long, value_name = "CIDR", value_delimiter = ',')]
-    pub allow: Vec<crate::admission::Cidr>,
+    pub allow: Vec<crate::cidr::Cidr>,
 
     /// A new connection must send its whole HELLO within this many seconds (stock clients send
     /// it at once); until then it holds no connection slot.
-    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::DEFAULT_HELLO_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::options::DEFAULT_HELLO_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub hello_timeout: u64,
 
     /// A request that has started must keep arriving: every MiB of its body (and the rest of a
     /// frame header) within this many seconds, or the connection is closed.
-    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::DEFAULT_REQUEST_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::options::DEFAULT_REQUEST_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout: u64,
 
     /// Serve each client session in a process of its own, started fresh for it (the default): a
@@ -175,31 +167,19 @@ pub struct Args {
     pub no_sandbox: bool,
 
     /// (internal) Run as the session process of one connection: the socket is stdin, the
-    /// front's control line stdout; the value is the client's HELLO caps in hex.
-    #[arg(long, hide = true, value_name = "CAPS")]
-    pub session_child: Option<String>,
+    /// front's control line stdout, the configuration in the environment (`control::SessionStart`).
+    #[arg(long, hide = true)]
+    pub session_child: bool,
 
-    /// (internal) The client's address, for the session process's logs.
+    /// (internal) A session process's client, a label for `ps` and the logs only (its
+    /// configuration, the peer included, is the front's message).
     #[arg(long, hide = true, value_name = "ADDR", requires = "session_child")]
     pub session_peer: Option<String>,
-
-    /// (internal) The front answered the HELLO and read the header (hex) of the client's first
-    /// command it does not answer itself; the session process starts with that command.
-    #[arg(long, hide = true, value_name = "HEADER", requires = "session_child")]
-    pub session_pending: Option<String>,
-
-    /// (internal) The front has no RDMA place for this session: stay on TCP.
-    #[arg(long, hide = true, requires = "session_child")]
-    pub session_tcp_only: bool,
 
     /// (internal) Set up a session's containment as a session process would, print what was
     /// installed and exit (the front does this once at start for its banner).
     #[arg(long, hide = true)]
     pub sandbox_probe: bool,
-
-    /// Internal: the protocol major of the session process's connection (7 or 8).
-    #[arg(long, hide = true, requires = "session_child", default_value_t = 8)]
-    pub session_major: u8,
 
     /// Largest request accepted (bytes, or with a K/M/G/T suffix).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "16G")]
@@ -221,13 +201,13 @@ pub struct Args {
     /// request for this many seconds (0: never); also bounds --hello-timeout and
     /// --request-timeout when shorter. A connection that holds a model never ends on silence
     /// (see --keepalive).
-    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::options::DEFAULT_IDLE_TIMEOUT.as_secs())]
     pub idle_timeout: u64,
 
     /// TCP keepalive: probe a connection silent for this many seconds; a peer that answers no
     /// probe (vanished without closing) is dropped after about twice this and its buffers are
     /// freed (0: off).
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::options::DEFAULT_KEEPALIVE.as_secs())]
     pub keepalive: u64,
 
     /// How long a TCP connection polls for the next bytes of a request before its thread sleeps
@@ -246,7 +226,7 @@ pub struct Args {
     /// On SIGTERM or Ctrl-C: stop accepting, close idle connections, and give running commands
     /// this many seconds to finish before exiting without them. Keep it below the service
     /// manager's stop timeout (launchd: 20 s by default; the files in packaging/ allow 30 s).
-    #[arg(long, value_name = "SECONDS", default_value_t = crate::server::DEFAULT_SHUTDOWN_GRACE.as_secs())]
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::options::DEFAULT_SHUTDOWN_GRACE.as_secs())]
     pub shutdown_grace: u64,
 
     /// Serve the server's counters in Prometheus text format at http://HOST:PORT/metrics
@@ -257,7 +237,7 @@ pub struct Args {
     pub metrics: Option<String>,
 
     /// Largest number of nodes and of tensors in one GRAPH_COMPUTE.
-    #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+    #[arg(long, value_name = "N", default_value_t = crate::options::DEFAULT_MAX_GRAPH_SIZE)]
     pub max_graph_size: u32,
 
     /// Transport: `auto` switches a connection to RDMA when the client offers it in HELLO and a
@@ -291,6 +271,58 @@ pub enum SubCommand {
 }
 
 impl Args {
+    /// The server's options these flags say (`--trusted-weights-only` starts its clock here: the
+    /// cache serves entries seeded before this moment).
+    pub fn options(&self) -> ServerOptions {
+        let secs = Duration::from_secs;
+        let cache_dir = match self.cache || self.cache_dir.is_some() {
+            true => self
+                .cache_dir
+                .clone()
+                .or_else(crate::cache::default_cache_dir),
+            false => None,
+        };
+        let rdma = self.rdma.options();
+        ServerOptions {
+            max_request_size: self.max_request_size,
+            max_graph_size: self.max_graph_size,
+            max_connections: self.max_connections,
+            max_per_peer: self
+                .max_connections_per_peer
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            allow: self.allow.clone(),
+            hello_timeout: secs(self.hello_timeout),
+            request_timeout: secs(self.request_timeout),
+            idle_timeout: (self.idle_timeout > 0).then(|| secs(self.idle_timeout)),
+            keepalive: (self.keepalive > 0).then(|| secs(self.keepalive)),
+            poll_window: Duration::from_micros(self.poll_window),
+            shutdown_grace: secs(self.shutdown_grace),
+            max_alloc_per_connection: self.max_alloc_per_connection,
+            max_alloc_total: self.max_alloc_total,
+            transport: self.transport,
+            rdma_device: rdma.device,
+            rdma_gid_index: rdma.gid_index,
+            rdma_max_connections: self.rdma_max_connections,
+            isolate: !self.no_isolate,
+            sandbox: !self.no_sandbox,
+            session: SessionOptions {
+                devices: self.device_names(),
+                threads: self.threads,
+                gguf_index: cache_dir
+                    .clone()
+                    .or_else(crate::cache::default_cache_dir)
+                    .map(|d| d.join(crate::local_weights::INDEX_FILE)),
+                cache_dir,
+                cache_max_size: self.cache_max_size,
+                gguf: self.gguf.clone(),
+                verify_loads: self.verify_loads,
+                trusted_seeded_before: self.trusted_weights_only.then(now_ns),
+                huge_pages: !self.no_huge_pages,
+            },
+            ..ServerOptions::default()
+        }
+    }
+
     /// Device names, accepting both `,` and `/` as separators like the stock tool.
     pub fn device_names(&self) -> Vec<String> {
         self.device
@@ -314,6 +346,26 @@ mod tests {
         assert_eq!(parse_size("20GiB").unwrap(), 20 << 30);
         assert!(parse_size("abc").is_err());
         assert!(parse_size("5X").is_err());
+    }
+
+    /// The library's defaults are the command line's: a bare `rpc-server` (no environment
+    /// switches) makes exactly `ServerOptions::default()`, but for what the defaults derive from
+    /// this machine (the cache directory the `--gguf` index would use).
+    #[test]
+    fn the_library_and_the_command_line_share_their_defaults() {
+        std::env::remove_var("GGML_RDMA_DEV");
+        std::env::remove_var("GGML_RDMA_GID");
+        let parsed = Args::try_parse_from(["rpc-server"]).unwrap().options();
+        let mut lib = ServerOptions::default();
+        lib.session.gguf_index = parsed.session.gguf_index.clone();
+        assert_eq!(parsed, lib);
+        // And a flag moves its field only.
+        let a = Args::try_parse_from(["rpc-server", "--idle-timeout", "0", "--no-isolate"])
+            .unwrap()
+            .options();
+        assert_eq!(a.idle_timeout, None);
+        assert!(!a.isolate);
+        assert_eq!(a.max_connections, lib.max_connections);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use rpc_proto::{CommInit, COMM_BF16_MIN_ELEMENTS, CONN_CAPS_SIZE};
 
-use crate::admission::AllowList;
+use crate::cidr::AllowList;
 
 /// One established pairwise link.
 pub trait PeerLink: Send {

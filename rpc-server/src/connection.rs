@@ -17,7 +17,8 @@ use rpc_transport::{BlockingTcpTransport, Transport};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::admission::{Admission, Admitted};
+use crate::admission::Admitted;
+use crate::options::{Deadlines, ServerOptions};
 use crate::rdma::{Activated, RdmaConfig};
 use crate::session::{MemoryBudget, Session, SessionConfig, SessionError};
 use crate::stats::Stats;
@@ -96,101 +97,21 @@ async fn read_exact_by<R: Transport>(
     Ok(true)
 }
 
-/// Per-connection resource settings (memory budget shared by the server, deadlines).
-#[derive(Debug, Clone)]
-pub struct ConnectionOptions {
-    pub budget: Arc<MemoryBudget>,
-    /// Close a connection that holds nothing (no buffer, no stored graph, no RDMA queue pair)
-    /// when no request starts within this time; also the longest a started request may stall
-    /// (`None`: never). A connection that holds state never ends on silence: TCP keepalive
-    /// finds a vanished peer instead.
-    pub idle_timeout: Option<Duration>,
-    /// The whole HELLO must arrive within this time of connecting (also bounded by
-    /// `idle_timeout`).
-    pub hello_timeout: Duration,
-    /// The longest a started request may stall (also bounded by `idle_timeout`).
-    pub request_timeout: Duration,
-    /// How long a TCP read polls before the thread sleeps (see [`BlockingTcpTransport`]).
-    pub poll_window: Duration,
-    /// Serve each session in a process of its own, see `isolate.rs`.
-    #[cfg(unix)]
-    pub isolate: Option<Arc<crate::isolate::Isolation>>,
-    /// Who may connect (`--allow`); also the peers a collectives link accepts.
-    pub allow: crate::admission::AllowList,
-    /// How COMM_INIT sets up links; `None`: straight from this process (`comm::TcpConnector`
-    /// at the connection's address). A session process asks its front (`isolate.rs`).
-    pub comm: Option<Arc<dyn crate::comm::Connector>>,
-}
-
-impl Default for ConnectionOptions {
-    fn default() -> Self {
-        ConnectionOptions {
-            budget: Arc::new(MemoryBudget::unlimited()),
-            idle_timeout: None,
-            hello_timeout: crate::server::DEFAULT_HELLO_TIMEOUT,
-            request_timeout: crate::server::DEFAULT_REQUEST_TIMEOUT,
-            poll_window: rpc_transport::tcp::DEFAULT_POLL_WINDOW,
-            #[cfg(unix)]
-            isolate: None,
-            allow: Default::default(),
-            comm: None,
-        }
-    }
-}
-
 /// A session of this connection: its major, the shared budget, and the collectives link set up
-/// from the address the client reached us at (`comm.rs`).
-fn new_session(
-    ctx_config: Arc<SessionConfig>,
-    major: Major,
-    conn: &ConnectionOptions,
-    local_ip: std::net::IpAddr,
-) -> Session {
-    let mut s = Session::new(ctx_config, major, conn.budget.clone());
-    s.set_connector(match &conn.comm {
+/// from the address the client reached us at (`comm.rs`), unless the context brings its own way
+/// (a session process asks its front).
+fn new_session(ctx: &ConnectionContext, local_ip: std::net::IpAddr) -> Session {
+    let mut s = Session::new(ctx.config.clone(), ctx.major, ctx.budget.clone());
+    s.set_connector(match &ctx.comm {
         Some(c) => c.clone(),
         None => Arc::new(crate::comm::TcpConnector {
             bind_ip: local_ip,
-            allow: conn.allow.clone(),
+            allow: ctx.options.allow_list(),
             setup_timeout: crate::comm::SETUP_TIMEOUT,
-            io_timeout: conn.request_timeout,
+            io_timeout: ctx.options.request_timeout,
         }),
     });
     s
-}
-
-/// How long the command loop waits. The two deadlines are different questions: `idle` is how
-/// long a connection that holds nothing may stay silent between requests (a connection that
-/// holds buffers or a graph waits forever: an idle `llama-server` keeps its model on us); `stall`
-/// is how long a request whose header arrived may go without a byte of its body.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Deadlines {
-    pub idle: Option<Duration>,
-    pub stall: Option<Duration>,
-}
-
-impl Deadlines {
-    /// Both deadlines from the `--idle-timeout` setting.
-    pub fn from_idle_timeout(t: Option<Duration>) -> Deadlines {
-        Deadlines { idle: t, stall: t }
-    }
-
-    /// The deadlines of a connection: idle from `--idle-timeout`, stalls bounded by
-    /// `--request-timeout` and by the idle timeout when that is shorter.
-    pub fn of(conn: &ConnectionOptions) -> Deadlines {
-        let stall = conn
-            .idle_timeout
-            .map_or(conn.request_timeout, |t| t.min(conn.request_timeout));
-        Deadlines {
-            idle: conn.idle_timeout,
-            stall: Some(stall),
-        }
-    }
-
-    /// For a connection that holds an RDMA queue pair: never idle, stalls still bounded.
-    fn holding_queue_pair(self) -> Deadlines {
-        Deadlines { idle: None, ..self }
-    }
 }
 
 /// Bytes read per stall deadline: a body must keep arriving, however large it is.
@@ -216,7 +137,7 @@ async fn read_body<R: Transport>(
 
 /// Reads the HELLO that opens a connection, all of it `within` the given time; `Ok(None)` on a clean end
 /// of stream before its first byte.
-async fn read_hello<R: Transport>(
+pub(crate) async fn read_hello<R: Transport>(
     rd: &mut R,
     within: Duration,
     major: Major,
@@ -245,101 +166,22 @@ async fn read_hello<R: Transport>(
     Ok(Some(caps))
 }
 
-/// What serving one connection needs besides its socket: the server's shared state and
-/// settings, and its shutdown signal. One per connection (cloned from the server's).
+/// What serving one connection needs besides its socket: the server's options, shared state
+/// and shutdown signal. One per connection (cloned from the server's).
 #[derive(Clone)]
 pub struct ConnectionContext {
+    pub options: Arc<ServerOptions>,
     pub config: Arc<SessionConfig>,
     /// The protocol major of the listener this connection came in on.
     pub major: Major,
-    pub limits: Limits,
     pub stats: Arc<Stats>,
     pub rdma: Arc<RdmaConfig>,
-    pub conn: ConnectionOptions,
+    /// The memory account the session's buffers count against.
+    pub budget: Arc<MemoryBudget>,
+    /// How COMM_INIT sets up links; `None`: straight from this process (`comm::TcpConnector`
+    /// at the connection's address). A session process asks its front (`child.rs`).
+    pub comm: Option<Arc<dyn crate::comm::Connector>>,
     pub shutdown: watch::Receiver<bool>,
-}
-
-/// Serves one TCP connection on the calling thread (which it has to itself: TCP reads and
-/// writes block it): HELLO (transport negotiation), then the command loop over TCP or RDMA.
-/// The connection takes one of the server's slots (`admission`) only once its HELLO is in; while
-/// it holds nothing a new client may take that slot (`admission::Slots`), which ends it cleanly.
-pub async fn serve(
-    stream: std::net::TcpStream,
-    admission: Admission,
-    ctx: ConnectionContext,
-) -> Result<(), ConnectionError> {
-    let peer = stream.peer_addr()?;
-    let local_ip = stream.local_addr()?.ip();
-    // Shut down by a new client that evicts this connection.
-    let evict = stream.try_clone()?;
-    let conn = &ctx.conn;
-    let mut tcp = BlockingTcpTransport::new(stream, Some(ctx.shutdown.clone()), conn.poll_window)?;
-    // A contained connection's socket may change hands after any request: read no further
-    // ahead than each request.
-    #[cfg(unix)]
-    tcp.set_read_ahead(conn.isolate.is_none());
-    // A client sends HELLO right after connecting; one that does not is closed, and holds no
-    // connection slot meanwhile.
-    let hello = conn
-        .idle_timeout
-        .map_or(conn.hello_timeout, |t| t.min(conn.hello_timeout));
-    let Some(caps) = read_hello(&mut tcp, hello, ctx.major, &ctx.limits).await? else {
-        return Ok(());
-    };
-    let mut stop = ctx.shutdown.clone();
-    let Some(admitted) = admission.enter(&mut stop, peer, evict).await else {
-        return Ok(());
-    };
-    match serve_admitted(tcp, peer, local_ip, caps, ctx, &admitted).await {
-        Err(e) if admitted.evicted() => {
-            tracing::debug!(%peer, "evicted connection ended: {e}");
-            Ok(())
-        }
-        r => r,
-    }
-}
-
-/// [`serve`] once the connection holds a slot.
-async fn serve_admitted(
-    mut tcp: BlockingTcpTransport,
-    peer: std::net::SocketAddr,
-    local_ip: std::net::IpAddr,
-    caps: [u8; rpc_proto::CONN_CAPS_SIZE],
-    ctx: ConnectionContext,
-    admitted: &Admitted,
-) -> Result<(), ConnectionError> {
-    let conn = &ctx.conn;
-    #[cfg(unix)]
-    if let Some(iso) = &conn.isolate {
-        // A TCP client: the front answers its HELLO and the immutable queries after it, and the
-        // first other command starts its session process; a connection that only asks questions
-        // costs no process. A client offering RDMA gets its process at once (the queue pair is
-        // that process's to set up, in the HELLO reply).
-        let mut pending = None;
-        if !crate::isolate::offers_rdma(&ctx.rdma, &caps) {
-            send_hello(
-                &mut tcp,
-                ctx.major,
-                [0; rpc_proto::CONN_CAPS_SIZE],
-                &ctx.stats,
-            )
-            .await?;
-            let front = Session::new(ctx.config.clone(), ctx.major, conn.budget.clone());
-            match serve_queries(&mut tcp, front, &ctx, Deadlines::of(conn)).await? {
-                Some(h) => pending = Some(h.encode()),
-                None => return Ok(()),
-            }
-        }
-        // From here the connection is its session process's, which may hold anything: it is
-        // never evicted. One evicted while its first command's header arrived ends unserved.
-        if !admitted.keep() {
-            return Ok(());
-        }
-        let pending = pending.as_ref();
-        return crate::isolate::hand_off(iso, tcp.into_stream()?, peer, &caps, pending, &ctx).await;
-    }
-    let _ = peer;
-    serve_hello_in(tcp, local_ip, caps, ctx, || {}, Some(admitted)).await
 }
 
 /// Serves a connection whose HELLO (`caps`) has been read: the reply (transport negotiation),
@@ -358,7 +200,7 @@ pub async fn serve_hello<F: FnOnce()>(
 
 /// [`serve_hello`] for a connection that holds a slot of this process's (`slot`, when sessions
 /// run here): it tells the slot when it holds something (see [`Admitted::claim`]).
-async fn serve_hello_in<F: FnOnce()>(
+pub(crate) async fn serve_hello_in<F: FnOnce()>(
     mut tcp: BlockingTcpTransport,
     local_ip: std::net::IpAddr,
     caps: [u8; rpc_proto::CONN_CAPS_SIZE],
@@ -366,25 +208,18 @@ async fn serve_hello_in<F: FnOnce()>(
     ready: F,
     slot: Option<&Admitted>,
 ) -> Result<(), ConnectionError> {
-    let ConnectionContext {
-        config,
-        major,
-        limits,
-        stats,
-        rdma,
-        conn,
-        shutdown,
-    } = ctx;
-    let deadlines = Deadlines::of(&conn);
+    let deadlines = ctx.options.deadlines();
+    let limits = ctx.options.limits();
     // A queue pair is something held: not evicted while one may be set up, nor after.
     if slot.is_some_and(|s| !s.claim()) {
         return Ok(());
     }
     // Blocking (queue-pair setup): fine, this thread serves only this connection.
-    let (reply_caps, activated) = crate::rdma::negotiate(&rdma, local_ip, &caps);
-    send_hello(&mut tcp, major, reply_caps, &stats).await?;
+    let (reply_caps, activated) = crate::rdma::negotiate(&ctx.rdma, local_ip, &caps);
+    send_hello(&mut tcp, ctx.major, reply_caps, &ctx.stats).await?;
     ready();
-    let session = new_session(config, major, &conn, local_ip);
+    let session = new_session(&ctx, local_ip);
+    let (stats, rdma, shutdown) = (ctx.stats, ctx.rdma, ctx.shutdown);
     let Some(activated) = activated else {
         if let Some(s) = slot {
             s.release();
@@ -446,7 +281,7 @@ async fn serve_hello_in<F: FnOnce()>(
 }
 
 /// Sends the HELLO reply of a `major` listener with `caps` (all zero: TCP), counted.
-async fn send_hello(
+pub(crate) async fn send_hello(
     tcp: &mut BlockingTcpTransport,
     major: Major,
     caps: [u8; rpc_proto::CONN_CAPS_SIZE],
@@ -464,50 +299,6 @@ async fn send_hello(
     Ok(())
 }
 
-/// The queries a contained server's front answers itself: they read only what every session
-/// sees the same (the devices), carry a few bytes and change nothing.
-fn front_answers(cmd: Command, size: u64) -> bool {
-    matches!(
-        cmd,
-        Command::DeviceCount
-            | Command::GetAlignment
-            | Command::GetMaxSize
-            | Command::GetDeviceMemory
-    ) && size <= 64
-}
-
-/// The front of a contained TCP connection after its HELLO: answers the queries of
-/// [`front_answers`] (through `session`, as a session process would) until another command
-/// arrives, and returns that command's header with nothing of its body read; `None` when the
-/// client closed (or the server stops) first.
-async fn serve_queries(
-    tcp: &mut BlockingTcpTransport,
-    mut session: Session,
-    ctx: &ConnectionContext,
-    deadlines: Deadlines,
-) -> Result<Option<FrameHeader>, ConnectionError> {
-    let (limits, stats, mut shutdown) = (&ctx.limits, &ctx.stats, ctx.shutdown.clone());
-    let (mut payload, mut out) = (Vec::new(), Vec::with_capacity(64));
-    loop {
-        let idle = deadlines.idle;
-        let Some(h) = next_header(tcp, idle, deadlines.stall, &mut shutdown).await? else {
-            return Ok(None);
-        };
-        let cmd = check_frame(ctx.major, &h, limits)?;
-        if !front_answers(cmd, h.size) {
-            return Ok(Some(h));
-        }
-        read_payload(tcp, &mut payload, h.size, deadlines.stall).await?;
-        let req = Request::decode(ctx.major, cmd, &payload, limits)?;
-        let reply = answer(&mut session, cmd, req)?;
-        let sent = reply.as_ref().map_or(0, |r| encode_response(r, &mut out));
-        stats.command(tcp.name(), cmd, h.size, sent);
-        if let Some(r) = &reply {
-            send_response(tcp, r, &out).await?;
-        }
-    }
-}
-
 /// A session process whose HELLO the front answered: serves the commands (over TCP), the first
 /// of them preloaded into `tcp`. `ready` as for [`serve_hello`].
 pub async fn serve_commands<F: FnOnce()>(
@@ -517,12 +308,12 @@ pub async fn serve_commands<F: FnOnce()>(
 ) -> Result<(), ConnectionError> {
     ready();
     let local_ip = tcp.local_addr()?.ip();
-    let session = new_session(ctx.config, ctx.major, &ctx.conn, local_ip);
-    let deadlines = Deadlines::of(&ctx.conn);
+    let session = new_session(&ctx, local_ip);
+    let (limits, deadlines) = (ctx.options.limits(), ctx.options.deadlines());
     run(
         &mut tcp,
         session,
-        ctx.limits,
+        limits,
         ctx.stats,
         deadlines,
         ctx.shutdown,
@@ -591,7 +382,7 @@ fn finish_rdma<F: rpc_transport::rdma::Flavored>(rdma: &RdmaConfig, t: &RdmaTran
 /// The next request's header, or `None` when the client closed or the server stops (a blocking
 /// transport notices the stop itself and fails the read). `idle`: how long the client may stay
 /// silent before it.
-async fn next_header<T: Transport>(
+pub(crate) async fn next_header<T: Transport>(
     rd: &mut T,
     idle: Option<Duration>,
     stall: Option<Duration>,
@@ -614,7 +405,7 @@ async fn next_header<T: Transport>(
 }
 
 /// The session's answer to a decoded request; its error names the command.
-fn answer(
+pub(crate) fn answer(
     session: &mut Session,
     cmd: Command,
     req: Request<'_>,
@@ -710,15 +501,12 @@ async fn run_in<T: Transport>(
                 cmd: cmd.name(),
                 err,
             })?;
-            if let Some(src) = usize::try_from(*size)
-                .ok()
-                .and_then(|n| buf.host_slice(off, n))
-            {
+            if let Some(src) = usize::try_from(*size).ok().and_then(|n| buf.host(off, n)) {
                 let prefix = size.to_le_bytes();
                 // Counted before the reply leaves: whoever reads the counters after the client
                 // has its answer sees this command.
                 stats.command(transport, cmd, h.size, 8 + *size);
-                rd.send_message(&[&prefix, src]).await?;
+                rd.send_message(&[&prefix, &src]).await?;
                 if let Some((start, compute)) = token.take() {
                     stats.token(start.elapsed(), compute);
                 }
@@ -767,7 +555,7 @@ async fn run_in<T: Transport>(
 /// Reads a request body of `size` bytes into `payload` (cleared first), growing it by at most
 /// [`STALL_CHUNK`] ahead of the bytes received: memory follows the bytes that arrive, not the
 /// size a header claims.
-async fn read_payload<R: Transport>(
+pub(crate) async fn read_payload<R: Transport>(
     rd: &mut R,
     payload: &mut Vec<u8>,
     size: u64,
@@ -789,7 +577,7 @@ async fn read_payload<R: Transport>(
 
 /// Encodes a response into `out` (except GET_TENSOR's data, sent from where it is); returns its
 /// size on the wire.
-fn encode_response(r: &Response, out: &mut Vec<u8>) -> u64 {
+pub(crate) fn encode_response(r: &Response, out: &mut Vec<u8>) -> u64 {
     if let Response::GetTensor(data) = r {
         return 8 + data.len() as u64;
     }
@@ -800,7 +588,7 @@ fn encode_response(r: &Response, out: &mut Vec<u8>) -> u64 {
 
 /// Writes a response encoded by [`encode_response`] as upstream does: the size prefix and the
 /// payload as two sends.
-async fn send_response<T: Transport>(
+pub(crate) async fn send_response<T: Transport>(
     t: &mut T,
     r: &Response,
     out: &[u8],
@@ -826,7 +614,8 @@ async fn stream_set_tensor<R: Transport>(
     read_body(rd, &mut hb, stall).await?;
     let hdr = SetTensorHeader::decode(&hb)?;
     let len = size - rpc_proto::SET_TENSOR_HEADER_SIZE as u64;
-    let (buf, off) =
+    let (budget, held) = (session.budget().clone(), session.allocated().1);
+    let (buf, off, cache) =
         session
             .set_tensor_target(&hdr, len)
             .map_err(|err| ConnectionError::Session {
@@ -834,13 +623,12 @@ async fn stream_set_tensor<R: Transport>(
                 err,
             })?;
     let ulen = usize::try_from(len).map_err(|_| ConnectionError::OutOfMemory(len))?;
-    let want_cache = hdr.cache_flag != 0 && session.cache().is_some();
-    if let Some(dst) = buf.host_slice_mut(off, ulen) {
-        read_body(rd, dst, stall).await?;
-        if want_cache {
-            if let Some(c) = session.cache() {
-                c.store(dst);
-            }
+    let cache = cache.filter(|_| hdr.cache_flag != 0);
+    let want_cache = cache.is_some();
+    if let Some(mut dst) = buf.host_mut(off, ulen) {
+        read_body(rd, &mut dst, stall).await?;
+        if let Some(c) = cache {
+            c.store(&dst);
         }
         return Ok(());
     }
@@ -850,9 +638,8 @@ async fn stream_set_tensor<R: Transport>(
     let mut staged: Vec<u8> = Vec::new();
     let chunk = if want_cache { ulen } else { ulen.min(CHUNK) };
     // Staging in host memory is charged to the budget like a body.
-    let _charge = session
-        .budget()
-        .charge(session.allocated().1, chunk as u64)
+    let _charge = budget
+        .charge(held, chunk as u64)
         .ok_or(ConnectionError::OverBudget(chunk as u64))?;
     staged
         .try_reserve(chunk)
@@ -863,13 +650,15 @@ async fn stream_set_tensor<R: Transport>(
         staged.clear();
         staged.resize(n, 0);
         read_body(rd, &mut staged, stall).await?;
-        buf.write(off + done as u64, &staged);
+        buf.write(off + done as u64, &staged)
+            .map_err(|a| ConnectionError::Session {
+                cmd: "SET_TENSOR",
+                err: crate::session::SessionError::access("SET_TENSOR")(a),
+            })?;
         done += n;
     }
-    if want_cache {
-        if let Some(c) = session.cache() {
-            c.store(&staged);
-        }
+    if let Some(c) = cache {
+        c.store(&staged);
     }
     Ok(())
 }

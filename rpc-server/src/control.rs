@@ -1,4 +1,4 @@
-//! The control line between the front and a session process (`isolate.rs`), as typed messages:
+//! The control line between the front and a session process (`handoff.rs`, `child.rs`), as typed messages:
 //! one encoder and one decoder each way, lines bounded while they are read, a rate bound, and
 //! the clamp on reported counters. The front trusts nothing a session says: a malformed or
 //! unknown message, an over-long line, or more messages than the rate bound allows end the
@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | session | `R <bytes>` | [`ToFront::Reserve`]: may I hold `bytes` more? answered `Y` or `N` |
 //! | session | `F <bytes>` | [`ToFront::Free`]: I freed `bytes` |
-//! | session | `S <n> <n> ...` | [`ToFront::Stats`]: counters since the last `S` (the order of `isolate::counters`) |
+//! | session | `S <n> <n> ...` | [`ToFront::Stats`]: counters since the last `S` (the order of `stats::reported_counters`) |
 //! | session | `C <160 hex>` | [`ToFront::CommInit`]: COMM_INIT's 80 bytes: set up the link to the peer server for me |
 //! | session | `W <bytes>` | [`ToFront::Store`]: an upload of `bytes` for the weight cache: a staging file for it, please |
 //! | session | `D` | [`ToFront::Stored`]: the staging file holds the upload |
@@ -40,6 +40,46 @@ pub const BYTES_PER_MESSAGE: usize = 256;
 /// (plus one second), summed over its reports: ≈ 137 G, above any byte rate of a link and any
 /// nanoseconds of computing per second.
 pub const COUNTER_PER_SEC: u64 = 1 << 37;
+
+/// The exit status of a session process refused because its containment could not be set up.
+pub const SANDBOX_REFUSED: i32 = 70;
+
+/// The environment variable that carries a session process's [`SessionStart`] (readable only by
+/// its own user and root, unlike the command line).
+pub const SESSION_START_ENV: &str = "RPC_SESSION_START";
+
+/// Everything a session process is configured from, sent by its front as one message: the
+/// server's options (limits already resolved against the devices) and the client's connection.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SessionStart {
+    pub options: crate::options::ServerOptions,
+    /// The client's HELLO caps.
+    pub caps: [u8; rpc_proto::CONN_CAPS_SIZE],
+    /// The header of the first command, when the front answered the HELLO.
+    pub pending: Option<[u8; rpc_proto::FRAME_HEADER_SIZE]>,
+    /// The client's address, for the logs.
+    pub peer: String,
+    /// The protocol major of the listener the client came in on.
+    pub major: u8,
+    /// The front has no RDMA place for this session: stay on TCP.
+    pub tcp_only: bool,
+}
+
+impl SessionStart {
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn decode(s: &str) -> Result<SessionStart, String> {
+        serde_json::from_str(s).map_err(|e| e.to_string())
+    }
+
+    /// The message this process was started with (`None`: none in the environment).
+    pub fn from_env() -> Option<Result<SessionStart, String>> {
+        let v = std::env::var(SESSION_START_ENV).ok()?;
+        Some(SessionStart::decode(&v))
+    }
+}
 
 /// Session → front.
 #[derive(Debug, Clone, PartialEq, Eq)]

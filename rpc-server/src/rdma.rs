@@ -101,6 +101,12 @@ impl RdmaConfig {
         }
     }
 
+    /// Whether a client's HELLO offers RDMA this server may engage: its session process must then
+    /// answer the HELLO (the queue pair is that process's); a TCP client's HELLO the front answers.
+    pub fn engages(&self, caps: &[u8; rpc_proto::CONN_CAPS_SIZE]) -> bool {
+        caps.iter().any(|&b| b != 0) && self.mode != TransportMode::Tcp
+    }
+
     /// Counts a client that offered RDMA and stays on TCP.
     pub fn fallback(&self, why: Fallback) {
         self.fallbacks[why as usize].fetch_add(1, Relaxed);

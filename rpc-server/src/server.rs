@@ -22,87 +22,18 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpc_proto::{Limits, Major};
+use rpc_proto::Major;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::admission::{default_peer_share, Admission, AllowList, PeerShares, Slots};
-use crate::connection::{self, ConnectionContext, ConnectionError, ConnectionOptions};
-use crate::rdma::{RdmaConfig, TransportMode};
-use crate::session::{MemoryBudget, MemoryLimits, SessionConfig};
+use crate::admission::{Admission, PeerShares, Slots};
+use crate::connection::{ConnectionContext, ConnectionError};
+use crate::handoff::Isolation;
+use crate::options::ServerOptions;
+use crate::rdma::RdmaConfig;
+use crate::session::{MemoryBudget, SessionConfig};
 use crate::stats::{Refusal, Stats};
 
-/// Listener settings.
-#[derive(Debug, Clone)]
-pub struct ServerOptions {
-    pub limits: Limits,
-    /// Connections served at once (after their HELLO); further clients wait.
-    pub max_connections: usize,
-    /// Connections one peer (an IPv4 address, an IPv6 /64) may have at once, served or
-    /// handshaking; more are closed unread. `None`: half of `max_connections`.
-    pub max_per_peer: Option<usize>,
-    /// Peers not held to a share (default: loopback).
-    pub share_exempt: Vec<crate::admission::Cidr>,
-    /// Addresses that may connect (empty: all).
-    pub allow: AllowList,
-    /// How long a new connection may take to send its whole HELLO.
-    pub hello_timeout: Duration,
-    /// The longest a started request may go without progress (every 1 MiB of a body and the
-    /// rest of a frame header must arrive within it), whatever the idle timeout.
-    pub request_timeout: Duration,
-    /// RDMA negotiation settings.
-    pub rdma: Arc<RdmaConfig>,
-    /// ALLOC_BUFFER limits, per connection and for all connections together.
-    pub memory: MemoryLimits,
-    /// Close a connection that holds nothing and starts no request for this long (`None`:
-    /// never); see [`ConnectionOptions::idle_timeout`].
-    pub idle_timeout: Option<Duration>,
-    /// TCP keepalive on every accepted connection (`None`: off); see [`set_keepalive`].
-    pub keepalive: Option<Duration>,
-    /// See [`ConnectionOptions::poll_window`].
-    pub poll_window: Duration,
-    /// On shutdown, how long running commands may take to finish before the server exits
-    /// without them.
-    pub shutdown_grace: Duration,
-    /// A process per session (the binary's default, see `isolate.rs`); `None`: sessions run here.
-    #[cfg(unix)]
-    pub isolate: Option<Arc<crate::isolate::Isolation>>,
-}
-
-impl Default for ServerOptions {
-    fn default() -> Self {
-        ServerOptions {
-            limits: Limits::default(),
-            max_connections: 128,
-            max_per_peer: None,
-            share_exempt: crate::admission::loopback(),
-            allow: AllowList::default(),
-            hello_timeout: DEFAULT_HELLO_TIMEOUT,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            rdma: Arc::new(RdmaConfig::new(TransportMode::Auto, Default::default(), 8)),
-            memory: MemoryLimits::default(),
-            idle_timeout: None,
-            keepalive: Some(DEFAULT_KEEPALIVE),
-            poll_window: rpc_transport::tcp::DEFAULT_POLL_WINDOW,
-            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
-            #[cfg(unix)]
-            isolate: None,
-        }
-    }
-}
-
-/// Default `--hello-timeout`: a client sends HELLO as soon as it connects.
-pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Default `--request-timeout`: a body must arrive at 35 KB/s at least.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Default `--shutdown-grace`: below launchd's default `ExitTimeOut` (20 s), after which a
-/// service is killed (a killed RDMA process can leave queue pairs behind).
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// Default `--keepalive`: a vanished peer is found within about two minutes.
-pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(60);
 /// Unanswered probes before the kernel declares the peer dead.
 const KEEPALIVE_PROBES: u32 = 6;
 
@@ -138,6 +69,17 @@ pub fn set_keepalive(stream: &std::net::TcpStream, idle: Duration) -> std::io::R
     #[cfg(any(target_os = "linux", target_os = "android"))]
     sock.set_tcp_user_timeout(Some(keepalive_deadline(idle)))?;
     Ok(())
+}
+
+/// What the devices have: the default of `--max-alloc-total` (a larger ALLOC_BUFFER would only
+/// succeed through overcommit and end in the OOM killer).
+pub fn device_memory(config: &SessionConfig) -> u64 {
+    config
+        .devices
+        .iter()
+        .map(|d| d.memory().1)
+        .sum::<u64>()
+        .max(1)
 }
 
 /// Stack of a connection thread (it runs the validator and calls ggml's graph compute).
@@ -196,6 +138,7 @@ pub async fn serve(
     config: Arc<SessionConfig>,
     opts: ServerOptions,
     stats: Arc<Stats>,
+    rdma: Arc<RdmaConfig>,
     shutdown: impl Future<Output = ()>,
 ) {
     let max = opts.max_connections.max(1);
@@ -203,22 +146,25 @@ pub async fn serve(
     // slots; further clients wait in the accept backlog.
     let handshakes = Arc::new(Semaphore::new(max));
     let slots = Slots::new(max, stats.clone());
-    let shares = PeerShares::new(opts.max_per_peer.unwrap_or_else(|| default_peer_share(max)));
-    let budget = Arc::new(MemoryBudget::new(opts.memory));
+    let shares = PeerShares::new(opts.peer_share());
+    let memory = opts.memory(device_memory(&config));
+    let budget = Arc::new(MemoryBudget::new(memory));
     stats.set_budget(budget.clone());
-    let conn = ConnectionOptions {
-        budget,
-        idle_timeout: opts.idle_timeout,
-        hello_timeout: opts.hello_timeout,
-        request_timeout: opts.request_timeout,
-        poll_window: opts.poll_window,
-        #[cfg(unix)]
-        isolate: opts.isolate.clone(),
-        allow: opts.allow.clone(),
-        comm: None,
+    let isolate = match opts.isolate {
+        true => match Isolation::new(&opts, memory) {
+            Ok(iso) => Some(Arc::new(iso)),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot find the executable to start session processes; serving none (--no-isolate)");
+                return;
+            }
+        },
+        false => None,
     };
-    let mut refusals = RefusalLog::default();
+    let allow = opts.allow_list();
     let keepalive = opts.keepalive;
+    let grace = opts.shutdown_grace;
+    let opts = Arc::new(opts);
+    let mut refusals = RefusalLog::default();
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection thread holds a sender; `recv` answers `None` once all are gone.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
@@ -240,7 +186,7 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         // Closed unread (the stream is dropped) when the address or its peer's share says no.
-        if !opts.allow.permits(peer.ip()) {
+        if !allow.permits(peer.ip()) {
             stats.refuse(Refusal::NotAllowed);
             refusals.log(peer, Refusal::NotAllowed, "address not in --allow");
             continue;
@@ -268,14 +214,16 @@ pub async fn serve(
             }
         };
         let ctx = ConnectionContext {
+            options: opts.clone(),
             config: config.clone(),
             major,
-            limits: opts.limits,
             stats: stats.clone(),
-            rdma: opts.rdma.clone(),
-            conn: conn.clone(),
+            rdma: rdma.clone(),
+            budget: budget.clone(),
+            comm: None,
             shutdown: stop_rx.clone(),
         };
+        let isolate = isolate.clone();
         let alive = alive_tx.clone();
         let spawned = std::thread::Builder::new().name("rpc-conn".into()).stack_size(CONNECTION_STACK).spawn(move || {
             let _alive = alive;
@@ -283,7 +231,7 @@ pub async fn serve(
                 Ok(rt) => rt,
                 Err(e) => return tracing::error!(%peer, error = %e, "cannot start the connection's runtime; dropping it"),
             };
-            rt.block_on(handle(stream, peer, admission, keepalive, ctx));
+            rt.block_on(handle(stream, peer, admission, keepalive, ctx, isolate.as_deref()));
         });
         if let Err(e) = spawned {
             tracing::error!(%peer, error = %e, "cannot start a thread for the connection; dropping it");
@@ -293,7 +241,6 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     drop(listeners);
     drop(alive_tx);
-    let grace = opts.shutdown_grace;
     if tokio::time::timeout(grace, alive_rx.recv()).await.is_err() {
         tracing::warn!(
             "connections still busy after {} s; exiting without them",
@@ -308,6 +255,7 @@ async fn handle(
     admission: Admission,
     keepalive: Option<Duration>,
     ctx: ConnectionContext,
+    isolate: Option<&Isolation>,
 ) {
     let stats = ctx.stats.clone();
     if let Err(e) = stream.set_nodelay(true) {
@@ -323,7 +271,7 @@ async fn handle(
     stats.connections.fetch_add(1, Relaxed);
     stats.active.fetch_add(1, Relaxed);
     tracing::info!(%peer, "accepted client connection");
-    let served = connection::serve(stream, admission, ctx);
+    let served = crate::front::serve(stream, admission, ctx, isolate);
     match served.await {
         Ok(()) => tracing::info!(%peer, "client connection closed"),
         Err(e @ ConnectionError::NoHello(_)) => {

@@ -240,6 +240,26 @@ impl Stats {
     }
 }
 
+/// Every counter a session process reports, in one order for both processes (`budget`: the
+/// front's server-wide account, or the session's own, whose refusals are the ones the front did
+/// not see).
+pub fn reported_counters<'a>(
+    stats: &'a Stats,
+    rdma: &'a crate::rdma::RdmaConfig,
+    config: &'a crate::session::SessionConfig,
+    budget: &'a crate::session::MemoryBudget,
+) -> Vec<&'a AtomicU64> {
+    let mut v: Vec<&AtomicU64> = stats.counters().chain(rdma.counters()).collect();
+    v.push(budget.refused_counter());
+    if let Some(c) = &config.cache {
+        v.extend(c.counters().counters());
+    }
+    if let Some(l) = &config.local {
+        v.extend(l.counters().counters());
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

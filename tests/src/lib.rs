@@ -14,10 +14,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rpc_client::{ops, Client, ClientError, Major, RpcTensor, TensorBuilder, TENSOR_FLAG_COMPUTE};
+use rpc_server::backend::{Device, DeviceKind};
 use rpc_server::cache::WeightCache;
-use rpc_server::ggml::{Device, DeviceKind};
 use rpc_server::local_weights::LocalWeights;
-use rpc_server::server::{self, ServerOptions};
+use rpc_server::options::ServerOptions;
+use rpc_server::server;
 use rpc_server::session::SessionConfig;
 use rpc_server::stats::Stats;
 
@@ -58,7 +59,7 @@ fn init_logging() {
 
 /// The CPU device.
 pub fn cpu_device() -> Device {
-    rpc_server::ggml::load_backends();
+    rpc_server::backend::load_backends();
     Device::all()
         .into_iter()
         .find(|d| d.kind() == DeviceKind::Cpu)
@@ -79,7 +80,16 @@ impl TestServer {
 
     /// A server answering SET_TENSOR_HASH from these local GGUF weights (`--gguf`).
     pub fn start_with_local(local: LocalWeights) -> TestServer {
-        Self::start_full(None, Some(local), ServerOptions::default())
+        Self::start_full(None, Some(local), Self::options())
+    }
+
+    /// The options of a test server: the library's defaults, sessions in the test's own process
+    /// (a contained server's sessions run the release binary: set `isolate` and `session_exe`).
+    pub fn options() -> ServerOptions {
+        ServerOptions {
+            isolate: false,
+            ..ServerOptions::default()
+        }
     }
 
     /// A server with these listener options (idle timeout, limits, ...).
@@ -88,7 +98,7 @@ impl TestServer {
     }
 
     fn start_with(cache: Option<WeightCache>) -> TestServer {
-        Self::start_full(cache, None, ServerOptions::default())
+        Self::start_full(cache, None, Self::options())
     }
 
     fn start_full(
@@ -132,7 +142,8 @@ impl TestServer {
                     let stop = async {
                         let _ = stop_rx.await;
                     };
-                    server::serve(listeners, cfg, opts, st, stop).await;
+                    let rdma = opts.rdma_config();
+                    server::serve(listeners, cfg, opts, st, rdma, stop).await;
                 });
             })
             .expect("spawn server thread");
@@ -303,12 +314,11 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// A full request frame: command byte, `u64` LE size, payload.
+/// A full request frame with any command byte: command byte, `u64` LE size, payload
+/// ([`rpc_proto::encode_raw`]).
 pub fn frame(cmd: u8, payload: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(9 + payload.len());
-    v.push(cmd);
-    v.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    v.extend_from_slice(payload);
+    let mut v = Vec::new();
+    rpc_proto::encode_raw(cmd, payload, &mut v);
     v
 }
 

@@ -12,11 +12,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use rpc_proto::Command;
-use rpc_server::admission::AllowList;
-#[cfg(unix)]
-use rpc_server::isolate::Isolation;
-use rpc_server::server::ServerOptions;
-use rpc_server::session::MemoryLimits;
+use rpc_server::cidr::AllowList;
+use rpc_server::options::ServerOptions;
 use rpc_server::stats::Refusal;
 use rpc_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -90,7 +87,7 @@ async fn an_address_outside_allow_is_closed_unread() {
             "10.0.0.0/8".parse().unwrap(),
             "fe80::/10".parse().unwrap(),
         ]),
-        ..Default::default()
+        ..TestServer::options()
     });
     let mut c = raw(s.addr).await;
     let closed = closed_after(&mut c, Duration::from_secs(5)).await;
@@ -108,7 +105,7 @@ async fn an_address_outside_allow_is_closed_unread() {
 
     let open = TestServer::start_with_options(ServerOptions {
         allow: AllowList(vec!["127.0.0.0/8".parse().unwrap()]),
-        ..Default::default()
+        ..TestServer::options()
     });
     let mut c = connect(open.addr).await;
     assert_eq!(c.device_count().await.expect("DEVICE_COUNT"), 1);
@@ -123,7 +120,7 @@ async fn a_peer_gets_its_share_of_the_slots_and_no_more() {
         // Loopback is exempt by default; these connections come from 127.0.0.1.
         share_exempt: vec![],
         hello_timeout: Duration::from_secs(2),
-        ..Default::default()
+        ..TestServer::options()
     });
     let mut a = raw(s.addr).await;
     let mut b = raw(s.addr).await;
@@ -156,7 +153,7 @@ async fn a_silent_connection_holds_no_slot_and_ends_on_the_hello_deadline() {
         max_per_peer: Some(8),
         idle_timeout: None,
         hello_timeout: Duration::from_secs(3),
-        ..Default::default()
+        ..TestServer::options()
     });
     let mut silent = raw(s.addr).await;
     let mut served = connect(s.addr).await;
@@ -179,7 +176,7 @@ async fn a_silent_connection_holds_no_slot_and_ends_on_the_hello_deadline() {
 async fn a_trickled_hello_is_closed_on_the_deadline() {
     let s = TestServer::start_with_options(ServerOptions {
         hello_timeout: Duration::from_secs(2),
-        ..Default::default()
+        ..TestServer::options()
     });
     let mut c = raw(s.addr).await;
     let start = Instant::now();
@@ -213,7 +210,7 @@ async fn a_stalled_body_ends_on_the_request_timeout_without_an_idle_timeout() {
     let s = TestServer::start_with_options(ServerOptions {
         idle_timeout: None,
         request_timeout: Duration::from_secs(2),
-        ..Default::default()
+        ..TestServer::options()
     });
     let mut c = connect(s.addr).await;
     let _buf = alloc(&mut c, 4096).await;
@@ -236,11 +233,9 @@ async fn a_stalled_body_ends_on_the_request_timeout_without_an_idle_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_the_budget_is_refused_before_it_is_read() {
     let s = TestServer::start_with_options(ServerOptions {
-        memory: MemoryLimits {
-            per_connection: 64 << 20,
-            total: 96 << 20,
-        },
-        ..Default::default()
+        max_alloc_per_connection: Some(64 << 20),
+        max_alloc_total: Some(96 << 20),
+        ..TestServer::options()
     });
     let mut c = connect(s.addr).await;
     let _buf = alloc(&mut c, 4096).await;
@@ -276,7 +271,7 @@ async fn memory_follows_the_bytes_that_arrive() {
         eprintln!("skip: no /proc/self/status here");
         return;
     }
-    let s = TestServer::start_with_options(ServerOptions::default());
+    let s = TestServer::start_with_options(TestServer::options());
     let before = rss();
     let mut conns = Vec::new();
     for _ in 0..4 {
@@ -311,18 +306,20 @@ enum Mode {
 fn server(mode: Mode, max_connections: usize) -> TestServer {
     let opts = ServerOptions {
         max_connections,
-        ..Default::default()
+        ..TestServer::options()
     };
     let opts = match mode {
         Mode::InProcess => opts,
         #[cfg(unix)]
-        Mode::Contained => ServerOptions {
-            isolate: Some(std::sync::Arc::new(Isolation {
-                exe: release_server_bin(BuildServer::IfMissing),
-                args: vec!["-t".into(), "1".into()],
-            })),
-            ..opts
-        },
+        Mode::Contained => {
+            let mut o = ServerOptions {
+                isolate: true,
+                session_exe: Some(release_server_bin(BuildServer::IfMissing)),
+                ..opts
+            };
+            o.session.threads = 1;
+            o
+        }
     };
     TestServer::start_with_options(opts)
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rpc_server::server::ServerOptions;
+use rpc_server::options::ServerOptions;
 use rpc_tests::*;
 
 const IDLE: Duration = Duration::from_secs(1);
@@ -13,7 +13,7 @@ const IDLE: Duration = Duration::from_secs(1);
 fn server() -> TestServer {
     TestServer::start_with_options(ServerOptions {
         idle_timeout: Some(IDLE),
-        ..Default::default()
+        ..TestServer::options()
     })
 }
 
@@ -104,7 +104,7 @@ async fn a_request_that_stops_mid_body_is_cut_even_when_the_connection_holds_a_b
 async fn shutdown_closes_waiting_connections_without_using_the_grace_period() {
     let s = TestServer::start_with_options(ServerOptions {
         shutdown_grace: Duration::from_secs(20),
-        ..Default::default()
+        ..TestServer::options()
     });
     let mut holding = connect(s.addr).await;
     let _buf = alloc(&mut holding, 4096).await;

@@ -4,11 +4,12 @@
 //!
 //! The front process (the one listening) keeps the listener, admission, the HELLO deadline, the
 //! server-wide memory account, the RDMA queue-pair budget and the counters. It answers a TCP
-//! client's HELLO and the device queries after it itself (`connection::serve_queries`, reading no
-//! further than each request); at the first other command it starts a fresh session process (the
+//! client's HELLO and the device queries after it itself (`front.rs`, reading no further than
+//! each request); at the first other command it starts a fresh session process (`child.rs`: the
 //! same executable with `--session-child`; never `fork()`, which is unsafe after a GPU backend
-//! started) and hands it the socket as its stdin and the command's header as
-//! `--session-pending`. A client that offers RDMA is handed over as soon as its HELLO is in (and
+//! started) and hands it the socket as its stdin, and its whole configuration (the server's
+//! options, the client's HELLO, the command's header) as one typed message,
+//! [`SessionStart`]. A client that offers RDMA is handed over as soon as its HELLO is in (and
 //! it has a slot): the session process answers the HELLO, since the queue pair is its own. Either
 //! way the session process serves the client directly, so the per-token path crosses no extra
 //! hop. Its stdout is a Unix socket back to the front, carrying the control line of
@@ -46,85 +47,54 @@
 //! memory account and its RDMA place; a process killed by a signal is logged and counted as a
 //! connection closed with an error. The front then serves on.
 
-use std::ffi::OsString;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{mpsc, Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use rpc_proto::Limits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::connection::{ConnectionContext, ConnectionError, ConnectionOptions};
-use crate::control::{ControlError, Inbound, LineSplitter, StatsGate, ToFront, ToSession};
-use crate::rdma::{Fallback, RdmaConfig, TransportMode};
-use crate::session::{MemoryBudget, SessionConfig, Upstream};
-use crate::stats::Stats;
+use crate::connection::{ConnectionContext, ConnectionError};
+use crate::control::{
+    ControlError, Inbound, LineSplitter, SessionStart, StatsGate, ToFront, ToSession,
+    SANDBOX_REFUSED, SESSION_START_ENV,
+};
+use crate::options::ServerOptions;
+use crate::rdma::Fallback;
+use crate::stats::reported_counters;
 
-/// How a front process starts session processes.
+/// How a front process starts session processes: this executable (or `exe`), configured by
+/// the front's own options.
 #[derive(Debug, Clone)]
 pub struct Isolation {
-    /// The server executable (normally `std::env::current_exe()`).
     pub exe: PathBuf,
-    /// The arguments the server was started with (devices, threads, limits, cache, RDMA
-    /// options): a session process configures itself from the same flags.
-    pub args: Vec<OsString>,
+    pub options: ServerOptions,
 }
 
-/// The exit status of a session process refused because its containment could not be set up.
-pub const SANDBOX_REFUSED: i32 = 70;
-
-/// How long a session process whose front is gone may take to finish its running command.
-const FRONT_GONE_GRACE: Duration = Duration::from_secs(1);
-
-/// Every counter a session process reports, in one order for both processes (`budget`: the
-/// front's server-wide account, or the session's own, whose refusals are the ones the front did
-/// not see).
-pub fn counters<'a>(
-    stats: &'a Stats,
-    rdma: &'a RdmaConfig,
-    config: &'a SessionConfig,
-    budget: &'a MemoryBudget,
-) -> Vec<&'a AtomicU64> {
-    let mut v: Vec<&AtomicU64> = stats.counters().chain(rdma.counters()).collect();
-    v.push(budget.refused_counter());
-    if let Some(c) = &config.cache {
-        v.extend(c.counters().counters());
+impl Isolation {
+    /// Session processes of `options.session_exe`, else of this executable, configured by
+    /// `options` with the memory limits resolved (`memory`).
+    pub fn new(
+        options: &ServerOptions,
+        memory: crate::session::MemoryLimits,
+    ) -> std::io::Result<Isolation> {
+        let exe = match &options.session_exe {
+            Some(e) => e.clone(),
+            None => std::env::current_exe()?,
+        };
+        let options = ServerOptions {
+            max_alloc_per_connection: Some(memory.per_connection),
+            max_alloc_total: Some(memory.total),
+            ..options.clone()
+        };
+        Ok(Isolation { exe, options })
     }
-    if let Some(l) = &config.local {
-        v.extend(l.counters().counters());
-    }
-    v
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// `N` bytes from a hex argument (`--session-child`'s HELLO caps, `--session-pending`'s header).
-pub fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    let mut out = [0u8; N];
-    if s.len() != 2 * N || !s.is_ascii() {
-        return None;
-    }
-    for (i, c) in out.iter_mut().enumerate() {
-        *c = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
-/// Whether a client's HELLO offers RDMA this server may engage: its session process must then
-/// answer the HELLO (the queue pair is that process's); a TCP client's HELLO the front answers.
-pub fn offers_rdma(rdma: &RdmaConfig, caps: &[u8; rpc_proto::CONN_CAPS_SIZE]) -> bool {
-    caps.iter().any(|&b| b != 0) && rdma.mode != TransportMode::Tcp
 }
 
 fn child_error(what: String) -> ConnectionError {
@@ -157,11 +127,11 @@ pub async fn hand_off(
     pending: Option<&[u8; rpc_proto::FRAME_HEADER_SIZE]>,
     ctx: &ConnectionContext,
 ) -> Result<(), ConnectionError> {
-    let (budget, rdma) = (&ctx.conn.budget, &*ctx.rdma);
+    let (budget, rdma) = (&ctx.budget, &*ctx.rdma);
     let mut shutdown = ctx.shutdown.clone();
     // The queue-pair budget is the front's: a session process may engage RDMA only with one of
     // its places, held until the process ends.
-    let offers_rdma = pending.is_none() && offers_rdma(rdma, caps);
+    let offers_rdma = pending.is_none() && rdma.engages(caps);
     let rdma_place = if offers_rdma {
         let p = rdma.try_permit();
         if p.is_none() {
@@ -178,24 +148,24 @@ pub async fn hand_off(
     let (front_end, child_end) = UnixStream::pair()?;
     let comm = crate::comm::TcpConnector {
         bind_ip: stream.local_addr()?.ip(),
-        allow: ctx.conn.allow.clone(),
+        allow: ctx.options.allow_list(),
         setup_timeout: crate::comm::SETUP_TIMEOUT,
-        io_timeout: ctx.conn.request_timeout,
+        io_timeout: ctx.options.request_timeout,
+    };
+    let start = SessionStart {
+        options: iso.options.clone(),
+        caps: *caps,
+        pending: pending.copied(),
+        peer: peer.to_string(),
+        major: ctx.major.number(),
+        tcp_only: rdma_place.is_none(),
     };
     let mut cmd = Command::new(&iso.exe);
-    cmd.args(&iso.args)
-        .arg("--session-child")
-        .arg(hex(caps))
+    // The peer in the command line is a label for `ps`; the message configures the process.
+    cmd.arg("--session-child")
         .arg("--session-peer")
         .arg(peer.to_string())
-        .arg("--session-major")
-        .arg(ctx.major.number().to_string());
-    if rdma_place.is_none() {
-        cmd.arg("--session-tcp-only");
-    }
-    if let Some(h) = pending {
-        cmd.arg("--session-pending").arg(hex(h));
-    }
+        .env(SESSION_START_ENV, start.encode());
     cmd.stdin(Stdio::from(OwnedFd::from(stream)))
         .stdout(Stdio::from(OwnedFd::from(child_end)))
         .stderr(Stdio::piped())
@@ -261,7 +231,7 @@ async fn serve_control(
     comm: &crate::comm::TcpConnector,
     shutdown: &mut watch::Receiver<bool>,
 ) -> u64 {
-    let (budget, stats, rdma, config) = (&ctx.conn.budget, &*ctx.stats, &*ctx.rdma, &ctx.config);
+    let (budget, stats, rdma, config) = (&ctx.budget, &*ctx.stats, &*ctx.rdma, &ctx.config);
     let line = match front_end
         .set_nonblocking(true)
         .and_then(|()| tokio::net::UnixStream::from_std(front_end))
@@ -273,7 +243,7 @@ async fn serve_control(
         }
     };
     let (mut rd, mut wr) = line.into_split();
-    let counters = counters(stats, rdma, config, budget);
+    let counters = reported_counters(stats, rdma, config, budget);
     let start = Instant::now();
     let mut inbound = Inbound::new(start);
     let mut gate = StatsGate::new(counters.len(), start);
@@ -636,523 +606,17 @@ async fn send_fd(
 }
 
 /// Session side of the control line: memory reservations asked of the front, links, and the
-/// weight cache's writes.
-struct Front {
-    wr: Mutex<UnixStream>,
-    replies: Mutex<mpsc::Receiver<bool>>,
-    /// Answers to `C` lines: the link's socket, or `None` (`E`).
-    links: Mutex<mpsc::Receiver<Option<OwnedFd>>>,
-    /// Answers to `W` lines: the staging file, or `None` (`X`). Held for a whole store.
-    staging: Mutex<mpsc::Receiver<Option<OwnedFd>>>,
-}
-
-/// Where the front's answers go, in a session process (`read_front_lines`' side of [`Front`]).
-struct Answers {
-    replies: mpsc::Sender<bool>,
-    links: mpsc::Sender<Option<OwnedFd>>,
-    staging: mpsc::Sender<Option<OwnedFd>>,
-    stop: watch::Sender<bool>,
-}
-
-impl Front {
-    fn new(ctl: UnixStream, stop: watch::Sender<bool>) -> (Front, Answers) {
-        let (reply_tx, reply_rx) = mpsc::channel();
-        let (link_tx, link_rx) = mpsc::channel();
-        let (staging_tx, staging_rx) = mpsc::channel();
-        (
-            Front {
-                wr: Mutex::new(ctl),
-                replies: Mutex::new(reply_rx),
-                links: Mutex::new(link_rx),
-                staging: Mutex::new(staging_rx),
-            },
-            Answers {
-                replies: reply_tx,
-                links: link_tx,
-                staging: staging_tx,
-                stop,
-            },
-        )
-    }
-
-    /// A client's upload for the weight cache: written into a staging file the front created,
-    /// which the front then hashes and stores.
-    fn store(&self, data: &[u8]) {
-        if data.is_empty() {
-            return;
-        }
-        let staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
-        if !self.send(&ToFront::Store(data.len() as u64)) {
-            return;
-        }
-        // The front answers once the store before this one is written (one per session).
-        match staging.recv_timeout(Duration::from_secs(600)) {
-            Ok(Some(fd)) => {
-                let file = std::fs::File::from(fd);
-                if let Err(e) = file.write_all_at(data, 0) {
-                    tracing::warn!(error = %e, "cannot write an upload for the cache");
-                }
-                drop(file);
-                self.send(&ToFront::Stored);
-            }
-            Ok(None) => tracing::debug!("the front stores no upload now"),
-            Err(_) => tracing::warn!("no answer from the front to a cache store"),
-        }
-    }
-}
-
-impl Answers {
-    fn deliver(&self, msg: ToSession, fd: Option<OwnedFd>) {
-        match msg {
-            ToSession::Yes => drop(self.replies.send(true)),
-            ToSession::No => drop(self.replies.send(false)),
-            ToSession::Link => drop(self.links.send(fd)),
-            ToSession::NoLink => drop(self.links.send(None)),
-            ToSession::Staging => drop(self.staging.send(fd)),
-            ToSession::NoStaging => drop(self.staging.send(None)),
-            ToSession::Quit => drop(self.stop.send(true)),
-        }
-    }
-}
-
-/// The weight cache's writer in a session process: the front.
-struct FrontKeeper(Arc<Front>);
-
-impl crate::cache::CacheKeeper for FrontKeeper {
-    fn store(&self, data: &[u8]) {
-        self.0.store(data);
-    }
-
-    fn check(&self, hash: u64) {
-        self.0.send(&ToFront::Check(hash));
-    }
-}
-
-/// COMM_INIT in a session process: the front sets the link up (a sandboxed process opens no
-/// socket) and passes its socket down; the exchange then runs here.
-#[derive(Debug)]
-struct FrontConnector {
-    front: Arc<Front>,
-    io_timeout: Duration,
-}
-
-impl std::fmt::Debug for Front {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Front")
-    }
-}
-
-impl crate::comm::Connector for FrontConnector {
-    fn connect(
-        &self,
-        init: &rpc_proto::CommInit,
-    ) -> std::io::Result<Box<dyn crate::comm::PeerLink>> {
-        let links = self
-            .front
-            .links
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut bytes = Vec::new();
-        rpc_proto::Request::CommInit(*init).encode_payload(&mut bytes);
-        let Ok(bytes) = <[u8; rpc_proto::COMM_INIT_SIZE]>::try_from(bytes.as_slice()) else {
-            return Err(std::io::Error::other("COMM_INIT of an unexpected size"));
-        };
-        if !self.front.send(&ToFront::CommInit(bytes)) {
-            return Err(std::io::Error::other("the front is gone"));
-        }
-        // The front waits up to SETUP_TIMEOUT for the peer; a little more here.
-        let wait = crate::comm::SETUP_TIMEOUT + Duration::from_secs(5);
-        match links.recv_timeout(wait) {
-            Ok(Some(fd)) => {
-                crate::comm::link(std::net::TcpStream::from(fd), init.rank, self.io_timeout)
-            }
-            Ok(None) => Err(std::io::Error::other("the front could not set up the link")),
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no answer from the front",
-            )),
-        }
-    }
-}
-
-/// Reads the front's messages, with the descriptors sent along (`SCM_RIGHTS`), until the line
-/// closes (or carries something that is no message): `on_msg` gets each message and, for one
-/// that carries a descriptor (`K`, `M`), the descriptor that came with it.
-fn read_front_lines(sock: UnixStream, mut on_msg: impl FnMut(ToSession, Option<OwnedFd>)) {
-    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-    let mut fds: std::collections::VecDeque<OwnedFd> = Default::default();
-    let mut lines = LineSplitter::default();
-    let mut buf = [0u8; 4096];
-    loop {
-        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let n = match recvmsg(
-            &sock,
-            &mut [std::io::IoSliceMut::new(&mut buf)],
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC,
-        ) {
-            Ok(r) if r.bytes == 0 => return,
-            Ok(r) => r.bytes,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => return,
-        };
-        for msg in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(received) = msg {
-                fds.extend(received);
-            }
-        }
-        lines.push(buf.get(..n).unwrap_or(&[]));
-        while let Some(line) = lines.next_line() {
-            match line.and_then(|l| ToSession::decode(&l)) {
-                Ok(msg) => {
-                    let fd = if msg.carries_fd() {
-                        fds.pop_front()
-                    } else {
-                        None
-                    };
-                    on_msg(msg, fd);
-                }
-                Err(e) => {
-                    tracing::error!("the front sent something else than a message: {e}");
-                    return;
-                }
-            }
-        }
-    }
-}
-
-impl Front {
-    fn send(&self, msg: &ToFront) -> bool {
-        let mut w = self.wr.lock().unwrap_or_else(PoisonError::into_inner);
-        w.write_all(&msg.encode()).is_ok()
-    }
-}
-
-impl Upstream for Front {
-    fn reserve(&self, n: u64) -> bool {
-        // One question at a time: the lock is held until its answer.
-        let replies = self.replies.lock().unwrap_or_else(PoisonError::into_inner);
-        if !self.send(&ToFront::Reserve(n)) {
-            return false;
-        }
-        replies
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or(false)
-    }
-
-    fn release(&self, n: u64) {
-        self.send(&ToFront::Free(n));
-    }
-}
-
-/// Sends the counters that changed since the last report as one `S` line.
-struct Reporter {
-    last: Vec<u64>,
-}
-
-impl Reporter {
-    fn report(&mut self, counters: &[&AtomicU64], front: &Front) {
-        let now: Vec<u64> = counters.iter().map(|c| c.load(Relaxed)).collect();
-        if now == self.last {
-            return;
-        }
-        let deltas = now.iter().zip(&self.last).map(|(n, l)| n.wrapping_sub(*l));
-        if front.send(&ToFront::Stats(deltas.collect())) {
-            self.last = now;
-        }
-    }
-}
-
-/// Everything a session process needs, from the flags it was started with.
-pub struct Child {
-    pub caps: [u8; rpc_proto::CONN_CAPS_SIZE],
-    /// The header of the first command, when the front answered the HELLO (`--session-pending`).
-    pub pending: Option<[u8; rpc_proto::FRAME_HEADER_SIZE]>,
-    pub peer: String,
-    pub config: Arc<SessionConfig>,
-    /// The protocol major of the listener the client came in on (`--session-major`).
-    pub major: rpc_proto::Major,
-    pub limits: Limits,
-    pub rdma: Arc<RdmaConfig>,
-    pub conn: ConnectionOptions,
-    /// Apply the sandbox (`sandbox.rs`) before the first command (unless
-    /// `--no-sandbox`).
-    pub sandbox: bool,
-}
-
-/// The memory bound of a contained session (Linux: its address space, `sandbox::limit_memory`),
-/// set once its budget is known, before the client's first byte. A session that cannot be
-/// bounded is refused.
-fn limit_memory(on: bool, budget: u64) -> Result<(), String> {
-    #[cfg(target_os = "linux")]
-    if on {
-        match crate::sandbox::limit_memory(budget) {
-            Ok(Some(n)) => tracing::debug!(bytes = n, "address space bounded"),
-            Ok(None) => tracing::debug!("address space not bounded (no budget, or a GPU build)"),
-            Err(e) => return Err(format!("cannot bound the session's memory: {e}")),
-        }
-    }
-    let _ = (on, budget);
-    Ok(())
-}
-
-/// Once the transport is up: the Seatbelt profile on macOS (`sandbox_mac.rs`; on Linux the
-/// sandbox is in place since the process started, `namespaces.rs` and `sandbox.rs`); then the
-/// self-test when `RPC_SANDBOX_SELFTEST=1`.
-fn restrict_syscalls(on: bool, cache_dir: Option<&std::path::Path>) {
-    #[cfg(target_os = "macos")]
-    if on {
-        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
-        match crate::sandbox_mac::apply(home.as_deref(), cache_dir) {
-            Ok(()) => tracing::debug!("sandbox profile applied"),
-            // Fail closed, as on Linux.
-            Err(e) => {
-                tracing::error!(
-                    "session refused: its sandbox profile cannot be applied: {e} (--no-sandbox serves without it)"
-                );
-                std::process::exit(SANDBOX_REFUSED);
-            }
-        }
-    }
-    let _ = on;
-    if std::env::var_os("RPC_SANDBOX_SELFTEST").is_some_and(|v| v == "1") {
-        self_test(cache_dir);
-    }
-}
-
-/// `RPC_SANDBOX_SELFTEST=1`: tries what the sandbox forbids and logs each outcome as
-/// `sandbox self-test: <action>: denied (<error>)` or `...: ALLOWED` (`tests/tests/isolate.rs`
-/// asserts on those lines).
-fn self_test(cache_dir: Option<&std::path::Path>) {
-    fn report<T>(what: &str, r: std::io::Result<T>) {
-        match r {
-            Ok(_) => tracing::warn!("sandbox self-test: {what}: ALLOWED"),
-            Err(e) => tracing::info!("sandbox self-test: {what}: denied ({e})"),
-        }
-    }
-    #[cfg(target_os = "linux")]
-    report(
-        "open /etc/hostname",
-        std::fs::read("/etc/hostname").or_else(|_| std::fs::read("/etc/passwd")),
-    );
-    if let Some(home) = std::env::var_os("HOME") {
-        report(
-            "read a file in the home directory",
-            std::fs::read(std::path::Path::new(&home).join(".rpc-sandbox-probe")),
-        );
-    }
-    report(
-        "create a file in /tmp",
-        std::fs::write(format!("/tmp/rpc-sandbox-{}", std::process::id()), b"x"),
-    );
-    report(
-        "open a TCP connection",
-        std::net::TcpStream::connect("127.0.0.1:9"),
-    );
-    report(
-        "listen on a port",
-        std::net::TcpListener::bind("127.0.0.1:0"),
-    );
-    report(
-        "start /bin/true",
-        std::process::Command::new("/bin/true").status(),
-    );
-    if let Some(d) = cache_dir {
-        // Only the front writes the cache; sessions read it.
-        let p = d.join(format!(".sandbox-selftest-{}", std::process::id()));
-        report("write the cache", std::fs::write(&p, b"x"));
-        match std::fs::read_dir(d) {
-            Ok(_) => tracing::info!("sandbox self-test: list the cache: allowed"),
-            Err(e) => tracing::warn!("sandbox self-test: list the cache: DENIED ({e})"),
-        }
-    }
-}
-
-/// Session side: serves the client on stdin (a socket) after its HELLO, reporting to the front
-/// on stdout (a Unix socket). Returns the process's exit status.
-pub fn child_main(c: Child) -> i32 {
-    let span = tracing::info_span!("session", peer = %c.peer, pid = std::process::id());
-    let _enter = span.enter();
-    crate::ggml::abort::abort_on_assertions();
-    let cache_dir = c.config.cache.as_ref().map(|w| w.dir().to_path_buf());
-    let per_connection = c.conn.budget.limits().per_connection;
-    if let Err(e) = limit_memory(c.sandbox, per_connection) {
-        tracing::error!("session refused: {e} (--no-sandbox serves without containment)");
-        return SANDBOX_REFUSED;
-    }
-    let taken = (|| -> std::io::Result<(std::net::TcpStream, UnixStream)> {
-        let sock = std::io::stdin().as_fd().try_clone_to_owned()?;
-        let ctl = std::io::stdout().as_fd().try_clone_to_owned()?;
-        Ok((std::net::TcpStream::from(sock), UnixStream::from(ctl)))
-    })();
-    let (stream, ctl) = match taken {
-        Ok(x) => x,
-        Err(e) => {
-            tracing::error!(error = %e, "session process started without its socket and control line");
-            return 2;
-        }
-    };
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let reader = match ctl.try_clone() {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot read the control line");
-            return 2;
-        }
-    };
-    // Replies and the front's stop. The end of the line means the front is gone (a front that
-    // shuts down sends `Q` and keeps the line open until the session ends): the session stops,
-    // and if its command does not finish within FRONT_GONE_GRACE (a long compute), the process
-    // ends without it; no session outlives its server.
-    // Set when the session ends: read by the front-gone watcher below and by the reporter.
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let finished_seen = done.clone();
-    let (front, answers) = Front::new(ctl, stop_tx);
-    std::thread::spawn(move || {
-        read_front_lines(reader, |msg, fd| answers.deliver(msg, fd));
-        let _ = answers.stop.send(true);
-        let t = std::time::Instant::now();
-        while !finished_seen.load(Relaxed) {
-            if t.elapsed() >= FRONT_GONE_GRACE {
-                tracing::warn!("the server's front process is gone; ending this session now");
-                std::process::exit(3);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    });
-    let front = Arc::new(front);
-    if let Some(cache) = &c.config.cache {
-        // Only the front writes the cache: this session's stores and checks go to it.
-        cache.delegate(Box::new(FrontKeeper(front.clone())));
-    }
-    let limits = c.conn.budget.limits();
-    let budget = Arc::new(MemoryBudget::with_upstream(
-        crate::session::MemoryLimits {
-            per_connection: limits.per_connection,
-            // The server-wide limit is the front's to enforce.
-            total: u64::MAX,
-        },
-        Box::new(ArcFront(front.clone())),
-    ));
-    let comm = Arc::new(FrontConnector {
-        front: front.clone(),
-        io_timeout: c.conn.request_timeout,
-    });
-    let conn = ConnectionOptions {
-        budget,
-        comm: Some(comm),
-        ..c.conn
-    };
-    let stats = Arc::new(Stats::default());
-    let reporter = {
-        let (stats, rdma, config, front, done, budget) = (
-            stats.clone(),
-            c.rdma.clone(),
-            c.config.clone(),
-            front.clone(),
-            done.clone(),
-            conn.budget.clone(),
-        );
-        std::thread::spawn(move || {
-            let counters = counters(&stats, &rdma, &config, &budget);
-            let mut r = Reporter {
-                last: vec![0; counters.len()],
-            };
-            while !done.load(Relaxed) {
-                std::thread::park_timeout(Duration::from_millis(250));
-                r.report(&counters, &front);
-            }
-            r.report(&counters, &front);
-        })
-    };
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the session's runtime");
-            return 2;
-        }
-    };
-    let local_ip = match stream.local_addr() {
-        Ok(a) => a.ip(),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot use the client's socket");
-            return 2;
-        }
-    };
-    let tcp =
-        rpc_transport::BlockingTcpTransport::new(stream, Some(stop_rx.clone()), conn.poll_window)
-            .and_then(|mut t| match &c.pending {
-                Some(h) => t.preload(h).map(|()| t),
-                None => Ok(t),
-            });
-    let tcp = match tcp {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot use the client's socket");
-            return 2;
-        }
-    };
-    let sandbox = c.sandbox;
-    let ctx = ConnectionContext {
-        config: c.config.clone(),
-        major: c.major,
-        limits: c.limits,
-        stats: stats.clone(),
-        rdma: c.rdma.clone(),
-        conn,
-        shutdown: stop_rx,
-    };
-    let ready = move || restrict_syscalls(sandbox, cache_dir.as_deref());
-    let r = match c.pending {
-        // The front answered the HELLO: the session starts at the command it read.
-        Some(_) => rt.block_on(crate::connection::serve_commands(tcp, ctx, ready)),
-        None => rt.block_on(crate::connection::serve_hello(
-            tcp, local_ip, c.caps, ctx, ready,
-        )),
-    };
-    done.store(true, Relaxed);
-    reporter.thread().unpark();
-    let _ = reporter.join();
-    match r {
-        Ok(()) => {
-            tracing::info!("client connection closed");
-            0
-        }
-        Err(e) => {
-            tracing::error!("closing connection: {e}");
-            1
-        }
-    }
-}
-
-/// [`Upstream`] over a shared [`Front`] (the reporter thread shares the line).
-struct ArcFront(Arc<Front>);
-
-impl Upstream for ArcFront {
-    fn reserve(&self, n: u64) -> bool {
-        self.0.reserve(n)
-    }
-
-    fn release(&self, n: u64) {
-        self.0.release(n)
-    }
-}
-
-/// One line for the banner.
-pub fn describe_mode(iso: Option<&Isolation>) -> &'static str {
-    match iso {
-        Some(_) => "a process of its own per session (--no-isolate: all in this one)",
-        None => "all in this process (--no-isolate): no containment",
-    }
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rdma::{RdmaConfig, TransportMode};
+    use crate::session::{MemoryBudget, SessionConfig};
+    use crate::stats::Stats;
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    use std::sync::Arc;
+    use std::time::Duration;
 
     #[test]
     fn a_session_log_line_is_tidied_for_the_front() {
@@ -1172,23 +636,12 @@ mod tests {
         );
     }
 
-    #[test]
-    fn caps_round_trip_through_hex() {
-        let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
-        for (i, b) in caps.iter_mut().enumerate() {
-            *b = (i * 37) as u8;
-        }
-        assert_eq!(parse_hex(&hex(&caps)), Some(caps));
-        assert_eq!(parse_hex::<24>("00"), None);
-        assert_eq!(parse_hex::<24>(&"zz".repeat(24)), None);
-        assert_eq!(parse_hex::<24>(&"é".repeat(24)), None);
-    }
-
     /// A front for [`serve_control`] tests: a cache in `dir`, a budget of 1 MiB per session
     /// (and the shutdown switch, which must live).
     fn front_ctx(dir: &std::path::Path) -> (ConnectionContext, watch::Sender<bool>) {
         let (tx, shutdown) = watch::channel(false);
         let ctx = ConnectionContext {
+            options: Arc::new(ServerOptions::default()),
             config: Arc::new(SessionConfig {
                 devices: Vec::new(),
                 n_threads: 1,
@@ -1196,16 +649,13 @@ mod tests {
                 local: None,
             }),
             major: rpc_proto::Major::V8,
-            limits: Limits::default(),
             stats: Arc::new(Stats::default()),
             rdma: Arc::new(RdmaConfig::new(TransportMode::Tcp, Default::default(), 1)),
-            conn: ConnectionOptions {
-                budget: Arc::new(MemoryBudget::new(crate::session::MemoryLimits {
-                    per_connection: 1 << 20,
-                    total: 1 << 30,
-                })),
-                ..Default::default()
-            },
+            budget: Arc::new(MemoryBudget::new(crate::session::MemoryLimits {
+                per_connection: 1 << 20,
+                total: 1 << 30,
+            })),
+            comm: None,
             shutdown,
         };
         (ctx, tx)
@@ -1272,7 +722,7 @@ mod tests {
     fn anything_but_a_message_kills_the_session_process() {
         let d = tmpdir("violations");
         let (ctx, _stop) = front_ctx(&d);
-        let n = counters(&ctx.stats, &ctx.rdma, &ctx.config, &ctx.conn.budget).len();
+        let n = reported_counters(&ctx.stats, &ctx.rdma, &ctx.config, &ctx.budget).len();
         let cases: Vec<(&str, Vec<u8>)> = vec![
             ("unknown", b"HELLO\n".to_vec()),
             ("malformed", b"R -1\n".to_vec()),
@@ -1297,7 +747,7 @@ mod tests {
                 held, 100,
                 "{what}: what it held is given back by the caller"
             );
-            ctx.conn.budget.release(held);
+            ctx.budget.release(held);
         }
         let _ = std::fs::remove_dir_all(&d);
     }
@@ -1309,7 +759,7 @@ mod tests {
         let (ctx, _stop) = front_ctx(&d);
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let expect = rpc_proto::fnv1a64(&data);
-        let budget = ctx.conn.budget.clone();
+        let budget = ctx.budget.clone();
         let (held, signal) = serve_against(&ctx, move |mut s| {
             s.write_all(&ToFront::Store(data.len() as u64).encode())
                 .unwrap();
@@ -1348,11 +798,7 @@ mod tests {
         });
         assert_eq!(signal, None, "a well-behaved session lives");
         assert_eq!(held, 0);
-        assert_eq!(
-            ctx.conn.budget.used(),
-            0,
-            "the staging charge is given back"
-        );
+        assert_eq!(ctx.budget.used(), 0, "the staging charge is given back");
         assert!(d.join(format!("{expect:016x}")).is_file());
         let _ = std::fs::remove_dir_all(&d);
     }

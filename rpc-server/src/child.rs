@@ -1,0 +1,528 @@
+//! A session process (`--session-child`): serves one client whose connection its front handed
+//! over (`handoff.rs`), on the socket that is its stdin, reporting to the front on the control
+//! line that is its stdout (`control.rs`): memory reservations, counters, links and the weight
+//! cache's writes go to the front. Its configuration is one message from the front,
+//! [`SessionStart`]; nothing is rebuilt from flags.
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::connection::ConnectionContext;
+use crate::control::{LineSplitter, SessionStart, ToFront, ToSession, SANDBOX_REFUSED};
+use crate::rdma::RdmaConfig;
+use crate::session::{MemoryBudget, SessionConfig, Upstream};
+use crate::stats::{reported_counters, Stats};
+
+/// How long a session process whose front is gone may take to finish its running command.
+const FRONT_GONE_GRACE: Duration = Duration::from_secs(1);
+
+/// weight cache's writes.
+struct Front {
+    wr: Mutex<UnixStream>,
+    replies: Mutex<mpsc::Receiver<bool>>,
+    /// Answers to `C` lines: the link's socket, or `None` (`E`).
+    links: Mutex<mpsc::Receiver<Option<OwnedFd>>>,
+    /// Answers to `W` lines: the staging file, or `None` (`X`). Held for a whole store.
+    staging: Mutex<mpsc::Receiver<Option<OwnedFd>>>,
+}
+
+/// Where the front's answers go, in a session process (`read_front_lines`' side of [`Front`]).
+struct Answers {
+    replies: mpsc::Sender<bool>,
+    links: mpsc::Sender<Option<OwnedFd>>,
+    staging: mpsc::Sender<Option<OwnedFd>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Front {
+    fn new(ctl: UnixStream, stop: watch::Sender<bool>) -> (Front, Answers) {
+        let (reply_tx, reply_rx) = mpsc::channel();
+        let (link_tx, link_rx) = mpsc::channel();
+        let (staging_tx, staging_rx) = mpsc::channel();
+        (
+            Front {
+                wr: Mutex::new(ctl),
+                replies: Mutex::new(reply_rx),
+                links: Mutex::new(link_rx),
+                staging: Mutex::new(staging_rx),
+            },
+            Answers {
+                replies: reply_tx,
+                links: link_tx,
+                staging: staging_tx,
+                stop,
+            },
+        )
+    }
+
+    /// A client's upload for the weight cache: written into a staging file the front created,
+    /// which the front then hashes and stores.
+    fn store(&self, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        let staging = self.staging.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.send(&ToFront::Store(data.len() as u64)) {
+            return;
+        }
+        // The front answers once the store before this one is written (one per session).
+        match staging.recv_timeout(Duration::from_secs(600)) {
+            Ok(Some(fd)) => {
+                let file = std::fs::File::from(fd);
+                if let Err(e) = file.write_all_at(data, 0) {
+                    tracing::warn!(error = %e, "cannot write an upload for the cache");
+                }
+                drop(file);
+                self.send(&ToFront::Stored);
+            }
+            Ok(None) => tracing::debug!("the front stores no upload now"),
+            Err(_) => tracing::warn!("no answer from the front to a cache store"),
+        }
+    }
+}
+
+impl Answers {
+    fn deliver(&self, msg: ToSession, fd: Option<OwnedFd>) {
+        match msg {
+            ToSession::Yes => drop(self.replies.send(true)),
+            ToSession::No => drop(self.replies.send(false)),
+            ToSession::Link => drop(self.links.send(fd)),
+            ToSession::NoLink => drop(self.links.send(None)),
+            ToSession::Staging => drop(self.staging.send(fd)),
+            ToSession::NoStaging => drop(self.staging.send(None)),
+            ToSession::Quit => drop(self.stop.send(true)),
+        }
+    }
+}
+
+/// The weight cache's writer in a session process: the front.
+struct FrontKeeper(Arc<Front>);
+
+impl crate::cache::CacheKeeper for FrontKeeper {
+    fn store(&self, data: &[u8]) {
+        self.0.store(data);
+    }
+
+    fn check(&self, hash: u64) {
+        self.0.send(&ToFront::Check(hash));
+    }
+}
+
+/// COMM_INIT in a session process: the front sets the link up (a sandboxed process opens no
+/// socket) and passes its socket down; the exchange then runs here.
+#[derive(Debug)]
+struct FrontConnector {
+    front: Arc<Front>,
+    io_timeout: Duration,
+}
+
+impl std::fmt::Debug for Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Front")
+    }
+}
+
+impl crate::comm::Connector for FrontConnector {
+    fn connect(
+        &self,
+        init: &rpc_proto::CommInit,
+    ) -> std::io::Result<Box<dyn crate::comm::PeerLink>> {
+        let links = self
+            .front
+            .links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut bytes = Vec::new();
+        rpc_proto::Request::CommInit(*init).encode_payload(&mut bytes);
+        let Ok(bytes) = <[u8; rpc_proto::COMM_INIT_SIZE]>::try_from(bytes.as_slice()) else {
+            return Err(std::io::Error::other("COMM_INIT of an unexpected size"));
+        };
+        if !self.front.send(&ToFront::CommInit(bytes)) {
+            return Err(std::io::Error::other("the front is gone"));
+        }
+        // The front waits up to SETUP_TIMEOUT for the peer; a little more here.
+        let wait = crate::comm::SETUP_TIMEOUT + Duration::from_secs(5);
+        match links.recv_timeout(wait) {
+            Ok(Some(fd)) => {
+                crate::comm::link(std::net::TcpStream::from(fd), init.rank, self.io_timeout)
+            }
+            Ok(None) => Err(std::io::Error::other("the front could not set up the link")),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer from the front",
+            )),
+        }
+    }
+}
+
+/// Reads the front's messages, with the descriptors sent along (`SCM_RIGHTS`), until the line
+/// closes (or carries something that is no message): `on_msg` gets each message and, for one
+/// that carries a descriptor (`K`, `M`), the descriptor that came with it.
+fn read_front_lines(sock: UnixStream, mut on_msg: impl FnMut(ToSession, Option<OwnedFd>)) {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut fds: std::collections::VecDeque<OwnedFd> = Default::default();
+    let mut lines = LineSplitter::default();
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let n = match recvmsg(
+            &sock,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) if r.bytes == 0 => return,
+            Ok(r) => r.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return,
+        };
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = msg {
+                fds.extend(received);
+            }
+        }
+        lines.push(buf.get(..n).unwrap_or(&[]));
+        while let Some(line) = lines.next_line() {
+            match line.and_then(|l| ToSession::decode(&l)) {
+                Ok(msg) => {
+                    let fd = if msg.carries_fd() {
+                        fds.pop_front()
+                    } else {
+                        None
+                    };
+                    on_msg(msg, fd);
+                }
+                Err(e) => {
+                    tracing::error!("the front sent something else than a message: {e}");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Front {
+    fn send(&self, msg: &ToFront) -> bool {
+        let mut w = self.wr.lock().unwrap_or_else(PoisonError::into_inner);
+        w.write_all(&msg.encode()).is_ok()
+    }
+}
+
+impl Upstream for Front {
+    fn reserve(&self, n: u64) -> bool {
+        // One question at a time: the lock is held until its answer.
+        let replies = self.replies.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.send(&ToFront::Reserve(n)) {
+            return false;
+        }
+        replies
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or(false)
+    }
+
+    fn release(&self, n: u64) {
+        self.send(&ToFront::Free(n));
+    }
+}
+
+/// Sends the counters that changed since the last report as one `S` line.
+struct Reporter {
+    last: Vec<u64>,
+}
+
+impl Reporter {
+    fn report(&mut self, counters: &[&AtomicU64], front: &Front) {
+        let now: Vec<u64> = counters.iter().map(|c| c.load(Relaxed)).collect();
+        if now == self.last {
+            return;
+        }
+        let deltas = now.iter().zip(&self.last).map(|(n, l)| n.wrapping_sub(*l));
+        if front.send(&ToFront::Stats(deltas.collect())) {
+            self.last = now;
+        }
+    }
+}
+
+/// The memory bound of a contained session (Linux: its address space, `sandbox::limit_memory`),
+/// set once its budget is known, before the client's first byte. A session that cannot be
+/// bounded is refused.
+fn limit_memory(on: bool, budget: u64) -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    if on {
+        match crate::sandbox::limit_memory(budget) {
+            Ok(Some(n)) => tracing::debug!(bytes = n, "address space bounded"),
+            Ok(None) => tracing::debug!("address space not bounded (no budget, or a GPU build)"),
+            Err(e) => return Err(format!("cannot bound the session's memory: {e}")),
+        }
+    }
+    let _ = (on, budget);
+    Ok(())
+}
+
+/// Once the transport is up: the Seatbelt profile on macOS (`sandbox_mac.rs`; on Linux the
+/// sandbox is in place since the process started, `namespaces.rs` and `sandbox.rs`); then the
+/// self-test when `RPC_SANDBOX_SELFTEST=1`.
+fn restrict_syscalls(on: bool, cache_dir: Option<&std::path::Path>) {
+    #[cfg(target_os = "macos")]
+    if on {
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+        match crate::sandbox_mac::apply(home.as_deref(), cache_dir) {
+            Ok(()) => tracing::debug!("sandbox profile applied"),
+            // Fail closed, as on Linux.
+            Err(e) => {
+                tracing::error!(
+                    "session refused: its sandbox profile cannot be applied: {e} (--no-sandbox serves without it)"
+                );
+                std::process::exit(SANDBOX_REFUSED);
+            }
+        }
+    }
+    let _ = on;
+    if std::env::var_os("RPC_SANDBOX_SELFTEST").is_some_and(|v| v == "1") {
+        self_test(cache_dir);
+    }
+}
+
+/// `RPC_SANDBOX_SELFTEST=1`: tries what the sandbox forbids and logs each outcome as
+/// `sandbox self-test: <action>: denied (<error>)` or `...: ALLOWED` (`tests/tests/isolate.rs`
+/// asserts on those lines).
+fn self_test(cache_dir: Option<&std::path::Path>) {
+    fn report<T>(what: &str, r: std::io::Result<T>) {
+        match r {
+            Ok(_) => tracing::warn!("sandbox self-test: {what}: ALLOWED"),
+            Err(e) => tracing::info!("sandbox self-test: {what}: denied ({e})"),
+        }
+    }
+    #[cfg(target_os = "linux")]
+    report(
+        "open /etc/hostname",
+        std::fs::read("/etc/hostname").or_else(|_| std::fs::read("/etc/passwd")),
+    );
+    if let Some(home) = std::env::var_os("HOME") {
+        report(
+            "read a file in the home directory",
+            std::fs::read(std::path::Path::new(&home).join(".rpc-sandbox-probe")),
+        );
+    }
+    report(
+        "create a file in /tmp",
+        std::fs::write(format!("/tmp/rpc-sandbox-{}", std::process::id()), b"x"),
+    );
+    report(
+        "open a TCP connection",
+        std::net::TcpStream::connect("127.0.0.1:9"),
+    );
+    report(
+        "listen on a port",
+        std::net::TcpListener::bind("127.0.0.1:0"),
+    );
+    report(
+        "start /bin/true",
+        std::process::Command::new("/bin/true").status(),
+    );
+    if let Some(d) = cache_dir {
+        // Only the front writes the cache; sessions read it.
+        let p = d.join(format!(".sandbox-selftest-{}", std::process::id()));
+        report("write the cache", std::fs::write(&p, b"x"));
+        match std::fs::read_dir(d) {
+            Ok(_) => tracing::info!("sandbox self-test: list the cache: allowed"),
+            Err(e) => tracing::warn!("sandbox self-test: list the cache: DENIED ({e})"),
+        }
+    }
+}
+
+/// Session side: serves the client on stdin (a socket) after its HELLO, reporting to the front
+/// on stdout (a Unix socket). Returns the process's exit status.
+pub fn child_main(start: SessionStart, config: Arc<SessionConfig>) -> i32 {
+    let span = tracing::info_span!("session", peer = %start.peer, pid = std::process::id());
+    let _enter = span.enter();
+    crate::ggml::abort::abort_on_assertions();
+    let Some(major) = rpc_proto::Major::from_number(start.major) else {
+        tracing::error!(
+            major = start.major,
+            "session process started for an unknown protocol major"
+        );
+        return 2;
+    };
+    let options = Arc::new(start.options);
+    let cache_dir = config.cache.as_ref().map(|w| w.dir().to_path_buf());
+    // The front resolved the limits against the devices.
+    let limits = options.memory(u64::MAX);
+    if let Err(e) = limit_memory(options.sandbox, limits.per_connection) {
+        tracing::error!("session refused: {e} (--no-sandbox serves without containment)");
+        return SANDBOX_REFUSED;
+    }
+    let taken = (|| -> std::io::Result<(std::net::TcpStream, UnixStream)> {
+        let sock = std::io::stdin().as_fd().try_clone_to_owned()?;
+        let ctl = std::io::stdout().as_fd().try_clone_to_owned()?;
+        Ok((std::net::TcpStream::from(sock), UnixStream::from(ctl)))
+    })();
+    let (stream, ctl) = match taken {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::error!(error = %e, "session process started without its socket and control line");
+            return 2;
+        }
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let reader = match ctl.try_clone() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the control line");
+            return 2;
+        }
+    };
+    // Replies and the front's stop. The end of the line means the front is gone (a front that
+    // shuts down sends `Q` and keeps the line open until the session ends): the session stops,
+    // and if its command does not finish within FRONT_GONE_GRACE (a long compute), the process
+    // ends without it; no session outlives its server.
+    // Set when the session ends: read by the front-gone watcher below and by the reporter.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished_seen = done.clone();
+    let (front, answers) = Front::new(ctl, stop_tx);
+    std::thread::spawn(move || {
+        read_front_lines(reader, |msg, fd| answers.deliver(msg, fd));
+        let _ = answers.stop.send(true);
+        let t = std::time::Instant::now();
+        while !finished_seen.load(Relaxed) {
+            if t.elapsed() >= FRONT_GONE_GRACE {
+                tracing::warn!("the server's front process is gone; ending this session now");
+                std::process::exit(3);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let front = Arc::new(front);
+    if let Some(cache) = &config.cache {
+        // Only the front writes the cache: this session's stores and checks go to it.
+        cache.delegate(Box::new(FrontKeeper(front.clone())));
+    }
+    let budget = Arc::new(MemoryBudget::with_upstream(
+        crate::session::MemoryLimits {
+            per_connection: limits.per_connection,
+            // The server-wide limit is the front's to enforce.
+            total: u64::MAX,
+        },
+        Box::new(ArcFront(front.clone())),
+    ));
+    let comm = Arc::new(FrontConnector {
+        front: front.clone(),
+        io_timeout: options.request_timeout,
+    });
+    let rdma = match start.tcp_only {
+        true => Arc::new(RdmaConfig::new(
+            crate::rdma::TransportMode::Tcp,
+            Default::default(),
+            1,
+        )),
+        false => options.rdma_config(),
+    };
+    let stats = Arc::new(Stats::default());
+    let reporter = {
+        let (stats, rdma, config, front, done, budget) = (
+            stats.clone(),
+            rdma.clone(),
+            config.clone(),
+            front.clone(),
+            done.clone(),
+            budget.clone(),
+        );
+        std::thread::spawn(move || {
+            let counters = reported_counters(&stats, &rdma, &config, &budget);
+            let mut r = Reporter {
+                last: vec![0; counters.len()],
+            };
+            while !done.load(Relaxed) {
+                std::thread::park_timeout(Duration::from_millis(250));
+                r.report(&counters, &front);
+            }
+            r.report(&counters, &front);
+        })
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the session's runtime");
+            return 2;
+        }
+    };
+    let local_ip = match stream.local_addr() {
+        Ok(a) => a.ip(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the client's socket");
+            return 2;
+        }
+    };
+    let tcp = rpc_transport::BlockingTcpTransport::new(
+        stream,
+        Some(stop_rx.clone()),
+        options.poll_window,
+    )
+    .and_then(|mut t| match &start.pending {
+        Some(h) => t.preload(h).map(|()| t),
+        None => Ok(t),
+    });
+    let tcp = match tcp {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the client's socket");
+            return 2;
+        }
+    };
+    let sandbox = options.sandbox;
+    let ctx = ConnectionContext {
+        options,
+        config,
+        major,
+        stats: stats.clone(),
+        rdma,
+        budget,
+        comm: Some(comm),
+        shutdown: stop_rx,
+    };
+    let ready = move || restrict_syscalls(sandbox, cache_dir.as_deref());
+    let r = match start.pending {
+        // The front answered the HELLO: the session starts at the command it read.
+        Some(_) => rt.block_on(crate::connection::serve_commands(tcp, ctx, ready)),
+        None => rt.block_on(crate::connection::serve_hello(
+            tcp, local_ip, start.caps, ctx, ready,
+        )),
+    };
+    done.store(true, Relaxed);
+    reporter.thread().unpark();
+    let _ = reporter.join();
+    match r {
+        Ok(()) => {
+            tracing::info!("client connection closed");
+            0
+        }
+        Err(e) => {
+            tracing::error!("closing connection: {e}");
+            1
+        }
+    }
+}
+
+/// [`Upstream`] over a shared [`Front`] (the reporter thread shares the line).
+struct ArcFront(Arc<Front>);
+
+impl Upstream for ArcFront {
+    fn reserve(&self, n: u64) -> bool {
+        self.0.reserve(n)
+    }
+
+    fn release(&self, n: u64) {
+        self.0.release(n)
+    }
+}

@@ -1,0 +1,326 @@
+//! Every setting of a server, in one type with one set of defaults: the command line's. The
+//! library (`server::serve`), the CLI (`cli::Args::options`) and a session process (which gets
+//! the front's options as one message, `control::SessionStart`) all read [`ServerOptions`];
+//! `cli.rs`'s test checks that a bare `rpc-server` parses to [`ServerOptions::default`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cidr::{AllowList, Cidr};
+use crate::rdma::{RdmaConfig, TransportMode};
+use crate::session::MemoryLimits;
+
+/// Default `--hello-timeout`: a client sends HELLO as soon as it connects.
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `--request-timeout`: a body must arrive at 35 KB/s at least.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `--idle-timeout`.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default `--shutdown-grace`: below launchd's default `ExitTimeOut` (20 s), after which a
+/// service is killed (a killed RDMA process can leave queue pairs behind).
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Default `--keepalive`: a vanished peer is found within about two minutes.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(60);
+/// Default `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 128;
+/// Default `--max-request-size`.
+pub const DEFAULT_MAX_REQUEST_SIZE: u64 = 16 << 30;
+/// Default `--max-graph-size`.
+pub const DEFAULT_MAX_GRAPH_SIZE: u32 = 1 << 20;
+
+/// Default `-t`: half the cores (at least one).
+pub fn default_threads() -> usize {
+    (std::thread::available_parallelism().map_or(2, |n| n.get()) / 2).max(1)
+}
+
+/// A server's settings. `None` in a limit means "derived": see each field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerOptions {
+    /// Largest request accepted (`--max-request-size`).
+    pub max_request_size: u64,
+    /// Largest number of nodes and of tensors in one GRAPH_COMPUTE (`--max-graph-size`).
+    pub max_graph_size: u32,
+    /// Connections served at once (after their HELLO).
+    pub max_connections: usize,
+    /// Connections one peer may have at once; `None`: half of `max_connections`.
+    pub max_per_peer: Option<usize>,
+    /// Peers not held to a share (loopback).
+    #[serde(with = "cidrs")]
+    pub share_exempt: Vec<Cidr>,
+    /// Addresses that may connect (empty: all).
+    #[serde(with = "cidrs")]
+    pub allow: Vec<Cidr>,
+    /// How long a new connection may take to send its whole HELLO.
+    pub hello_timeout: Duration,
+    /// The longest a started request may go without progress.
+    pub request_timeout: Duration,
+    /// Close a connection that holds nothing and starts no request for this long (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// TCP keepalive on every accepted connection (`None`: off).
+    pub keepalive: Option<Duration>,
+    /// How long a TCP read polls before the thread sleeps.
+    pub poll_window: Duration,
+    /// On shutdown, how long running commands may take to finish.
+    pub shutdown_grace: Duration,
+    /// Buffers one connection may hold; `None`: the total less one fair share
+    /// (`admission::default_alloc_per_connection`).
+    pub max_alloc_per_connection: Option<u64>,
+    /// Buffers all connections may hold; `None`: the devices' memory.
+    pub max_alloc_total: Option<u64>,
+    #[serde(with = "transport_mode")]
+    pub transport: TransportMode,
+    pub rdma_device: Option<String>,
+    pub rdma_gid_index: Option<u32>,
+    /// RDMA connections at once (`rdma::default_max_connections`).
+    pub rdma_max_connections: usize,
+    /// A process per session (`handoff.rs`); `false`: sessions run in the server's process.
+    pub isolate: bool,
+    /// Contain session processes (namespaces, seccomp, Landlock; Seatbelt on macOS).
+    pub sandbox: bool,
+    /// The executable session processes run (`None`: this one).
+    pub session_exe: Option<PathBuf>,
+    /// What each session computes with.
+    pub session: SessionOptions,
+}
+
+/// The settings a session's [`crate::session::SessionConfig`] is built from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionOptions {
+    /// Device names (`-d`); empty: every GPU, else the CPU.
+    pub devices: Vec<String>,
+    /// Threads of the CPU device (`-t`).
+    pub threads: usize,
+    /// The weight cache's directory (`-c`, `--cache-dir`); `None`: no cache.
+    pub cache_dir: Option<PathBuf>,
+    pub cache_max_size: Option<u64>,
+    /// The worker's own GGUF files (`--gguf`).
+    pub gguf: Vec<PathBuf>,
+    /// Where the `--gguf` index lives (the cache directory, else the default one).
+    pub gguf_index: Option<PathBuf>,
+    pub verify_loads: bool,
+    /// `--trusted-weights-only`: serve cache entries changed before this (ns since the epoch,
+    /// the front's start).
+    pub trusted_seeded_before: Option<u64>,
+    /// Advise transparent huge pages for CPU buffers.
+    pub huge_pages: bool,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            max_request_size: DEFAULT_MAX_REQUEST_SIZE,
+            max_graph_size: DEFAULT_MAX_GRAPH_SIZE,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_per_peer: None,
+            share_exempt: crate::cidr::loopback(),
+            allow: Vec::new(),
+            hello_timeout: DEFAULT_HELLO_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            keepalive: Some(DEFAULT_KEEPALIVE),
+            poll_window: rpc_transport::tcp::DEFAULT_POLL_WINDOW,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            max_alloc_per_connection: None,
+            max_alloc_total: None,
+            transport: TransportMode::Auto,
+            rdma_device: None,
+            rdma_gid_index: None,
+            rdma_max_connections: crate::rdma::default_max_connections(),
+            isolate: true,
+            sandbox: true,
+            session_exe: None,
+            session: SessionOptions::default(),
+        }
+    }
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            devices: Vec::new(),
+            threads: default_threads(),
+            cache_dir: None,
+            cache_max_size: None,
+            gguf: Vec::new(),
+            gguf_index: None,
+            verify_loads: false,
+            trusted_seeded_before: None,
+            huge_pages: true,
+        }
+    }
+}
+
+impl ServerOptions {
+    /// The request limits every frame is checked against.
+    pub fn limits(&self) -> rpc_proto::Limits {
+        rpc_proto::Limits {
+            max_request_size: self.max_request_size,
+            max_graph_nodes: self.max_graph_size,
+            max_graph_tensors: self.max_graph_size,
+        }
+    }
+
+    /// Connections one peer may have at once.
+    pub fn peer_share(&self) -> usize {
+        self.max_per_peer
+            .unwrap_or_else(|| crate::admission::default_peer_share(self.max_connections))
+    }
+
+    /// The memory limits, with `device_memory` for what is derived from the devices.
+    pub fn memory(&self, device_memory: u64) -> MemoryLimits {
+        let total = self.max_alloc_total.unwrap_or(device_memory);
+        MemoryLimits {
+            per_connection: self.max_alloc_per_connection.unwrap_or_else(|| {
+                crate::admission::default_alloc_per_connection(total, self.max_connections)
+            }),
+            total,
+        }
+    }
+
+    pub fn allow_list(&self) -> AllowList {
+        AllowList(self.allow.clone())
+    }
+
+    /// The RDMA settings and counters these options make (one per server).
+    pub fn rdma_config(&self) -> Arc<RdmaConfig> {
+        // Upstream's switch keeps working.
+        let mode = match std::env::var_os("GGML_RPC_NO_RDMA") {
+            Some(_) => TransportMode::Tcp,
+            None => self.transport,
+        };
+        Arc::new(RdmaConfig::new(
+            mode,
+            rpc_transport::rdma::real::RdmaOptions {
+                device: self.rdma_device.clone(),
+                gid_index: self.rdma_gid_index,
+            },
+            self.rdma_max_connections.max(1),
+        ))
+    }
+
+    /// How long a connection may stay silent between requests, and stall inside one.
+    pub fn deadlines(&self) -> Deadlines {
+        let stall = self
+            .idle_timeout
+            .map_or(self.request_timeout, |t| t.min(self.request_timeout));
+        Deadlines {
+            idle: self.idle_timeout,
+            stall: Some(stall),
+        }
+    }
+
+    /// How long a new connection has for its whole HELLO.
+    pub fn hello_deadline(&self) -> Duration {
+        self.idle_timeout
+            .map_or(self.hello_timeout, |t| t.min(self.hello_timeout))
+    }
+}
+
+/// How long the command loop waits. The two deadlines are different questions: `idle` is how
+/// long a connection that holds nothing may stay silent between requests (a connection that
+/// holds buffers or a graph waits forever: an idle `llama-server` keeps its model on us); `stall`
+/// is how long a request whose header arrived may go without a byte of its body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Deadlines {
+    pub idle: Option<Duration>,
+    pub stall: Option<Duration>,
+}
+
+impl Deadlines {
+    /// Both deadlines from the `--idle-timeout` setting.
+    pub fn from_idle_timeout(t: Option<Duration>) -> Deadlines {
+        Deadlines { idle: t, stall: t }
+    }
+
+    /// For a connection that holds an RDMA queue pair: never idle, stalls still bounded.
+    pub fn holding_queue_pair(self) -> Deadlines {
+        Deadlines { idle: None, ..self }
+    }
+}
+
+/// CIDR lists as strings.
+mod cidrs {
+    use super::Cidr;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[Cidr], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|c| c.to_string()))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Cidr>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|s| s.parse().map_err(serde::de::Error::custom))
+            .collect()
+    }
+}
+
+/// `--transport` as its flag value.
+mod transport_mode {
+    use super::TransportMode;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(m: &TransportMode, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match m {
+            TransportMode::Auto => "auto",
+            TransportMode::Tcp => "tcp",
+            TransportMode::Rdma => "rdma",
+        })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TransportMode, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "auto" => Ok(TransportMode::Auto),
+            "tcp" => Ok(TransportMode::Tcp),
+            "rdma" => Ok(TransportMode::Rdma),
+            other => Err(serde::de::Error::custom(format!(
+                "unknown transport {other}"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_survive_the_message_to_a_session_process() {
+        let mut o = ServerOptions {
+            allow: vec![
+                "169.254.0.0/16".parse().unwrap(),
+                "fe80::/10".parse().unwrap(),
+            ],
+            idle_timeout: None,
+            transport: TransportMode::Tcp,
+            ..Default::default()
+        };
+        o.session.gguf = vec!["/models/x.gguf".into()];
+        o.session.trusted_seeded_before = Some(42);
+        let text = serde_json::to_string(&o).unwrap();
+        assert_eq!(serde_json::from_str::<ServerOptions>(&text).unwrap(), o);
+    }
+
+    #[test]
+    fn derived_limits_follow_the_devices_and_the_connection_count() {
+        let o = ServerOptions {
+            max_connections: 4,
+            ..Default::default()
+        };
+        assert_eq!(o.memory(1000).total, 1000);
+        assert_eq!(o.memory(1000).per_connection, 750);
+        assert_eq!(o.peer_share(), 2);
+        let d = o.deadlines();
+        assert_eq!(d.idle, Some(DEFAULT_IDLE_TIMEOUT));
+        assert_eq!(d.stall, Some(DEFAULT_REQUEST_TIMEOUT));
+        let short = ServerOptions {
+            idle_timeout: Some(Duration::from_secs(3)),
+            ..o
+        };
+        assert_eq!(short.deadlines().stall, Some(Duration::from_secs(3)));
+        assert_eq!(short.hello_deadline(), Duration::from_secs(3));
+    }
+}
