@@ -42,47 +42,38 @@ pub use crate::Origin;
 
 /// What one iteration does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CaseKind {
+pub enum Case {
     /// DEVICE_COUNT.
     Empty,
     /// SET_TENSOR of N bytes, then DEVICE_COUNT.
-    Set,
+    Set(usize),
     /// GET_TENSOR of N bytes.
-    Get,
-}
-
-/// One measured case.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Case {
-    /// What to do.
-    pub kind: CaseKind,
-    /// Payload bytes (0 for empty).
-    pub bytes: usize,
+    Get(usize),
 }
 
 impl Case {
-    /// `empty`, `set 28.0 KiB`, `get 1.00 MiB`.
-    pub fn name(&self) -> String {
-        match self.kind {
-            CaseKind::Empty => "empty (DEVICE_COUNT)".into(),
-            CaseKind::Set => format!(
-                "SET_TENSOR {} + DEVICE_COUNT",
-                human_bytes(self.bytes as f64)
-            ),
-            CaseKind::Get => format!("GET_TENSOR {}", human_bytes(self.bytes as f64)),
+    /// Payload bytes (0 for the empty command).
+    pub fn bytes(self) -> usize {
+        match self {
+            Case::Empty => 0,
+            Case::Set(n) | Case::Get(n) => n,
+        }
+    }
+
+    /// `empty (DEVICE_COUNT)`, `SET_TENSOR 28.0 KiB + DEVICE_COUNT`, `GET_TENSOR 1.00 MiB`.
+    pub fn name(self) -> String {
+        let size = human_bytes(self.bytes() as f64);
+        match self {
+            Case::Empty => "empty (DEVICE_COUNT)".into(),
+            Case::Set(_) => format!("SET_TENSOR {size} + DEVICE_COUNT"),
+            Case::Get(_) => format!("GET_TENSOR {size}"),
         }
     }
 
     /// The cases for these sizes: empty first, then set and get per size.
     pub fn all(sizes: &[usize]) -> Vec<Case> {
-        let sized = |bytes| [CaseKind::Set, CaseKind::Get].map(|kind| Case { kind, bytes });
-        let empty = Case {
-            kind: CaseKind::Empty,
-            bytes: 0,
-        };
-        std::iter::once(empty)
-            .chain(sizes.iter().flat_map(|&b| sized(b)))
-            .collect()
+        let sized = sizes.iter().flat_map(|&n| [Case::Set(n), Case::Get(n)]);
+        std::iter::once(Case::Empty).chain(sized).collect()
     }
 }
 
@@ -186,8 +177,8 @@ struct LaneResult {
 struct Lane {
     conn: BenchConn,
     relay: Option<Relay>,
-    /// Per case, a 1-D f32 tensor of its size in the lane's buffer.
-    tensors: Vec<RpcTensor>,
+    /// A 1-D f32 tensor over the lane's whole buffer (each case copies its size at offset 0).
+    tensor: RpcTensor,
 }
 
 impl Lane {
@@ -208,48 +199,26 @@ impl Lane {
         let b = conn.alloc_buffer(cfg.device, max as u64).await?;
         let b = b.with_context(|| format!("the server could not allocate a {max}-byte buffer"))?;
         let base = conn.buffer_get_base(b.handle).await?;
-        let tensor = |(ci, case): (usize, Case)| {
-            let ne = (case.bytes.max(4) / 4) as u32;
-            TensorBuilder::f32(100 + ci as u64)
-                .ne(&[ne])
-                .data(b.handle, base)
-                .build()
-        };
-        let tensors = Case::all(&cfg.sizes)
-            .into_iter()
-            .enumerate()
-            .map(tensor)
-            .collect();
+        let ne = [(max / 4) as u32];
+        let tensor = TensorBuilder::f32(100).ne(&ne).data(b.handle, base).build();
         Ok(Lane {
             conn,
             relay,
-            tensors,
+            tensor,
         })
     }
 
-    async fn once(
-        &mut self,
-        ci: usize,
-        case: &Case,
-        data: &[u8],
-        out: &mut [u8],
-    ) -> anyhow::Result<Duration> {
-        let t = &self.tensors[ci];
+    async fn once(&mut self, case: &Case, data: &[u8], out: &mut [u8]) -> anyhow::Result<Duration> {
+        let t = &self.tensor;
         let start = Instant::now();
-        match case.kind {
-            CaseKind::Empty => {
+        match *case {
+            Case::Get(n) => self.conn.get_tensor_into(t, 0, &mut out[..n]).await?,
+            Case::Set(n) => {
+                self.conn.set_tensor(t, 0, &data[..n], false).await?;
                 self.conn.device_count().await?;
             }
-            CaseKind::Set => {
-                self.conn
-                    .set_tensor(t, 0, &data[..case.bytes], false)
-                    .await?;
+            Case::Empty => {
                 self.conn.device_count().await?;
-            }
-            CaseKind::Get => {
-                self.conn
-                    .get_tensor_into(t, 0, &mut out[..case.bytes])
-                    .await?
             }
         }
         Ok(start.elapsed())
@@ -270,7 +239,7 @@ async fn measure(
     pb: &ProgressBar,
     label: &str,
 ) -> anyhow::Result<()> {
-    let max = cases.iter().map(|c| c.bytes).max().unwrap_or(0).max(4);
+    let max = cases.iter().map(|c| c.bytes()).max().unwrap_or(0).max(4);
     let data: Vec<u8> = (0..max).map(|i| (i % 251) as u8).collect();
     let mut out = vec![0u8; data.len()];
     for (lane, acc) in lanes.iter().zip(acc.iter_mut()) {
@@ -282,25 +251,22 @@ async fn measure(
         pb.set_message(format!("{label}: {}", case.name()));
         for lane in lanes.iter_mut() {
             for _ in 0..warmup {
-                lane.once(ci, case, &data, &mut out).await?;
+                lane.once(case, &data, &mut out).await?;
                 pb.inc(1);
             }
         }
         let count = |l: &Lane| l.relay.as_ref().map(|r| r.counters().snapshot());
-        let before: Vec<Option<Traffic>> = lanes.iter().map(count).collect();
+        let before: Vec<_> = lanes.iter().map(count).collect();
         for _ in 0..iterations {
             for (lane, acc) in lanes.iter_mut().zip(acc.iter_mut()) {
-                acc.samples[ci].push(lane.once(ci, case, &data, &mut out).await?);
+                acc.samples[ci].push(lane.once(case, &data, &mut out).await?);
                 pb.inc(1);
             }
         }
         for ((lane, acc), b) in lanes.iter().zip(acc.iter_mut()).zip(before) {
             if let (Some(now), Some(b)) = (count(lane), b) {
-                let d = now.since(&b);
-                acc.traffic[ci] = Some(match acc.traffic[ci].take() {
-                    Some(t) => t.plus(&d),
-                    None => d,
-                });
+                let t = acc.traffic[ci].get_or_insert_with(Traffic::default);
+                *t = t.plus(&now.since(&b));
             }
         }
     }
@@ -334,14 +300,8 @@ async fn concurrent_probe(target: SocketAddr, first: Lane) -> anyhow::Result<boo
     Ok(concurrent)
 }
 
-/// Runs the whole latency benchmark.
-///
-/// The iterations are split into [`LatencyConfig::rounds`] rounds; each round visits every server
-/// in turn (ours, stock, ours, stock, ...), so load from elsewhere on a shared machine spreads
-/// over all servers and links alike. Within a round, a server that takes concurrent connections
-/// has its lanes interleaved iteration by iteration; one that serves a single connection at a
-/// time (the stock `ggml-rpc-server`) gets its lanes one after another, each closed before the
-/// next opens.
+/// Runs the whole latency benchmark, in rounds as the module says (a server that serves one
+/// connection at a time gets each lane closed before the next opens).
 pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
     let cases = Case::all(&cfg.sizes);
     let rdma = cfg.transport != TransportMode::Tcp;
@@ -358,22 +318,22 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
         profile: profile.cloned(),
         wire,
     };
+    let (native, relay) = (Origin::Measured, Origin::MeasuredRelay);
     let mut specs = Vec::new();
     if links.iter().any(|l| l.kind == LinkKind::Native) {
-        specs.push(spec("none", Origin::Measured, None, None));
+        specs.push(spec("none", native, None, None));
     }
     if links.iter().any(|l| l.kind != LinkKind::Native) && !rdma {
-        let wire = Some(Wire::transparent());
-        specs.push(spec("relay", Origin::MeasuredRelay, None, wire));
+        specs.push(spec("relay", relay, None, Some(Wire::transparent())));
     }
-    specs.extend(emulated.map(|l| {
-        spec(
+    for l in emulated {
+        specs.push(spec(
             &l.name,
             Origin::MeasuredEmulated,
             Some(l),
             Some(Wire::of(l)),
-        )
-    }));
+        ));
+    }
     if specs.is_empty() {
         anyhow::bail!(
             "nothing to measure: give at least one of none, 2.5gbe, 10gbe, tb5-tcp, custom:..."
@@ -497,7 +457,7 @@ fn draw_chart(path: &Path, rows: &[CaseResult], cfg: &LatencyConfig) -> anyhow::
     // The empty round trip and GET_TENSOR of each size.
     let panels = Case::all(&cfg.sizes)
         .into_iter()
-        .filter(|c| c.kind != CaseKind::Set)
+        .filter(|c| !matches!(c, Case::Set(_)))
         .map(|case| Panel {
             title: case.name(),
             y_label: "round trip, us".into(),
@@ -609,15 +569,15 @@ fn analytic_traffic(case: &Case) -> (f64, f64, f64) {
     ];
     let (PayloadSize::Exact(get) | PayloadSize::AtLeast(get)) =
         Command::GetTensor.request_size(Major::CURRENT);
-    let n = case.bytes as u64;
-    let msgs = match case.kind {
-        CaseKind::Empty => device_count.to_vec(),
-        CaseKind::Set => [
+    let n = case.bytes() as u64;
+    let msgs = match case {
+        Case::Empty => device_count.to_vec(),
+        Case::Set(_) => [
             &[head + SET_TENSOR_HEADER_SIZE as u64 + n][..],
             &device_count,
         ]
         .concat(),
-        CaseKind::Get => vec![head + get, reply + n],
+        Case::Get(_) => vec![head + get, reply + n],
     };
     let uc = msgs
         .iter()
@@ -694,18 +654,11 @@ mod tests {
     #[test]
     fn analytic_traffic_matches_the_counted_bytes() {
         // The same figures the relay counts in tests/against_server.rs.
-        let case = |kind, bytes| analytic_traffic(&Case { kind, bytes }).0;
-        assert_eq!(case(CaseKind::Empty, 0), (9 + 8 + 4) as f64);
-        assert_eq!(
-            case(CaseKind::Set, 4096),
-            (9 + 305 + 4096 + 9 + 8 + 4) as f64
-        );
-        assert_eq!(case(CaseKind::Get, 4096), (9 + 312 + 8 + 4096) as f64);
-        let uc = analytic_traffic(&Case {
-            kind: CaseKind::Get,
-            bytes: 4096,
-        })
-        .2;
+        let bytes = |case| analytic_traffic(&case).0;
+        assert_eq!(bytes(Case::Empty), (9 + 8 + 4) as f64);
+        assert_eq!(bytes(Case::Set(4096)), (9 + 305 + 4096 + 9 + 8 + 4) as f64);
+        assert_eq!(bytes(Case::Get(4096)), (9 + 312 + 8 + 4096) as f64);
+        let uc = analytic_traffic(&Case::Get(4096)).2;
         let wire = |len| LinkProfile::tb5_rdma().wire_bytes(len) as f64;
         assert_eq!(uc, wire(9 + 312) + wire(8 + 4096));
     }

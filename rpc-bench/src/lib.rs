@@ -1,23 +1,11 @@
 //! `rpc-bench`: what each link between a llama.cpp client and its ggml RPC workers costs.
-//!
-//! - [`latency`]: per-command round-trip latency (p50, p99, histogram) for the sizes that matter
-//!   per token, over TCP or RDMA, against any protocol 7.0.0 server (ours or stock).
-//! - [`e2e`]: tokens/s and per-token latency of stock `llama-bench` through a worker, with the
-//!   exact network round trips and bytes per token counted by a protocol-aware relay.
-//! - the link emulator is the `link-emu` crate: [`relay`] (the counting relay that also paces
-//!   bytes like a link), [`links`] (the profiles and the projection), [`traffic`], [`stats`] and
-//!   its self-check; re-exported here under the names the benchmark has always used.
-//! - [`load`]: a stock client's model load onto a worker (stock and ours, cold, warm, `--gguf`)
-//!   over plain loopback and emulated links.
-//! - [`echo`]: the floor of a round trip, a do-nothing server measured beside the real ones.
-//! - [`tools`]: the processes they drive (stock tools run to their end with their logs, servers
-//!   killed on drop); [`conn`]: the benchmark's connection (TCP or RDMA) and server targets.
-//! - the output (markdown, CSV, PNG charts, progress) is the `bench-report` crate.
-//!
-//! Each benchmark's module holds its config, which is its command line (`LatencyConfig`,
-//! `E2eConfig`, `LoadConfig` derive clap `Args`; [`cli::Common`] has the flags all share), its
-//! run (`run`), and its report (`command`: runs, then prose, tables and chart); the binary
-//! dispatches (and reports `link-emu`'s own `emulator-check` and `links`).
+//! Three benchmarks: [`latency`] (per-command round trips, with [`echo`]'s floor), [`e2e`] (stock
+//! `llama-bench` through a worker, exact round trips and bytes per token) and [`load`] (a stock
+//! client's model load, stock against ours). The link emulator is the `link-emu` crate, re-exported under the
+//! names the benchmark has always used; the output (markdown, CSV, PNG, progress) is
+//! `bench-report`. Each benchmark's module holds its config, which is its command line, its run
+//! and its report (`command`); [`cli`] has the flags all share, [`tools`] the processes they
+//! drive, [`conn`] the connection (TCP or RDMA) and server targets.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

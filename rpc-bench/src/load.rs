@@ -12,7 +12,7 @@
 //! visit every link and server in turn; the median of the rounds is reported.
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -29,44 +29,38 @@ use crate::links::{LinkKind, LinkProfile};
 use crate::relay::Wire;
 use crate::tools::{run_tool, through_relay, ServerProcess};
 
-/// Server set-ups compared, in table order.
+/// A server set-up compared: stock or ours, cold (no cache) or warm (`-c`, filled by one untimed
+/// load first), or ours with `--gguf MODEL`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Stock server, no cache.
-    StockCold,
-    /// Stock server, `-c`, cache filled.
-    StockWarm,
-    /// Ours, no cache.
-    OursCold,
-    /// Ours, `-c`, cache filled.
-    OursWarm,
-    /// Ours, `--gguf MODEL`.
-    OursGguf,
+pub struct Mode {
+    /// `stock cold`, `ours --gguf`, ...
+    pub name: &'static str,
+    ours: bool,
+    warm: bool,
+    gguf: bool,
 }
 
-impl Mode {
-    /// Every mode.
-    pub const ALL: [Mode; 5] = [
-        Mode::StockCold,
-        Mode::StockWarm,
-        Mode::OursCold,
-        Mode::OursWarm,
-        Mode::OursGguf,
-    ];
-
-    /// `stock cold`, `ours --gguf`, ...
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::StockCold => "stock cold",
-            Mode::StockWarm => "stock warm (-c)",
-            Mode::OursCold => "ours cold",
-            Mode::OursWarm => "ours warm (-c)",
-            Mode::OursGguf => "ours --gguf",
-        }
+const fn mode(name: &'static str, ours: bool, warm: bool, gguf: bool) -> Mode {
+    Mode {
+        name,
+        ours,
+        warm,
+        gguf,
     }
+}
 
-    fn warm(self) -> bool {
-        matches!(self, Mode::StockWarm | Mode::OursWarm)
+/// Every set-up, in table order; the first is the reference (`vs stock cold`).
+pub const MODES: [Mode; 5] = [
+    mode("stock cold", false, false, false),
+    mode("stock warm (-c)", false, true, false),
+    mode("ours cold", true, false, false),
+    mode("ours warm (-c)", true, true, false),
+    mode("ours --gguf", true, false, true),
+];
+
+impl Mode {
+    fn slug(self) -> String {
+        self.name.replace([' ', '(', ')', '-'], "")
     }
 }
 
@@ -93,7 +87,7 @@ pub struct LoadConfig {
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
     /// Logs and the servers' cache directories (the caches are removed at the end).
-    #[arg(long, default_value_os_t = default_workdir())]
+    #[arg(long, default_value = "target/rpc-bench-load")]
     pub workdir: PathBuf,
     /// Write a PNG chart (load time and effective GB/s per link and server).
     #[arg(long, value_name = "FILE")]
@@ -136,27 +130,26 @@ fn start_server(cfg: &LoadConfig, mode: Mode) -> anyhow::Result<ServerProcess> {
     );
     let (port, port7) = (a.local_addr()?.port(), b.local_addr()?.port());
     drop((a, b));
-    let ours = !matches!(mode, Mode::StockCold | Mode::StockWarm);
-    let exe = if ours {
+    let exe = if mode.ours {
         cfg.ours.clone()
     } else {
         cfg.stock.dir().join("ggml-rpc-server")
     };
     let mut cmd = Command::new(&exe);
     cmd.args(["-p", &port.to_string(), "-t", &cfg.threads.to_string()]);
-    let port = if ours && cfg.stock.proto == Major::V7 {
+    let port = if mode.ours && cfg.stock.proto == Major::V7 {
         cmd.args(["--proto7-port", &port7.to_string()]);
         port7
     } else {
         port
     };
-    if mode.warm() {
+    if mode.warm {
         cmd.arg("-c");
     }
-    if mode == Mode::OursGguf {
+    if mode.gguf {
         cmd.arg("--gguf").arg(&cfg.model);
     }
-    let slug = slug(mode);
+    let slug = mode.slug();
     let cache = cfg.workdir.join(format!("cache-{slug}"));
     std::fs::create_dir_all(&cache)?;
     let log = std::fs::File::create(cfg.workdir.join(format!("server-{slug}.log")))?;
@@ -165,8 +158,7 @@ fn start_server(cfg: &LoadConfig, mode: Mode) -> anyhow::Result<ServerProcess> {
         .stdout(log.try_clone()?)
         .stderr(log);
     // Ours listens once its --gguf index is built (hashing the model): allow for that.
-    ServerProcess::start(cmd, port, Duration::from_secs(300))
-        .with_context(|| mode.name().to_string())
+    ServerProcess::start(cmd, port, Duration::from_secs(300)).with_context(|| mode.name)
 }
 
 /// Loads the model with the stock client against `addr`; how long it took (see
@@ -228,15 +220,15 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
     }
     std::fs::create_dir_all(&cfg.workdir)?;
     let rounds = cfg.rounds.max(1);
-    let steps = Mode::ALL.len() as u64 * (1 + u64::from(rounds) * links.len() as u64);
+    let steps = MODES.len() as u64 * (1 + u64::from(rounds) * links.len() as u64);
     let pb = progress_bar(steps, cfg.common.progress());
     let mut servers = Vec::new();
-    for mode in Mode::ALL {
-        pb.set_message(format!("starting {}", mode.name()));
+    for mode in MODES {
+        pb.set_message(format!("starting {}", mode.name));
         let s = start_server(cfg, mode)?;
-        if mode.warm() {
-            pb.set_message(format!("{}: filling the cache", mode.name()));
-            load_once(cfg, s.addr, &format!("{}-fill", slug(mode)))?;
+        if mode.warm {
+            pb.set_message(format!("{}: filling the cache", mode.name));
+            load_once(cfg, s.addr, &format!("{}-fill", mode.slug()))?;
         }
         pb.inc(1);
         servers.push(s);
@@ -244,7 +236,7 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
     let mut rows: Vec<LoadRow> = links
         .iter()
         .flat_map(|l| {
-            Mode::ALL.map(|mode| LoadRow {
+            MODES.map(|mode| LoadRow {
                 mode,
                 link: l.name.clone(),
                 loads: Vec::new(),
@@ -254,15 +246,14 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
         .collect();
     for r in 0..rounds {
         for (li, link) in links.iter().enumerate() {
-            for (mi, (mode, server)) in Mode::ALL.iter().zip(&servers).enumerate() {
+            for (mi, (mode, server)) in MODES.iter().zip(&servers).enumerate() {
+                let (round, link_name) = (r + 1, &link.name);
                 pb.set_message(format!(
-                    "round {}/{rounds}: {} over {}",
-                    r + 1,
-                    mode.name(),
-                    link.name
+                    "round {round}/{rounds}: {} over {link_name}",
+                    mode.name
                 ));
-                let tag = format!("{}-{}-round{}", slug(*mode), link.name, r + 1);
-                let row = &mut rows[li * Mode::ALL.len() + mi];
+                let tag = format!("{}-{link_name}-round{round}", mode.slug());
+                let row = &mut rows[li * MODES.len() + mi];
                 if link.kind == LinkKind::Native {
                     row.loads.push(load_once(cfg, server.addr, &tag)?);
                 } else {
@@ -278,14 +269,10 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
     }
     drop(servers);
     pb.finish_and_clear();
-    for mode in Mode::ALL {
-        let _ = std::fs::remove_dir_all(cfg.workdir.join(format!("cache-{}", slug(mode))));
+    for mode in MODES {
+        let _ = std::fs::remove_dir_all(cfg.workdir.join(format!("cache-{}", mode.slug())));
     }
     Ok(rows)
-}
-
-fn slug(mode: Mode) -> String {
-    mode.name().replace([' ', '(', ')', '-'], "")
 }
 
 /// The results: per link and mode, the median load time, effective GB/s and bytes sent.
@@ -293,14 +280,14 @@ pub fn table(rows: &[LoadRow], model_bytes: u64) -> Table {
     let secs = |r: &LoadRow| r.median().as_secs_f64();
     let stock = |r: &LoadRow| {
         rows.iter()
-            .find(|s| s.link == r.link && s.mode == Mode::StockCold)
+            .find(|s| s.link == r.link && s.mode == MODES[0])
             .map(secs)
     };
     Table::of(
         rows,
         &[
             ("link", &|r| r.link.clone()),
-            ("server", &|r| r.mode.name().into()),
+            ("server", &|r| r.mode.name.into()),
             ("load s (median)", &|r| format!("{:.2}", secs(r))),
             ("effective GB/s", &|r| {
                 format!("{:.2}", model_bytes as f64 / 1e9 / secs(r).max(1e-9))
@@ -323,11 +310,6 @@ pub fn table(rows: &[LoadRow], model_bytes: u64) -> Table {
     )
 }
 
-/// The default work directory.
-pub fn default_workdir() -> PathBuf {
-    Path::new("target").join("rpc-bench-load")
-}
-
 /// `rpc-bench load`: runs the benchmark and writes its report.
 pub fn command(cfg: LoadConfig) -> anyhow::Result<()> {
     let model_bytes = std::fs::metadata(&cfg.model)
@@ -348,15 +330,9 @@ pub fn command(cfg: LoadConfig) -> anyhow::Result<()> {
     );
     let t = table(&rows, model_bytes);
     md.push_str(&t.markdown());
-    let ratio = |link: &str| {
-        let m = |mode| {
-            rows.iter()
-                .find(|r| r.link == link && r.mode == mode)
-                .map(|r| r.median())
-        };
-        Some(m(Mode::OursCold)?.as_secs_f64() / m(Mode::StockCold)?.as_secs_f64())
-    };
-    if let Some(r) = ratio("none") {
+    let cold = |mode| rows.iter().find(|r| r.link == "none" && r.mode == mode);
+    if let (Some(ours), Some(stock)) = (cold(MODES[2]), cold(MODES[0])) {
+        let r = ours.median().as_secs_f64() / stock.median().as_secs_f64();
         md.push_str(&format!(
             "\nCold load over plain loopback, ours/stock: **{r:.2}**.\n"
         ));
@@ -366,14 +342,14 @@ pub fn command(cfg: LoadConfig) -> anyhow::Result<()> {
     cfg.common.emit(&md, &t)?;
     if let Some(png) = &cfg.png {
         let cats = chart::distinct(rows.iter().map(|r| &r.link));
-        let modes: Vec<String> = Mode::ALL.iter().map(|m| m.name().to_string()).collect();
+        let modes: Vec<String> = MODES.iter().map(|m| m.name.to_string()).collect();
         let panel = |title: &str, y: &str, f: &dyn Fn(Duration) -> f64| Panel {
             title: title.into(),
             y_label: y.into(),
             categories: cats.clone(),
             series: chart::series(&modes, &cats, false, |i, c| {
                 rows.iter()
-                    .find(|r| r.link == c && r.mode == Mode::ALL[i])
+                    .find(|r| r.link == c && r.mode == MODES[i])
                     .map(|r| f(r.median()))
             }),
         };
@@ -419,10 +395,7 @@ mod tests {
             loads: ms.iter().map(|&m| Duration::from_millis(m)).collect(),
             sent: None,
         };
-        let rows = [
-            row(Mode::StockCold, &[3000, 1000, 2000]),
-            row(Mode::OursCold, &[1000]),
-        ];
+        let rows = [row(MODES[0], &[3000, 1000, 2000]), row(MODES[2], &[1000])];
         assert_eq!(rows[0].median(), Duration::from_millis(2000));
         let t = table(&rows, 2_000_000_000);
         assert_eq!(t.rows[0][3], "1.00"); // 2 GB in 2 s

@@ -1,5 +1,4 @@
-//! `rpc-bench`: latency comparison of ggml RPC links (see the crate docs and README section
-//! "Latency comparison (rpc-bench)").
+//! `rpc-bench`: latency comparison of ggml RPC links (see the crate docs and docs/rpc-bench.md).
 
 #![forbid(unsafe_code)]
 

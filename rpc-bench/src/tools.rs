@@ -4,7 +4,6 @@
 //! in `latency`); [`through_relay`]: a run through `link-emu`'s counting relay, with the traffic
 //! it caused.
 
-use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -47,8 +46,9 @@ pub fn default_bin(major: Major) -> PathBuf {
     newest.unwrap_or_else(|| root.join("src-rdma-OFF/build/bin"))
 }
 
-/// Runs a stock tool to its end (killed after `timeout`), its stderr in `logdir/{tag}.err`;
-/// returns its stdout, or an error with the log's last lines if it failed.
+/// Runs a stock tool to its end (killed after `timeout`), its stdout in `logdir/{tag}.out` and
+/// its stderr in `logdir/{tag}.err`; returns its stdout, or an error with the log's last lines if
+/// it failed.
 pub fn run_tool(
     exe: &Path,
     args: &[String],
@@ -56,25 +56,20 @@ pub fn run_tool(
     logdir: &Path,
     tag: &str,
 ) -> anyhow::Result<String> {
-    let mut cmd = Command::new(exe);
-    cmd.args(args);
     std::fs::create_dir_all(logdir).ok();
-    let err_path = logdir.join(format!("{tag}.err"));
-    let err_file = std::fs::File::create(&err_path)
-        .with_context(|| format!("cannot create {}", err_path.display()))?;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(err_file);
+    let [out_path, err_path] = ["out", "err"].map(|x| logdir.join(format!("{tag}.{x}")));
+    let create = |p: &PathBuf| {
+        std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))
+    };
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(create(&out_path)?)
+        .stderr(create(&err_path)?);
     tracing::debug!(?cmd, "stock tool");
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", exe.display()))?;
-    let mut stdout = child.stdout.take().context("no stdout")?;
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
     let start = Instant::now();
     let status = loop {
         if let Some(st) = child.try_wait()? {
@@ -83,15 +78,14 @@ pub fn run_tool(
         if start.elapsed() > timeout {
             let _ = child.kill();
             let _ = child.wait();
+            let log = err_path.display();
             bail!(
-                "{} timed out after {timeout:?} ({tag}); log: {}",
-                exe.display(),
-                err_path.display()
+                "{} timed out after {timeout:?} ({tag}); log: {log}",
+                exe.display()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let out = reader.join().unwrap_or_default();
     if !status.success() {
         let log = std::fs::read_to_string(&err_path).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(15).collect();
@@ -101,7 +95,7 @@ pub fn run_tool(
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
-    Ok(out)
+    Ok(std::fs::read_to_string(&out_path)?)
 }
 
 /// A server process listening on a loopback port; killed on drop.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rpc_bench::latency::{self, CaseKind, LatencyConfig, Origin};
+use rpc_bench::latency::{self, Case, LatencyConfig, Origin};
 use rpc_bench::links::LinkKind;
 use rpc_bench::relay::{Relay, RelayOptions, Wire};
 use rpc_client::{Client, Command, TensorBuilder};
@@ -73,21 +73,24 @@ async fn latency_benchmark_runs_all_lane_kinds() {
     let rows = latency::run(&cfg).await.unwrap();
     // 3 cases × (direct, relay, emulated, projected).
     assert_eq!(rows.len(), 12);
-    let find = |link: &str, kind: CaseKind| {
+    let find = |link: &str, case: Case| {
         rows.iter()
-            .find(|r| r.link == link && r.case.kind == kind)
+            .find(|r| r.link == link && r.case == case)
             .unwrap()
     };
     // Exact wire bytes per iteration, counted by the relay.
-    assert_eq!(find("relay", CaseKind::Empty).bytes, Some(9 + 8 + 4));
+    assert_eq!(find("relay", Case::Empty).bytes, Some(9 + 8 + 4));
     assert_eq!(
-        find("relay", CaseKind::Set).bytes,
+        find("relay", Case::Set(4096)).bytes,
         Some(9 + 305 + 4096 + 9 + 8 + 4)
     );
-    assert_eq!(find("relay", CaseKind::Get).bytes, Some(9 + 312 + 8 + 4096));
-    assert_eq!(find("none", CaseKind::Empty).origin, Origin::Measured);
+    assert_eq!(
+        find("relay", Case::Get(4096)).bytes,
+        Some(9 + 312 + 8 + 4096)
+    );
+    assert_eq!(find("none", Case::Empty).origin, Origin::Measured);
     // Gross correctness of the emulator: a round trip through a 300 µs link takes at least that.
-    let emu = find("custom-300us-0g", CaseKind::Empty);
+    let emu = find("custom-300us-0g", Case::Empty);
     assert_eq!(emu.origin, Origin::MeasuredEmulated);
     let s = emu.summary.as_ref().unwrap();
     assert_eq!(s.n, 5);
@@ -97,7 +100,7 @@ async fn latency_benchmark_runs_all_lane_kinds() {
         s.min
     );
     assert!(emu.projected.unwrap() >= Duration::from_micros(300));
-    let rdma = find("tb5-rdma", CaseKind::Get);
+    let rdma = find("tb5-rdma", Case::Get(4096));
     assert_eq!(rdma.origin, Origin::Projected);
     assert!(rdma.summary.is_none() && rdma.projected.is_some());
     assert!(cfg

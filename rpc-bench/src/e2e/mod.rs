@@ -23,7 +23,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use bench_report::{human_bytes, progress_bar};
-use clap::{Args, ValueEnum};
+use clap::Args;
 
 use crate::cli::{Common, Stock};
 use crate::conn::{server_major, Target};
@@ -34,10 +34,7 @@ use crate::traffic::Traffic;
 use crate::Origin;
 
 mod report;
-pub use report::{
-    command, commands_table, placement_table, table, wire_table, Placements, VmWireTable,
-    OUTPUT_PLACEMENTS,
-};
+pub use report::{command, commands_table, placement_table, table, wire_table};
 
 /// Settings of an end-to-end run: its command line.
 #[derive(Args, Debug, Clone)]
@@ -54,8 +51,8 @@ pub struct E2eConfig {
     pub stock: Stock,
     /// How llama-bench splits the model over the servers of a target (`-sm`): `layer` (whole
     /// layers per server) or `tensor` (every weight split across two servers).
-    #[arg(long, value_enum, default_value = "layer")]
-    pub split_mode: SplitMode,
+    #[arg(long, default_value = "layer", value_parser = ["layer", "tensor"])]
+    pub split_mode: String,
     /// Prompt tokens (llama-bench -p).
     #[arg(short = 'p', long, default_value_t = 64)]
     pub n_prompt: u32,
@@ -90,7 +87,7 @@ pub struct E2eConfig {
     /// Timeout per llama-bench run, seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
-    /// Where llama-bench's raw JSON and logs go.
+    /// Where llama-bench's raw JSON (`*.out`) and logs (`*.err`) go.
     #[arg(long, default_value = "target/rpc-bench-logs")]
     pub logdir: PathBuf,
     /// Write a PNG chart of per-token latency per link.
@@ -103,32 +100,49 @@ pub struct E2eConfig {
     /// `--links`, `--csv`, `--md`, `--no-progress`.
     #[command(flatten)]
     pub common: Common,
-    /// The servers as measured: each `--server`, once per output placement with
-    /// `--compare-output` (filled by [`command`]).
-    #[arg(skip)]
-    pub targets: Vec<Target>,
-    /// More `llama-bench` arguments per entry of `targets` (the placement's flags).
-    #[arg(skip)]
-    pub target_args: Vec<Vec<String>>,
 }
 
-/// llama-bench's `-sm` values this benchmark runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SplitMode {
-    /// Whole layers per server.
-    Layer,
-    /// Every weight split across the servers (the meta backend; 8.0 adds collectives).
-    Tensor,
+/// The output-layer placements `--compare-output` measures: (name, extra `llama-bench`
+/// arguments). llama.cpp offloads the output layer with the first layer `-ngl` counts (layer
+/// `n_layer`), so no `-ngl` value keeps it on the client while the blocks are on the worker; an
+/// override of the output matrix's buffer does: `output.weight`, or with tied embeddings (gemma)
+/// `token_embd.weight`, whose duplicate is the output matrix (the input copy is on the client
+/// anyway).
+pub const OUTPUT_PLACEMENTS: [(&str, &[&str]); 2] = [
+    ("output on the worker", &[]),
+    (
+        "output on the client",
+        &["-ot", "^(output|token_embd)\\.weight$=CPU"],
+    ),
+];
+
+/// The label of a server measured under one output placement.
+pub fn placement_label(server: &str, placement: &str) -> String {
+    format!("{server} ({placement})")
 }
 
-impl SplitMode {
-    /// The `-sm` value.
-    pub fn name(self) -> &'static str {
-        match self {
-            SplitMode::Layer => "layer",
-            SplitMode::Tensor => "tensor",
+/// The servers as measured, each with its extra `llama-bench` arguments: every `--server`, and
+/// with `--compare-output` once per output placement ([`placement_label`]), interleaved in the
+/// same rounds.
+fn measured(cfg: &E2eConfig) -> Vec<(Target, Vec<String>)> {
+    let one: &[(&str, &[&str])] = &[("", &[])];
+    let variants = if cfg.compare_output {
+        &OUTPUT_PLACEMENTS[..]
+    } else {
+        one
+    };
+    let mut out = Vec::new();
+    for t in &cfg.server {
+        for (name, args) in variants {
+            let label = match cfg.compare_output {
+                true => placement_label(&t.label, name),
+                false => t.label.clone(),
+            };
+            let args = args.iter().map(|a| a.to_string()).collect();
+            out.push((Target { label, ..t.clone() }, args));
         }
     }
+    out
 }
 
 /// Prompt processing or generation.
@@ -240,10 +254,10 @@ pub fn parse_llama_bench_json(s: &str) -> anyhow::Result<Vec<BenchResult>> {
     Ok(out)
 }
 
-/// Runs `llama-bench` once against `addrs` (`--rpc`).
+/// Runs `llama-bench` once against `addrs` (`--rpc`), with `extra` arguments.
 fn llama_bench(
     cfg: &E2eConfig,
-    ti: usize,
+    extra: &[String],
     addrs: &[SocketAddr],
     p: u32,
     n: u32,
@@ -251,18 +265,16 @@ fn llama_bench(
     tag: &str,
 ) -> anyhow::Result<Vec<BenchResult>> {
     let mut args: Vec<String> = vec!["-m".into(), cfg.model.display().to_string()];
-    let (ngl, t, sm) = (&cfg.ngl, cfg.threads, cfg.split_mode.name());
+    let (ngl, t, sm) = (&cfg.ngl, cfg.threads, &cfg.split_mode);
     let rpc = addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>();
     let rpc = rpc.join(",");
     let fixed = format!("--rpc {rpc} -ngl {ngl} -sm {sm} -p {p} -n {n} -r {reps} -t {t} -o json");
     args.extend(fixed.split_whitespace().map(String::from));
     args.extend(cfg.bench_args.split_whitespace().map(String::from));
-    args.extend(cfg.target_args.get(ti).into_iter().flatten().cloned());
+    args.extend(extra.iter().cloned());
     let exe = cfg.stock.dir().join("llama-bench");
     let timeout = Duration::from_secs(cfg.timeout);
-    let out = run_tool(&exe, &args, timeout, &cfg.logdir, tag)?;
-    std::fs::write(cfg.logdir.join(format!("{tag}.json")), &out).ok();
-    parse_llama_bench_json(&out)
+    parse_llama_bench_json(&run_tool(&exe, &args, timeout, &cfg.logdir, tag)?)
 }
 
 /// The mean of one phase over several `llama-bench` runs (standard deviations combine the
@@ -324,6 +336,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
             );
         }
     }
+    let targets = measured(cfg);
     let (pp, tg) = (Phase::Pp(cfg.n_prompt), Phase::Tg(cfg.n_gen));
     let (np, ng, reps, rounds) = (cfg.n_prompt, cfg.n_gen, cfg.reps, cfg.rounds.max(1));
     // The schedule, each step run for every server in turn (ours, stock, ours, stock, ...), so
@@ -361,10 +374,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
     if cfg.direct {
         steps.push(("direct".into(), "direct".into(), None, np, ng, reps));
     }
-    let pb = progress_bar(
-        (steps.len() * cfg.targets.len()) as u64,
-        cfg.common.progress(),
-    );
+    let pb = progress_bar((steps.len() * targets.len()) as u64, cfg.common.progress());
     let slug = |t: &Target| -> String {
         t.label
             .chars()
@@ -375,15 +385,15 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
     let mut done: Vec<Vec<(Vec<BenchResult>, Traffic)>> = Vec::new();
     for (tag, msg, wire, p, n, r) in &steps {
         let mut per_target = Vec::new();
-        for (ti, target) in cfg.targets.iter().enumerate() {
+        for (target, extra) in &targets {
             pb.set_message(format!("{}: {msg}", target.label));
             let tag = format!("{}-{tag}", slug(target));
             per_target.push(match wire {
                 Some(w) => through_relay(&target.addrs(), *w, |addrs| {
-                    llama_bench(cfg, ti, addrs, *p, *n, *r, &tag)
+                    llama_bench(cfg, extra, addrs, *p, *n, *r, &tag)
                 })?,
                 None => (
-                    llama_bench(cfg, ti, &target.addrs(), *p, *n, *r, &tag)?,
+                    llama_bench(cfg, extra, &target.addrs(), *p, *n, *r, &tag)?,
                     Traffic::default(),
                 ),
             });
@@ -400,7 +410,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
     let direct = |ti: usize| cfg.direct.then(|| &done[steps.len() - 1][ti].0);
     let mut rows = Vec::new();
     let mut notes = Vec::new();
-    for (ti, target) in cfg.targets.iter().enumerate() {
+    for (ti, (target, _)) in targets.iter().enumerate() {
         let label = &target.label;
         let [pp1, ppr, tg1, tgr] = [0, 1, 2, 3].map(|si| &done[si][ti].1);
         let pp_t = differential(pp1, ppr, cfg.reps);
@@ -417,23 +427,22 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
                 ));
             }
         }
-        let load = *pp1;
+        let (load, hb) = (*pp1, |b: u64| human_bytes(b as f64));
+        let one = |t: &Traffic| {
+            let (rt, b, c) = (t.round_trips, hb(t.bytes()), t.commands_summary(1.0));
+            format!("{rt} round trips, {b} ({c})")
+        };
         notes.push(format!(
-            "{label}: a whole llama-bench process (model load + warmup + one pp{} run) made {} connections and {} round trips, \
-             sent {} and received {}; one pp{} run: {} round trips, {} ({}); one tg{} run: {} round trips, {} ({})",
-            cfg.n_prompt,
+            "{label}: a whole llama-bench process (model load + warmup + one {pp} run) made {} \
+             connections and {} round trips, sent {} and received {}; one {pp} run: {}; one {tg} run: {}",
             load.connections,
             load.round_trips,
-            human_bytes(load.c2s_bytes as f64),
-            human_bytes(load.s2c_bytes as f64),
-            cfg.n_prompt,
-            pp_t.round_trips,
-            human_bytes(pp_t.bytes() as f64),
-            pp_t.commands_summary(1.0),
-            cfg.n_gen,
-            tg_t.round_trips,
-            human_bytes(tg_t.bytes() as f64),
-            tg_t.commands_summary(1.0),
+            hb(load.c2s_bytes),
+            hb(load.s2c_bytes),
+            one(&pp_t),
+            one(&tg_t),
+            pp = pp.name(),
+            tg = tg.name(),
         ));
         let base = timed(ti, 0);
         let (base_pp, base_tg) = (averaged(&base, pp)?, averaged(&base, tg)?);

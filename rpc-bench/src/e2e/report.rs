@@ -9,8 +9,7 @@ use bench_report::chart::{self, Panel};
 use bench_report::{human_bytes, ms, Table};
 use rpc_transport::rdma::wire::Framing;
 
-use super::{run, E2eConfig, E2eRow, Phase};
-use crate::conn::Target;
+use super::{placement_label, run, E2eConfig, E2eRow, Phase, OUTPUT_PLACEMENTS};
 use crate::links::LinkKind;
 use crate::traffic::WireTraffic;
 use crate::Origin;
@@ -49,42 +48,13 @@ pub fn table(rows: &[E2eRow]) -> Table {
     )
 }
 
-/// One server measured under several placements of the output layer (`--compare-output`).
-#[derive(Debug, Clone)]
-pub struct Placements {
-    /// The server's own label.
-    pub server: String,
-    /// (placement name, row label, its llama.cpp flags) per placement.
-    pub ngl: Vec<(String, String, String)>,
-}
-
-/// The output-layer placements `--compare-output` measures: (name, extra `llama-bench`
-/// arguments). llama.cpp offloads the output layer with the first layer `-ngl` counts (layer
-/// `n_layer`), so no `-ngl` value keeps it on the client while the blocks are on the worker; an
-/// override of the output matrix's buffer does: `output.weight`, or with tied embeddings (gemma)
-/// `token_embd.weight`, whose duplicate is the output matrix (the input copy is on the client
-/// anyway).
-pub const OUTPUT_PLACEMENTS: [(&str, &[&str]); 2] = [
-    ("output on the worker", &[]),
-    (
-        "output on the client",
-        &["-ot", "^(output|token_embd)\\.weight$=CPU"],
-    ),
-];
-
 /// Per server and link: ms per generated token under each placement (measured, or projected for
 /// projection-only links) with the link's own share of it (round trips × RTT + bytes ÷
 /// bandwidth, from the counted traffic), which is faster and by how much, and its flags.
-pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
+pub fn placement_table(rows: &[E2eRow], servers: &[String], ngl: &str) -> Table {
     let mut head = vec!["server".to_string(), "link".to_string()];
-    let ngls: Vec<&str> = placements
-        .first()
-        .map(|p| p.ngl.iter().map(|(n, _, _)| n.as_str()).collect())
-        .unwrap_or_default();
-    head.extend(
-        ngls.iter()
-            .map(|n| format!("{n}: tg ms/token (link share)")),
-    );
+    let names = OUTPUT_PLACEMENTS.map(|p| p.0);
+    head.extend(names.map(|n| format!("{n}: tg ms/token (link share)")));
     head.extend([
         "faster".into(),
         "saves ms/token".into(),
@@ -92,25 +62,25 @@ pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
         "numbers".into(),
     ]);
     let mut t = Table::new(&head.iter().map(String::as_str).collect::<Vec<_>>());
-    for p in placements {
+    for server in servers {
+        let labels = names.map(|n| placement_label(server, n));
         let links = chart::distinct(
             rows.iter()
-                .filter(|r| p.ngl.iter().any(|(_, l, _)| *l == r.server))
+                .filter(|r| labels.contains(&r.server))
                 .map(|r| &r.link),
         );
         for link in links {
             // Per placement: its tg row and ms per token (measured, else projected).
-            let per: Vec<Option<(&E2eRow, Duration)>> = p
-                .ngl
+            let per: Vec<Option<(&E2eRow, Duration)>> = labels
                 .iter()
-                .map(|(_, label, _)| {
+                .map(|label| {
                     let r = rows.iter().find(|r| {
-                        &r.server == label && r.link == link && matches!(r.phase, Phase::Tg(_))
+                        r.server == *label && r.link == link && matches!(r.phase, Phase::Tg(_))
                     })?;
                     Some((r, r.measured_per_token().or(r.projected_per_token())?))
                 })
                 .collect();
-            let mut row = vec![p.server.clone(), link.clone()];
+            let mut row = vec![server.clone(), link.clone()];
             row.extend(per.iter().map(|v| {
                 v.map_or("-".into(), |(r, d)| {
                     let share = r.link_cost_per_token();
@@ -127,13 +97,14 @@ pub fn placement_table(rows: &[E2eRow], placements: &[Placements]) -> Table {
                 known.clone().max_by_key(|k| k.1),
             ) {
                 (Some((bi, b)), Some((_, w))) if known.count() > 1 => {
-                    row.push(p.ngl[bi].0.clone());
+                    row.push(names[bi].into());
                     row.push(format!(
                         "{} ({:.1} %)",
                         ms(w - b),
                         (w - b).as_secs_f64() / w.as_secs_f64().max(1e-12) * 100.0
                     ));
-                    row.push(format!("`{}`", p.ngl[bi].2));
+                    let flags = format!("-ngl {ngl} {}", OUTPUT_PLACEMENTS[bi].1.join(" "));
+                    row.push(format!("`{}`", flags.trim_end()));
                 }
                 _ => row.extend(["-".into(), "-".into(), "-".into()]),
             }
@@ -175,7 +146,7 @@ pub fn commands_table(rows: &[E2eRow]) -> Table {
 /// RDMA wire cost per generated token under each framing, computed from the captured traffic
 /// with [`rpc_transport::rdma::wire`] (the `none` tg rows), beside what `tests/vm/test-lean.sh`
 /// measured in the soft-RoCE VM (rxe counters; another model, so compare ratios) when given.
-pub fn wire_table(rows: &[E2eRow], measured: Option<&VmWireTable>) -> Table {
+pub fn wire_table(rows: &[E2eRow], measured: Option<&str>) -> Table {
     // One row per server and framing.
     let cells: Vec<(&E2eRow, usize, Framing)> = rows
         .iter()
@@ -193,7 +164,7 @@ pub fn wire_table(rows: &[E2eRow], measured: Option<&VmWireTable>) -> Table {
     };
     let vm = |&(_, _, f): &(&E2eRow, usize, Framing), pick: fn((f64, f64)) -> f64| {
         measured
-            .and_then(|m| m.get(f))
+            .and_then(|m| vm_wire(m, f))
             .map_or("-".into(), |m| format!("{:.1}", pick(m)))
     };
     Table::of(
@@ -240,84 +211,25 @@ pub fn wire_table(rows: &[E2eRow], measured: Option<&VmWireTable>) -> Table {
     )
 }
 
-/// The per-token table `tests/vm/test-lean.sh` writes (`target/lean-vm/lean-table.txt`):
-/// `config SENDs/token packets/token` for a-rc, a-uc (stock client, upstream flavors) and
-/// b-rc, b-uc (through rpc-shim, lean framing).
-#[derive(Debug, Clone, Default)]
-pub struct VmWireTable {
-    rows: Vec<(String, f64, f64)>,
-}
-
-impl VmWireTable {
-    /// Parses the table; lines that are not `name number number` are skipped.
-    pub fn parse(text: &str) -> VmWireTable {
-        let rows = text
-            .lines()
-            .filter_map(|l| {
-                let mut it = l.split_whitespace();
-                let (c, s, p) = (
-                    it.next()?,
-                    it.next()?.parse().ok()?,
-                    it.next()?.parse().ok()?,
-                );
-                Some((c.to_string(), s, p))
-            })
-            .collect();
-        VmWireTable { rows }
-    }
-
-    /// (SENDs/token, packets/token) measured for a framing.
-    pub fn get(&self, f: Framing) -> Option<(f64, f64)> {
-        let key = match f {
-            Framing::UpstreamRc => "a-rc",
-            Framing::AppleUc => "a-uc",
-            Framing::LeanRc => "b-rc",
-            Framing::LeanUc => "b-uc",
-        };
-        self.rows.iter().find(|r| r.0 == key).map(|r| (r.1, r.2))
-    }
+/// (SENDs/token, packets/token) that `tests/vm/test-lean.sh` measured for a framing, from the table
+/// it writes (`target/lean-vm/lean-table.txt`: lines `config SENDs/token packets/token` for a-rc,
+/// a-uc (stock client, upstream flavors) and b-rc, b-uc (through rpc-shim, lean framing)).
+pub fn vm_wire(table: &str, f: Framing) -> Option<(f64, f64)> {
+    let key = match f {
+        Framing::UpstreamRc => "a-rc",
+        Framing::AppleUc => "a-uc",
+        Framing::LeanRc => "b-rc",
+        Framing::LeanUc => "b-uc",
+    };
+    let line = table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(key))?;
+    let mut n = line.split_whitespace().skip(1).map(|x| x.parse().ok());
+    Some((n.next()??, n.next()??))
 }
 
 /// `rpc-bench e2e`: runs the benchmark and writes its report.
-pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
-    // --compare-output: every server once per placement, all interleaved in the same rounds.
-    let variants: Vec<(&str, &[&str])> = if cfg.compare_output {
-        OUTPUT_PLACEMENTS.to_vec()
-    } else {
-        vec![("", &[])]
-    };
-    let mut targets = Vec::new();
-    let mut placements = Vec::new();
-    for t in &cfg.server {
-        let mut ngl = Vec::new();
-        for (name, args) in &variants {
-            let label = match cfg.compare_output {
-                true => format!("{} ({name})", t.label),
-                false => t.label.clone(),
-            };
-            let flags = format!("-ngl {} {}", cfg.ngl, args.join(" "));
-            ngl.push((
-                name.to_string(),
-                label.clone(),
-                flags.trim_end().to_string(),
-            ));
-            let args = args.iter().map(|x| x.to_string()).collect();
-            targets.push((
-                Target {
-                    label,
-                    peers: t.peers.clone(),
-                    ..*t
-                },
-                args,
-            ));
-        }
-        placements.push(Placements {
-            server: t.label.clone(),
-            ngl,
-        });
-    }
-    (cfg.targets, cfg.target_args) = targets.into_iter().unzip();
-    let cfg = cfg;
+pub fn command(cfg: E2eConfig) -> anyhow::Result<()> {
     let (rows, notes) = run(&cfg)?;
     let mut md = String::new();
     md.push_str(&format!(
@@ -328,7 +240,7 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
          is the base; *measured (emulated link)* ran through the user-space link emulator; *projected* = base + \
          round trips × RTT + bytes ÷ bandwidth (t/s in parentheses are projected).\n\n",
         cfg.ngl,
-        cfg.split_mode.name(),
+        cfg.split_mode,
         cfg.n_prompt,
         cfg.n_gen,
         cfg.reps,
@@ -337,7 +249,7 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
         cfg.stock.dir().display(),
         cfg.stock.proto,
         cfg.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
-        cfg.targets.iter().map(|t| {
+        cfg.server.iter().map(|t| {
             let addrs = t.addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>();
             format!("{} ({})", t.label, addrs.join(" + "))
         }).collect::<Vec<_>>().join(", "),
@@ -354,7 +266,8 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
              does, and the client computes the logits. ms per generated token per placement, the \
              faster one, what it saves, and the flags to use.\n\n",
         );
-        md.push_str(&placement_table(&rows, &placements).markdown());
+        let servers: Vec<String> = cfg.server.iter().map(|t| t.label.clone()).collect();
+        md.push_str(&placement_table(&rows, &servers, &cfg.ngl).markdown());
     }
     md.push_str("\nCommands on the wire (counted through the relay):\n\n");
     md.push_str(&commands_table(&rows).markdown());
@@ -363,7 +276,7 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("target/lean-vm/lean-table.txt"));
     let vm = match std::fs::read_to_string(&vm_path) {
-        Ok(text) => Some(VmWireTable::parse(&text)),
+        Ok(text) => Some(text),
         Err(e) if cfg.vm_wire.is_some() => anyhow::bail!("--vm-wire {}: {e}", vm_path.display()),
         Err(_) => None,
     };
@@ -383,7 +296,7 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
         ));
     }
     md.push_str("\n\n");
-    md.push_str(&wire_table(&rows, vm.as_ref()).markdown());
+    md.push_str(&wire_table(&rows, vm.as_deref()).markdown());
     md.push('\n');
     for l in &notes {
         md.push_str(&format!("- {l}\n"));
@@ -399,7 +312,7 @@ pub fn command(mut cfg: E2eConfig) -> anyhow::Result<()> {
 
 fn draw_chart(path: &Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<()> {
     let cats = chart::distinct(rows.iter().map(|r| &r.link));
-    let servers: Vec<String> = cfg.targets.iter().map(|t| t.label.clone()).collect();
+    let servers = chart::distinct(rows.iter().map(|r| &r.server));
     let mut panels = Vec::new();
     for (phase, title) in [
         (
@@ -499,11 +412,11 @@ mod tests {
 
     #[test]
     fn parses_the_vm_lean_table() {
-        let t = VmWireTable::parse("config      SENDs/token    packets/token\na-rc  26.0  53.1\na-uc 9.0 1152.0\nb-rc 4.6 13.2\ngarbage\n");
-        assert_eq!(t.get(Framing::UpstreamRc), Some((26.0, 53.1)));
-        assert_eq!(t.get(Framing::AppleUc), Some((9.0, 1152.0)));
-        assert_eq!(t.get(Framing::LeanRc), Some((4.6, 13.2)));
-        assert_eq!(t.get(Framing::LeanUc), None);
+        let t = "config      SENDs/token    packets/token\na-rc  26.0  53.1\na-uc 9.0 1152.0\nb-rc 4.6 13.2\nb-uc garbage\n";
+        assert_eq!(vm_wire(t, Framing::UpstreamRc), Some((26.0, 53.1)));
+        assert_eq!(vm_wire(t, Framing::AppleUc), Some((9.0, 1152.0)));
+        assert_eq!(vm_wire(t, Framing::LeanRc), Some((4.6, 13.2)));
+        assert_eq!(vm_wire(t, Framing::LeanUc), None);
     }
 
     #[test]
@@ -525,33 +438,24 @@ mod tests {
             origin: Origin::MeasuredEmulated,
         };
         // Worker: 40 ms per token on 2.5gbe, client: 30; on none the worker wins (8 vs 10).
+        let [w, c] = OUTPUT_PLACEMENTS.map(|p| placement_label("a", p.0));
         let rows = [
-            row("a (w)", "none", 32),
-            row("a (c)", "none", 40),
-            row("a (w)", "2.5gbe", 160),
-            row("a (c)", "2.5gbe", 120),
+            row(&w, "none", 32),
+            row(&c, "none", 40),
+            row(&w, "2.5gbe", 160),
+            row(&c, "2.5gbe", 120),
         ];
-        let p = Placements {
-            server: "a".into(),
-            ngl: vec![
-                ("worker".into(), "a (w)".into(), "-ngl 99".into()),
-                ("client".into(), "a (c)".into(), "-ngl 99 -ot x".into()),
-            ],
-        };
-        let t = placement_table(&rows, &[p]);
+        let t = placement_table(&rows, &["a".into()], "99");
         assert_eq!(t.rows.len(), 2);
-        assert_eq!(t.rows[0][1..5], ["none", "8.000", "10.000", "worker"]);
+        let [wn, cn] = OUTPUT_PLACEMENTS.map(|p| p.0);
+        assert_eq!(t.rows[0][1..5], ["none", "8.000", "10.000", wn]);
         assert_eq!(t.rows[0][5], "2.000 (20.0 %)");
         assert_eq!(
             t.rows[1][1..5],
-            [
-                "2.5gbe",
-                "40.000 (link 4.000)",
-                "30.000 (link 3.000)",
-                "client"
-            ]
+            ["2.5gbe", "40.000 (link 4.000)", "30.000 (link 3.000)", cn]
         );
         assert_eq!(t.rows[1][5], "10.000 (25.0 %)");
-        assert_eq!(t.rows[1][6], "`-ngl 99 -ot x`");
+        let flags = r"`-ngl 99 -ot ^(output|token_embd)\.weight$=CPU`";
+        assert_eq!(t.rows[1][6], flags);
     }
 }
