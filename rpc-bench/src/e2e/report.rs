@@ -230,6 +230,16 @@ pub fn vm_wire(table: &str, f: Framing) -> Option<(f64, f64)> {
 
 /// `rpc-bench e2e`: runs the benchmark and writes its report.
 pub fn command(cfg: E2eConfig) -> anyhow::Result<()> {
+    // Read before the run, so that a wrong --vm-wire fails at once.
+    let vm_path = cfg
+        .vm_wire
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/lean-vm/lean-table.txt"));
+    let vm = match std::fs::read_to_string(&vm_path) {
+        Ok(text) => Some(text),
+        Err(e) if cfg.vm_wire.is_some() => anyhow::bail!("--vm-wire {}: {e}", vm_path.display()),
+        Err(_) => None,
+    };
     let (rows, notes) = run(&cfg)?;
     let mut md = String::new();
     md.push_str(&format!(
@@ -271,15 +281,6 @@ pub fn command(cfg: E2eConfig) -> anyhow::Result<()> {
     }
     md.push_str("\nCommands on the wire (counted through the relay):\n\n");
     md.push_str(&commands_table(&rows).markdown());
-    let vm_path = cfg
-        .vm_wire
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("target/lean-vm/lean-table.txt"));
-    let vm = match std::fs::read_to_string(&vm_path) {
-        Ok(text) => Some(text),
-        Err(e) if cfg.vm_wire.is_some() => anyhow::bail!("--vm-wire {}: {e}", vm_path.display()),
-        Err(_) => None,
-    };
     md.push_str(
         "\nRDMA wire cost per generated token: the traffic above framed by each RDMA flavor \
          (`rpc_transport::rdma::wire`, checked SEND by SEND against the framings on the fake fabric). \
