@@ -412,7 +412,7 @@ impl WeightCache {
         &self,
         hash: u64,
         len: u64,
-        dst: &impl Destination,
+        dst: &mut impl Destination,
         offset: u64,
         stage: impl FnOnce(u64) -> Option<G>,
     ) -> bool {
@@ -793,8 +793,8 @@ mod tests {
     /// Loads the entry for `hash` (if any) through the staging path, as for device memory.
     fn load(c: &WeightCache, hash: u64) -> Option<Vec<u8>> {
         let len = c.entry_len(hash)?;
-        let dst = VecDest::new(len as usize);
-        c.load_into(hash, len, &dst, 0, |_| Some(()))
+        let mut dst = VecDest::new(len as usize);
+        c.load_into(hash, len, &mut dst, 0, |_| Some(()))
             .then(|| dst.bytes())
     }
 
@@ -1027,8 +1027,8 @@ mod tests {
         std::os::unix::fs::symlink(&target, d.join(".planted.tmp")).unwrap();
         let c = WeightCache::open(&d, None).unwrap();
         assert_eq!(c.entry_len(h), None, "a link is no entry");
-        let dst = VecDest::new(8);
-        assert!(!c.load_into(h, 8, &dst, 0, |_| Some(())));
+        let mut dst = VecDest::new(8);
+        assert!(!c.load_into(h, 8, &mut dst, 0, |_| Some(())));
         c.store(&data);
         assert_eq!(c.check_entry(h), Checked::Missing);
         let dirfd = open_dir(&d).unwrap();

@@ -19,22 +19,34 @@ use crate::ggml::Buffer;
 /// Read granularity: the staging buffer for device memory, and the hashing steps.
 pub const CHUNK: usize = 8 << 20;
 
-/// Where the bytes go: tensor memory (a [`Buffer`]), or a test's vector.
+/// Where the bytes go: tensor memory (a [`Buffer`]), or a test's vector. Writing takes
+/// `&mut self`: a destination hands out one writable view at a time, and only for the length of
+/// a call.
 pub trait Destination {
-    /// Host memory `[offset, offset+len)` to read into directly, when the destination is host
-    /// memory and the region is inside it.
-    #[allow(clippy::mut_from_ref)]
-    fn host_slice_mut(&self, offset: u64, len: usize) -> Option<&mut [u8]>;
+    /// Runs `f` on host memory `[offset, offset+len)`, to read into directly, when the
+    /// destination is host memory and the region is inside it (`None` otherwise, and `f` is not
+    /// called).
+    fn with_host_mut<R>(
+        &mut self,
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Option<R>;
     /// Copies `data` to `[offset, offset+data.len())`; false when out of bounds.
-    fn write(&self, offset: u64, data: &[u8]) -> bool;
+    fn write(&mut self, offset: u64, data: &[u8]) -> bool;
 }
 
 impl Destination for Buffer {
-    fn host_slice_mut(&self, offset: u64, len: usize) -> Option<&mut [u8]> {
-        Buffer::host_slice_mut(self, offset, len)
+    fn with_host_mut<R>(
+        &mut self,
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Option<R> {
+        self.host_mut(offset, len).map(|mut view| f(&mut view))
     }
-    fn write(&self, offset: u64, data: &[u8]) -> bool {
-        Buffer::write(self, offset, data)
+    fn write(&mut self, offset: u64, data: &[u8]) -> bool {
+        Buffer::write(self, offset, data).is_ok()
     }
 }
 
@@ -94,14 +106,14 @@ pub fn read_into<G>(
     file: &File,
     pos: u64,
     len: u64,
-    dst: &impl Destination,
+    dst: &mut impl Destination,
     offset: u64,
     stage: impl FnOnce(u64) -> Option<G>,
     mut hasher: Option<&mut Fnv1a>,
 ) -> io::Result<()> {
     let len = usize::try_from(len).map_err(|_| io::Error::other("tensor too large"))?;
     let mut pos = pos;
-    if let Some(region) = dst.host_slice_mut(offset, len) {
+    let direct = dst.with_host_mut(offset, len, |region| {
         for chunk in region.chunks_mut(CHUNK) {
             read_exact_at(file, chunk, pos)?;
             if let Some(h) = hasher.as_deref_mut() {
@@ -109,7 +121,10 @@ pub fn read_into<G>(
             }
             pos += chunk.len() as u64;
         }
-        return Ok(());
+        Ok(())
+    });
+    if let Some(done) = direct {
+        return done;
     }
     let n = len.min(CHUNK);
     let Some(_guard) = stage(n as u64) else {
@@ -161,28 +176,30 @@ pub fn read_exact_at(f: &File, buf: &mut [u8], pos: u64) -> io::Result<()> {
 
 #[cfg(test)]
 pub(crate) mod test_util {
-    use std::cell::RefCell;
-
     /// A device-like destination (no host slice): every read goes through staging.
-    pub struct VecDest(pub RefCell<Vec<u8>>);
+    pub struct VecDest(pub Vec<u8>);
 
     impl VecDest {
         pub fn new(len: usize) -> VecDest {
-            VecDest(RefCell::new(vec![0; len]))
+            VecDest(vec![0; len])
         }
         pub fn bytes(&self) -> Vec<u8> {
-            self.0.borrow().clone()
+            self.0.clone()
         }
     }
 
     impl super::Destination for VecDest {
-        fn host_slice_mut(&self, _: u64, _: usize) -> Option<&mut [u8]> {
+        fn with_host_mut<R>(
+            &mut self,
+            _: u64,
+            _: usize,
+            _: impl FnOnce(&mut [u8]) -> R,
+        ) -> Option<R> {
             None
         }
-        fn write(&self, offset: u64, data: &[u8]) -> bool {
-            let mut v = self.0.borrow_mut();
+        fn write(&mut self, offset: u64, data: &[u8]) -> bool {
             let off = offset as usize;
-            match v.get_mut(off..off + data.len()) {
+            match self.0.get_mut(off..off + data.len()) {
                 Some(d) => {
                     d.copy_from_slice(data);
                     true
@@ -205,17 +222,51 @@ mod tests {
         let data: Vec<u8> = (0..CHUNK + 1000).map(|i| (i * 7) as u8).collect();
         fs::write(&p, &data).unwrap();
         let f = File::open(&p).unwrap();
-        let dst = VecDest::new(CHUNK + 600);
+        let mut dst = VecDest::new(CHUNK + 600);
         let mut h = Fnv1a::new();
         let len = (CHUNK + 500) as u64;
-        read_into(&f, 100, len, &dst, 5, |_| Some(()), Some(&mut h)).unwrap();
+        read_into(&f, 100, len, &mut dst, 5, |_| Some(()), Some(&mut h)).unwrap();
         let want = &data[100..100 + len as usize];
         assert_eq!(&dst.bytes()[5..5 + len as usize], want);
         assert_eq!(h.finish(), fnv1a64(want));
         // Refused staging, a read past the end, a destination too small: errors.
-        assert!(read_into(&f, 0, 10, &dst, 0, |_| None::<()>, None).is_err());
-        assert!(read_into(&f, data.len() as u64 - 5, 10, &dst, 0, |_| Some(()), None).is_err());
-        assert!(read_into(&f, 0, 1000, &dst, CHUNK as u64, |_| Some(()), None).is_err());
+        assert!(read_into(&f, 0, 10, &mut dst, 0, |_| None::<()>, None).is_err());
+        assert!(read_into(
+            &f,
+            data.len() as u64 - 5,
+            10,
+            &mut dst,
+            0,
+            |_| Some(()),
+            None
+        )
+        .is_err());
+        assert!(read_into(&f, 0, 1000, &mut dst, CHUNK as u64, |_| Some(()), None).is_err());
+        let _ = fs::remove_file(&p);
+    }
+
+    /// Host memory is read into directly (no staging is asked for), through the buffer's
+    /// writable view.
+    #[test]
+    fn host_buffers_are_read_into_directly() {
+        let p = std::env::temp_dir().join(format!("rpc-disk-read-host-{}", std::process::id()));
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
+        fs::write(&p, &data).unwrap();
+        let f = File::open(&p).unwrap();
+        let cpu = crate::ggml::Device::all()
+            .into_iter()
+            .find(|d| d.kind() == crate::ggml::DeviceKind::Cpu)
+            .unwrap();
+        let mut buf = cpu.alloc_buffer(8192).unwrap();
+        let mut h = Fnv1a::new();
+        let no_staging = |_| -> Option<()> { panic!("host memory needs no staging") };
+        read_into(&f, 96, 4000, &mut buf, 100, no_staging, Some(&mut h)).unwrap();
+        let mut out = vec![0u8; 4000];
+        buf.read(100, &mut out).unwrap();
+        assert_eq!(out, &data[96..]);
+        assert_eq!(h.finish(), fnv1a64(&data[96..]));
+        // A region outside the buffer is not host memory to read into; staging then fails too.
+        assert!(read_into(&f, 0, 4000, &mut buf, 8000, |_| Some(()), None).is_err());
         let _ = fs::remove_file(&p);
     }
 }

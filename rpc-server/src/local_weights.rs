@@ -321,7 +321,7 @@ impl LocalWeights {
         &self,
         hash: u64,
         len: u64,
-        dst: &impl Destination,
+        dst: &mut impl Destination,
         offset: u64,
         stage: impl FnOnce(u64) -> Option<G>,
     ) -> bool {
@@ -364,7 +364,7 @@ impl LocalWeights {
         &self,
         fi: usize,
         e: &Entry,
-        dst: &impl Destination,
+        dst: &mut impl Destination,
         offset: u64,
         stage: impl FnOnce(u64) -> Option<G>,
     ) -> io::Result<bool> {

@@ -48,11 +48,11 @@ async fn large_cpu_buffers_are_advised_huge_pages_unless_turned_off() {
         "default: a 16 MiB buffer adds its interior to the advised mappings, grew by {grown} bytes"
     );
 
-    rpc_server::ggml::use_huge_pages(false);
+    rpc_server::backend::use_huge_pages(false);
     let before = advised_bytes();
     alloc(&mut c, SIZE).await;
     let grown = advised_bytes().saturating_sub(before);
-    rpc_server::ggml::use_huge_pages(true);
+    rpc_server::backend::use_huge_pages(true);
     assert_eq!(
         grown, 0,
         "--no-huge-pages: nothing more advised MADV_HUGEPAGE"

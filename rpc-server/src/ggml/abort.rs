@@ -28,7 +28,8 @@ pub fn abort_on_assertions() {
 }
 
 /// Number of threads parked so far.
-pub fn parked_threads() -> usize {
+#[cfg(test)]
+fn parked_threads() -> usize {
     PARKED.load(Ordering::Relaxed)
 }
 

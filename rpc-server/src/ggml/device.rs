@@ -133,7 +133,7 @@ impl Device {
     }
 
     /// Allocates a buffer of the default buffer type; `None` when ggml cannot.
-    pub fn alloc_buffer(&self, size: u64) -> Option<Buffer> {
+    pub(crate) fn alloc_buffer(&self, size: u64) -> Option<Buffer> {
         let size = usize::try_from(size).ok()?;
         // SAFETY: valid buffer type; ggml returns NULL on failure, which Buffer::from_raw handles.
         let raw = unsafe { sys::ggml_backend_buft_alloc_buffer(self.buft(), size) };
@@ -152,7 +152,7 @@ impl Device {
     }
 
     /// Creates a backend instance (stream, thread pool) on this device.
-    pub fn init_backend(&self, n_threads: usize) -> Option<Backend> {
+    pub(crate) fn init_backend(&self, n_threads: usize) -> Option<Backend> {
         // SAFETY: valid device; NULL params selects the defaults; NULL return handled below.
         let raw = unsafe { sys::ggml_backend_dev_init(self.raw, std::ptr::null()) };
         if raw.is_null() {
@@ -197,11 +197,11 @@ unsafe impl Send for Backend {}
 impl Backend {
     /// Runs every node of segment `segment` of `graph` on this backend.
     pub fn compute(&mut self, graph: &mut Graph, segment: usize) -> Result<(), GraphError> {
-        let Some(g) = graph.segment_raw(segment) else {
-            return Err(GraphError::BadIndex(segment as u32));
-        };
-        // SAFETY: self.raw is live; the graph's tensors point into buffers the graph keeps alive
-        // (Arc<Buffer>) and into its own context; validated by the session before building.
+        let (g, _locked) = graph.segment_locked(segment)?;
+        // SAFETY: self.raw is live; the graph's tensors point into its own context and into
+        // buffers the graph keeps alive (BufferRef) and whose flags `_locked` holds exclusively,
+        // so no Rust view of their bytes exists while ggml writes them; validated by the session
+        // before building.
         let status = unsafe { sys::ggml_backend_graph_compute(self.raw, g) };
         if status == sys::GGML_STATUS_SUCCESS {
             Ok(())

@@ -1,8 +1,6 @@
 //! Compute graphs rebuilt from GRAPH_COMPUTE requests.
 
-use std::sync::Arc;
-
-use super::buffer::Buffer;
+use super::buffer::{self, Buffer, BufferRef};
 use super::device::Device;
 use super::sys;
 use super::tensor::{Context, TensorSpec};
@@ -15,6 +13,8 @@ pub enum GraphError {
     BadIndex(u32),
     #[error("graph compute on {device} failed with ggml status {status}")]
     ComputeFailed { device: String, status: i32 },
+    #[error("a buffer of the graph is in use (a view of its bytes is alive)")]
+    BufferBusy,
 }
 
 /// Source and view links of one tensor, as indices into the graph's tensor list.
@@ -24,7 +24,9 @@ pub struct GraphLinks {
     pub view_src: Option<u32>,
 }
 
-/// A ggml graph with its own context; keeps every buffer it points into alive.
+/// A ggml graph with its own context; keeps every buffer it points into alive. It holds them as
+/// [`BufferRef`]s, which cannot write; ggml writes them only while [`Graph::lock`]'s flags are
+/// held (`Backend::compute`).
 ///
 /// The nodes may be split into consecutive segments (ggml graphs of their own, computed one after
 /// the other) so that the session can check data between them: index tensors computed inside the
@@ -34,7 +36,8 @@ pub struct Graph {
     segments: Vec<*mut sys::ggml_cgraph>,
     tensors: Vec<*mut sys::ggml_tensor>,
     nodes: Vec<u32>,
-    _buffers: Vec<Arc<Buffer>>,
+    /// Every buffer a tensor of the graph points into, once.
+    buffers: Vec<BufferRef>,
 }
 
 // SAFETY: the graphs and their tensors live in `_ctx`, owned by this struct; it is used by one
@@ -97,21 +100,17 @@ impl Graph {
             }
             segments.push(graph);
         }
-        let mut seen = std::collections::HashSet::new();
-        let mut buffers: Vec<Arc<Buffer>> = Vec::new();
-        for s in specs {
-            if let Some((b, _)) = &s.buffer {
-                if seen.insert(Arc::as_ptr(b) as usize) {
-                    buffers.push(b.clone());
-                }
-            }
-        }
+        let buffers = buffer::dedup(
+            specs
+                .iter()
+                .filter_map(|s| s.buffer.as_ref().map(|(b, _)| b.clone())),
+        );
         Ok(Graph {
             _ctx: ctx,
             segments,
             tensors,
             nodes: nodes.to_vec(),
-            _buffers: buffers,
+            buffers,
         })
     }
 
@@ -120,7 +119,7 @@ impl Graph {
         let lists = self.segments.len() * 8
             + self.tensors.len() * 8
             + self.nodes.len() * 4
-            + self._buffers.len() * 8;
+            + self.buffers.len() * 8;
         (self._ctx.size() + lists) as u64
     }
 
@@ -141,12 +140,19 @@ impl Graph {
         })
     }
 
-    pub(crate) fn segment_raw(&mut self, i: usize) -> Option<*mut sys::ggml_cgraph> {
-        self.segments.get(i).copied()
+    /// Segment `i`, with the flags of every buffer the graph points into held exclusively for
+    /// as long as the second value lives: what ggml may compute it under.
+    pub(super) fn segment_locked(
+        &mut self,
+        i: usize,
+    ) -> Result<(*mut sys::ggml_cgraph, buffer::Locked<'_>), GraphError> {
+        let g = *self.segments.get(i).ok_or(GraphError::BadIndex(i as u32))?;
+        let locked = buffer::lock(&self.buffers).map_err(|_| GraphError::BufferBusy)?;
+        Ok((g, locked))
     }
 
     /// Whether this graph points into `buffer`.
-    pub fn uses(&self, buffer: &Arc<Buffer>) -> bool {
-        self._buffers.iter().any(|b| Arc::ptr_eq(b, buffer))
+    pub fn uses(&self, buffer: &Buffer) -> bool {
+        self.buffers.iter().any(|b| buffer.is(b))
     }
 }

@@ -1,7 +1,12 @@
 //! The ggml FFI layer: the only module of the server that calls into C.
 //!
-//! Everything above this module works with safe types: [`Device`], [`Backend`], [`Buffer`],
-//! [`TensorSpec`] and [`Graph`]. Every `unsafe` block states why it is sound in a `// SAFETY:` line.
+//! Everything above this module works with safe types: [`Device`], [`Backend`], [`Buffer`] (a
+//! buffer's one owner, the only way to write its bytes) and [`BufferRef`] (what tensors and
+//! graphs hold: keeps the memory alive, cannot write it), [`TensorSpec`] and [`Graph`]. Their
+//! API is sound by construction: no safe code can make two overlapping views of a buffer's bytes
+//! one of which writes, nor compute a graph while a view of one of its buffers is alive (see
+//! `buffer.rs`). Every `unsafe` block states why it is sound in a `// SAFETY:` line. The module is
+//! private to the crate; what others need is re-exported as `rpc_server::backend`.
 //! Inputs reaching this layer are already validated by the session (types, shapes, extents inside
 //! their buffer), so nothing here can trip one of ggml's `GGML_ASSERT`s from the network.
 
@@ -17,10 +22,10 @@ mod graph;
 pub mod seatbelt;
 mod tensor;
 
-pub use buffer::{use_huge_pages, Buffer};
+pub use buffer::{use_huge_pages, Access, Buffer, BufferRef, HostMut, HostRef};
 pub use device::{load_backends, Backend, Device, DeviceKind};
 pub use graph::{Graph, GraphError, GraphLinks};
-pub use tensor::{type_info, ScratchTensors, TensorSpec, TypeInfo};
+pub use tensor::{type_info, ScratchTensors, TensorSpec};
 
 use llama_cpp_sys_2 as sys;
 

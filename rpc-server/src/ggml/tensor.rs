@@ -1,8 +1,6 @@
 //! Building ggml tensors from validated descriptions.
 
-use std::sync::Arc;
-
-use super::buffer::Buffer;
+use super::buffer::{self, Access, BufferRef};
 use super::device::Device;
 use super::sys;
 
@@ -81,7 +79,7 @@ pub struct TensorSpec {
     pub op_params: [i32; 16],
     pub flags: i32,
     /// The buffer the tensor's data lives in, with the data's offset inside it.
-    pub buffer: Option<(Arc<Buffer>, u64)>,
+    pub buffer: Option<(BufferRef, u64)>,
     pub view_offs: u64,
     pub name: [u8; 64],
 }
@@ -178,8 +176,9 @@ impl Context {
             r.flags = spec.flags;
             r.view_offs = spec.view_offs as usize;
             if let Some((buf, off)) = &spec.buffer {
-                r.buffer = buf.raw();
-                r.data = (buf.base() + *off as usize) as *mut std::ffi::c_void;
+                let (raw, base) = buf.raw_parts();
+                r.buffer = raw;
+                r.data = (base + *off as usize) as *mut std::ffi::c_void;
             }
             let mut name = [0 as std::os::raw::c_char; 64];
             for (d, s) in name.iter_mut().zip(spec.name.iter().take(63)) {
@@ -198,10 +197,12 @@ impl Drop for Context {
     }
 }
 
-/// Runs `f` with a one-dimensional I8 tensor covering `[off, off+len)` of `buffer` (already
-/// bounds-checked by the caller). Used for reads and writes on non-host buffers.
-pub(crate) fn with_byte_tensor<R>(
-    buffer: &Buffer,
+/// Runs `f` with a one-dimensional I8 tensor covering `[off, off+len)` of the buffer `raw`
+/// whose memory starts at `base` (already bounds-checked by the caller, who holds the buffer's
+/// flag). Used for reads and writes on non-host buffers.
+pub(super) fn with_byte_tensor<R>(
+    raw: sys::ggml_backend_buffer_t,
+    base: usize,
     off: usize,
     len: usize,
     f: impl FnOnce(*mut sys::ggml_tensor) -> R,
@@ -222,8 +223,8 @@ pub(crate) fn with_byte_tensor<R>(
     let t = ctx.new_tensor(&spec);
     // SAFETY: t is live in ctx; the region [off, off+len) is inside the buffer (caller checked).
     unsafe {
-        (*t).buffer = buffer.raw();
-        (*t).data = (buffer.base() + off) as *mut std::ffi::c_void;
+        (*t).buffer = raw;
+        (*t).data = (base + off) as *mut std::ffi::c_void;
     }
     Some(f(t))
 }
@@ -232,7 +233,9 @@ pub(crate) fn with_byte_tensor<R>(
 pub struct ScratchTensors {
     ctx: Context,
     tensors: Vec<*mut sys::ggml_tensor>,
-    _buffers: Vec<Arc<Buffer>>,
+    /// Every buffer a tensor points into, once: kept alive, and locked for the calls that may
+    /// touch their bytes.
+    buffers: Vec<BufferRef>,
 }
 
 extern "C" {
@@ -248,14 +251,15 @@ impl ScratchTensors {
     pub fn new(specs: &[TensorSpec]) -> Option<ScratchTensors> {
         let mut ctx = Context::new(specs.len(), None)?;
         let tensors = specs.iter().map(|s| ctx.new_tensor(s)).collect();
-        let buffers = specs
-            .iter()
-            .filter_map(|s| s.buffer.as_ref().map(|(b, _)| b.clone()))
-            .collect();
+        let buffers = buffer::dedup(
+            specs
+                .iter()
+                .filter_map(|s| s.buffer.as_ref().map(|(b, _)| b.clone())),
+        );
         Some(ScratchTensors {
             ctx,
             tensors,
-            _buffers: buffers,
+            buffers,
         })
     }
 
@@ -278,7 +282,9 @@ impl ScratchTensors {
         if buf.is_null() {
             return Err("tensor has no buffer");
         }
-        // SAFETY: buf is a live buffer (kept alive by self._buffers); t's extent is inside it.
+        let _locked = buffer::lock(&self.buffers).map_err(|_| "buffer in use")?;
+        // SAFETY: buf is a live buffer (kept alive by self.buffers, whose flags we hold
+        // exclusively, so the hook may write it); t's extent is inside it.
         let status = unsafe { sys::ggml_backend_buffer_init_tensor(buf, t) };
         if status != sys::GGML_STATUS_SUCCESS {
             return Err("backend init_tensor failed");
@@ -293,7 +299,8 @@ impl ScratchTensors {
     /// Allocation size of tensor `i` in its buffer's type, or in `device`'s default type.
     pub fn alloc_size(&self, i: usize, device: &Device) -> Option<u64> {
         let t = *self.tensors.get(i)?;
-        // SAFETY: t lives in self.ctx; its buffer, if any, is alive (self._buffers).
+        // SAFETY: t lives in self.ctx; its buffer, if any, is alive (self.buffers). Only the
+        // tensor's description is read, not the buffer's bytes.
         let buft = unsafe {
             if (*t).buffer.is_null() {
                 device.default_buft_raw()
@@ -307,12 +314,14 @@ impl ScratchTensors {
 
     /// Copies tensor `src` into tensor `dst` through the destination buffer's copy hook.
     /// Both extents were checked against their buffers by the caller.
-    pub fn copy(&self, src: usize, dst: usize) -> bool {
+    pub fn copy(&self, src: usize, dst: usize) -> Result<bool, Access> {
         let (Some(&s), Some(&d)) = (self.tensors.get(src), self.tensors.get(dst)) else {
-            return false;
+            return Ok(false);
         };
-        // SAFETY: both tensors live in self.ctx with live buffers and checked extents.
-        unsafe { ggml_backend_buffer_copy_tensor(s, d) }
+        let _locked = buffer::lock(&self.buffers)?;
+        // SAFETY: both tensors live in self.ctx with live buffers (self.buffers, whose flags we
+        // hold exclusively: nothing else reads or writes them) and checked extents.
+        Ok(unsafe { ggml_backend_buffer_copy_tensor(s, d) })
     }
 
     #[allow(dead_code)]

@@ -82,7 +82,8 @@ impl Session {
         own.try_reserve_exact(ulen)
             .map_err(|_| SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
         own.resize(ulen, 0);
-        buf.read(off, &mut own);
+        buf.read(off, &mut own)
+            .map_err(SessionError::access("COMM_ALLREDUCE"))?;
         let link = self.links[d]
             .as_deref_mut()
             .ok_or(SessionError::NoCommunicator(device))?;
@@ -93,7 +94,9 @@ impl Session {
         })? as u64;
         self.link_bytes.0 += wire;
         self.link_bytes.1 += wire;
-        buf.write(off, &own);
+        self.buffer_mut(tensor.buffer.get())?
+            .write(off, &own)
+            .map_err(SessionError::access("COMM_ALLREDUCE"))?;
         Ok(())
     }
 }

@@ -31,6 +31,12 @@ pub enum SessionError {
     Graph(#[from] crate::ggml::GraphError),
     #[error("out of memory building {0}")]
     OutOfMemory(&'static str),
+    #[error("{0}: the buffer is in use")]
+    BufferBusy(&'static str),
+    #[error("malformed request: {0}")]
+    Decode(#[from] rpc_proto::DecodeError),
+    #[error("staging of {0} bytes is over the memory limits (--max-alloc-per-connection, --max-alloc-total)")]
+    OverBudget(u64),
 }
 
 impl SessionError {
@@ -38,6 +44,18 @@ impl SessionError {
         SessionError::InvalidTensor {
             name: t.name_str(),
             why: why.into(),
+        }
+    }
+
+    /// A buffer access of command `what` that failed (after its region was checked, so only
+    /// the flag of a buffer in use can make it fail).
+    pub(crate) fn access(what: &'static str) -> impl Fn(crate::ggml::Access) -> SessionError {
+        move |a| match a {
+            crate::ggml::Access::OutOfBounds => SessionError::OutOfBounds {
+                what,
+                detail: "outside the buffer".into(),
+            },
+            crate::ggml::Access::Busy => SessionError::BufferBusy(what),
         }
     }
 }

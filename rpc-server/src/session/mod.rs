@@ -41,7 +41,8 @@ pub struct SessionConfig {
 }
 
 struct BufferEntry {
-    buffer: Arc<Buffer>,
+    /// The buffer's one owner: writing its bytes goes through `&mut` of this entry.
+    buffer: Buffer,
     /// The base address this connection was told (random, aligned); `data` fields are
     /// interpreted relative to it.
     vbase: u64,
@@ -108,6 +109,14 @@ impl Session {
     fn buffer(&self, handle: u64) -> Result<&BufferEntry, SessionError> {
         self.buffers
             .get(&handle)
+            .ok_or(SessionError::UnknownBuffer(handle))
+    }
+
+    /// The buffer `handle` names, to write to.
+    fn buffer_mut(&mut self, handle: u64) -> Result<&mut Buffer, SessionError> {
+        self.buffers
+            .get_mut(&handle)
+            .map(|e| &mut e.buffer)
             .ok_or(SessionError::UnknownBuffer(handle))
     }
 
@@ -186,7 +195,9 @@ impl Session {
                 None
             }
             Request::BufferClear { remote_ptr, value } => {
-                self.buffer(remote_ptr)?.buffer.clear(value);
+                self.buffer_mut(remote_ptr)?
+                    .clear(value)
+                    .map_err(SessionError::access("BUFFER_CLEAR"))?;
                 None
             }
             Request::SetTensor {
@@ -196,8 +207,9 @@ impl Session {
                 data,
             } => {
                 let (buf, off) =
-                    self.resolve_region("SET_TENSOR", &tensor, offset, data.len() as u64)?;
-                buf.write(off, data);
+                    self.resolve_region_mut("SET_TENSOR", &tensor, offset, data.len() as u64)?;
+                buf.write(off, data)
+                    .map_err(SessionError::access("SET_TENSOR"))?;
                 if cache_flag != 0 {
                     if let Some(cache) = &self.config.cache {
                         cache.store(data);
@@ -222,7 +234,8 @@ impl Session {
                 out.try_reserve_exact(len)
                     .map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
                 out.resize(len, 0);
-                buf.read(off, &mut out);
+                buf.read(off, &mut out)
+                    .map_err(SessionError::access("GET_TENSOR"))?;
                 Some(Response::GetTensor(out))
             }
             Request::MemsetTensor {
@@ -239,8 +252,10 @@ impl Session {
                         detail: format!("offset={offset} size={size} tensor size={tsize}"),
                     });
                 }
-                let (buf, off) = self.resolve_region("MEMSET_TENSOR", &tensor, offset, size)?;
-                buf.memset(off, size, value);
+                let (buf, off) =
+                    self.resolve_region_mut("MEMSET_TENSOR", &tensor, offset, size)?;
+                buf.memset(off, size, value)
+                    .map_err(SessionError::access("MEMSET_TENSOR"))?;
                 None
             }
             Request::CopyTensor { src, dst } => Some(self.copy_tensor(&src, &dst)?),
@@ -375,10 +390,7 @@ impl Session {
         let vbase = (VBASE_MIN + rng.gen_range(0..VBASE_SPAN)) & !(align - 1);
         self.buffers.insert(
             handle,
-            BufferEntry {
-                buffer: Arc::new(buffer),
-                vbase,
-            },
+            BufferEntry { buffer, vbase },
         );
         Ok(Response::AllocBuffer {
             remote_ptr: handle,
@@ -395,17 +407,18 @@ impl Session {
         if self.set_tensor_hash_local(tensor, offset, hash) {
             return Ok(Response::SetTensorHash { result: 1 });
         }
-        let Some(cache) = &self.config.cache else {
+        let config = self.config.clone();
+        let Some(cache) = &config.cache else {
             return Ok(Response::SetTensorHash { result: 0 });
         };
         let Some(len) = cache.entry_len(hash) else {
             cache.record_lookup(None);
             return Ok(Response::SetTensorHash { result: 0 });
         };
-        let (buf, off) = self.resolve_region("SET_TENSOR_HASH", tensor, offset, len)?;
         // Device memory is staged through host memory, charged to the budget like a body.
-        let held = self.held;
-        let hit = cache.load_into(hash, len, &*buf, off, |n| self.budget.charge(held, n));
+        let (budget, held) = (self.budget.clone(), self.held);
+        let (buf, off) = self.resolve_region_mut("SET_TENSOR_HASH", tensor, offset, len)?;
+        let hit = cache.load_into(hash, len, buf, off, |n| budget.charge(held, n));
         cache.record_lookup(hit.then_some(len));
         Ok(Response::SetTensorHash {
             result: u8::from(hit),
@@ -415,19 +428,21 @@ impl Session {
     /// SET_TENSOR_HASH from a local GGUF file (`--gguf`): true when the tensor now holds the
     /// bytes hashing to `hash`. A region the client's tensor cannot hold is "not found" here
     /// (the client then uploads, and its SET_TENSOR is checked as any).
-    fn set_tensor_hash_local(&self, tensor: &RpcTensor, offset: u64, hash: u64) -> bool {
-        let Some(local) = &self.config.local else {
+    fn set_tensor_hash_local(&mut self, tensor: &RpcTensor, offset: u64, hash: u64) -> bool {
+        let config = self.config.clone();
+        let Some(local) = &config.local else {
             return false;
         };
         let Some(len) = local.entry_len(hash) else {
             return false;
         };
-        let Ok((buf, off)) = self.resolve_region("SET_TENSOR_HASH", tensor, offset, len) else {
+        // Device memory is staged through host memory, charged to the budget like a body.
+        let (budget, held) = (self.budget.clone(), self.held);
+        let Ok((buf, off)) = self.resolve_region_mut("SET_TENSOR_HASH", tensor, offset, len)
+        else {
             return false;
         };
-        // Device memory is staged through host memory, charged to the budget like a body.
-        let held = self.held;
-        local.load_into(hash, len, &*buf, off, |n| self.budget.charge(held, n))
+        local.load_into(hash, len, buf, off, |n| budget.charge(held, n))
     }
 
     fn copy_tensor(&mut self, src: &RpcTensor, dst: &RpcTensor) -> Result<Response, SessionError> {
@@ -451,8 +466,11 @@ impl Session {
         }
         let scratch =
             ScratchTensors::new(&[s, d]).ok_or(SessionError::OutOfMemory("COPY_TENSOR"))?;
+        let copied = scratch
+            .copy(0, 1)
+            .map_err(SessionError::access("COPY_TENSOR"))?;
         Ok(Response::CopyTensor {
-            result: scratch.copy(0, 1) as u8,
+            result: copied as u8,
         })
     }
 
@@ -470,22 +488,29 @@ impl Session {
     }
 
     /// Where a streamed SET_TENSOR payload of `len` bytes goes: the buffer and the offset inside
-    /// it. Lets the connection read a large payload straight into tensor memory.
-    pub fn set_tensor_target(
-        &self,
+    /// it, with the weight cache (`-c`) it may be stored in. Lets the connection read a large
+    /// payload straight into tensor memory.
+    pub(crate) fn set_tensor_target(
+        &mut self,
         hdr: &SetTensorHeader,
         len: u64,
-    ) -> Result<(Arc<Buffer>, u64), SessionError> {
-        self.resolve_region("SET_TENSOR", &hdr.tensor, hdr.offset, len)
+    ) -> Result<(&mut Buffer, u64, Option<&WeightCache>), SessionError> {
+        let (_, off) = self.resolve_region("SET_TENSOR", &hdr.tensor, hdr.offset, len)?;
+        let handle = hdr.tensor.buffer.get();
+        let e = self
+            .buffers
+            .get_mut(&handle)
+            .ok_or(SessionError::UnknownBuffer(handle))?;
+        Ok((&mut e.buffer, off, self.config.cache.as_ref()))
     }
 
     /// Where a GET_TENSOR reads from: the buffer and the offset inside it (region checked).
-    pub fn get_tensor_source(
+    pub(crate) fn get_tensor_source(
         &self,
         tensor: &RpcTensor,
         offset: u64,
         size: u64,
-    ) -> Result<(Arc<Buffer>, u64), SessionError> {
+    ) -> Result<(&Buffer, u64), SessionError> {
         self.resolve_region("GET_TENSOR", tensor, offset, size)
     }
 

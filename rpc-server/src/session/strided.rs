@@ -2,8 +2,6 @@
 //! tensor offsets `offset + i·stride`, packed on the wire; every bound of the stock server checked
 //! before a byte moves.
 
-use std::sync::Arc;
-
 use rpc_proto::{Region2d, RpcTensor};
 
 use super::tensor::{nbytes, UnknownBuffer};
@@ -14,15 +12,17 @@ impl Session {
     /// SET_TENSOR_2D: chunk `i` of `data` to tensor offset `offset + i·stride` (overlapping chunks
     /// are written in order, the later one winning, as the stock CPU server does).
     pub(super) fn set_tensor_2d(
-        &self,
+        &mut self,
         tensor: &RpcTensor,
         region: Region2d,
         data: &[u8],
     ) -> Result<(), SessionError> {
-        let (buf, off) = self.resolve_region_2d("SET_TENSOR_2D", tensor, region)?;
+        let (_, off) = self.resolve_region_2d("SET_TENSOR_2D", tensor, region)?;
+        let buf = self.buffer_mut(tensor.buffer.get())?;
         for (i, chunk) in data.chunks(region.size as usize).enumerate() {
             // In bounds: i < n_copies, so off + i·stride + size ≤ off + span.
-            buf.write(off + i as u64 * region.stride, chunk);
+            buf.write(off + i as u64 * region.stride, chunk)
+                .map_err(SessionError::access("SET_TENSOR_2D"))?;
         }
         Ok(())
     }
@@ -58,7 +58,8 @@ impl Session {
             .map_err(|_| SessionError::OutOfMemory("GET_TENSOR_2D reply"))?;
         out.resize(ulen, 0);
         for (i, chunk) in out.chunks_mut(region.size as usize).enumerate() {
-            buf.read(off + i as u64 * region.stride, chunk);
+            buf.read(off + i as u64 * region.stride, chunk)
+                .map_err(SessionError::access("GET_TENSOR_2D"))?;
         }
         Ok(out)
     }
@@ -71,7 +72,7 @@ impl Session {
         what: &'static str,
         tensor: &RpcTensor,
         region: Region2d,
-    ) -> Result<(Arc<Buffer>, u64), SessionError> {
+    ) -> Result<(&Buffer, u64), SessionError> {
         let oob = |detail: String| SessionError::OutOfBounds { what, detail };
         let span = region.span().ok_or_else(|| {
             oob(format!(

@@ -3,12 +3,10 @@
 //! Addresses on the wire are virtual: each buffer gets a random base address per connection,
 //! so a `data` field can only ever name memory of a buffer this connection allocated.
 
-use std::sync::Arc;
-
 use rpc_proto::RpcTensor;
 
 use super::{Session, SessionError};
-use crate::ggml::{ops, type_info, Buffer, TensorSpec};
+use crate::ggml::{ops, type_info, Buffer, BufferRef, TensorSpec};
 
 /// How to treat a tensor whose buffer handle this connection does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +95,7 @@ impl Session {
                 UnknownBuffer::Ignore => None,
             },
         };
-        let buffer: Option<(Arc<Buffer>, u64)> = match buffer {
+        let buffer: Option<(BufferRef, u64)> = match buffer {
             Some(e) => {
                 let off = data
                     .checked_sub(e.vbase)
@@ -115,7 +113,7 @@ impl Session {
                             ),
                         )
                     })?;
-                Some((e.buffer.clone(), off))
+                Some((e.buffer.share(), off))
             }
             None => {
                 if data != 0 && unknown == UnknownBuffer::Reject {
@@ -148,7 +146,7 @@ impl Session {
         t: &RpcTensor,
         offset: u64,
         len: u64,
-    ) -> Result<(Arc<Buffer>, u64), SessionError> {
+    ) -> Result<(&Buffer, u64), SessionError> {
         let handle = t.buffer.get();
         let e = self
             .buffers
@@ -174,6 +172,18 @@ impl Session {
         // The tensor itself must also be a valid tensor of this buffer.
         let spec = self.resolve_tensor(t, UnknownBuffer::Reject)?;
         debug_assert!(spec.buffer.is_some());
-        Ok((e.buffer.clone(), start))
+        Ok((&e.buffer, start))
+    }
+
+    /// [`Session::resolve_region`] for writing: the buffer borrowed mutably.
+    pub(crate) fn resolve_region_mut(
+        &mut self,
+        what: &'static str,
+        t: &RpcTensor,
+        offset: u64,
+        len: u64,
+    ) -> Result<(&mut Buffer, u64), SessionError> {
+        let (_, off) = self.resolve_region(what, t, offset, len)?;
+        Ok((self.buffer_mut(t.buffer.get())?, off))
     }
 }
