@@ -5,7 +5,8 @@
 //! [`Client`] has one method per command over any `rpc_transport::Transport` and shares the wire
 //! codec with the server (`rpc-proto`): over TCP with [`Client::connect`], or over whatever
 //! [`negotiate_client`] negotiated in HELLO (RDMA in upstream's flavors or our lean framing, TCP
-//! otherwise). [`TensorBuilder`] makes [`RpcTensor`]s by hand (tests, benchmarks).
+//! otherwise). [`TensorBuilder`] (`rpc_proto`'s, re-exported) makes [`RpcTensor`]s by hand
+//! (tests, benchmarks).
 //!
 //! ```no_run
 //! use rpc_client::{ops, Client, TensorBuilder, TENSOR_FLAG_COMPUTE};
@@ -36,14 +37,24 @@
 mod client;
 mod error;
 mod negotiate;
-mod tensor;
 
 pub use client::{Client, DeviceMemory, RemoteBuffer, Result, LAST_GRAPH_UID};
 pub use error::ClientError;
 pub use negotiate::{negotiate_client, Negotiated};
-pub use tensor::{contiguous_nb, nbytes, ops, type_traits, types, TensorBuilder};
 
 pub use rpc_proto::{
-    fnv1a64, CommInit, Command, Major, Region2d, RpcTensor, TENSOR_FLAG_COMPUTE, TENSOR_FLAG_INPUT,
-    TENSOR_FLAG_LOSS, TENSOR_FLAG_OUTPUT, TENSOR_FLAG_PARAM,
+    contiguous_nb, fnv1a64, nbytes, type_traits, CommInit, Command, Major, Region2d, RpcTensor,
+    TensorBuilder, TENSOR_FLAG_COMPUTE, TENSOR_FLAG_INPUT, TENSOR_FLAG_LOSS, TENSOR_FLAG_OUTPUT,
+    TENSOR_FLAG_PARAM,
 };
+
+/// `ggml_type` numbers, defined once in [`rpc_proto::ggml_type`]; any `u32` can still be put in
+/// a tensor with [`TensorBuilder::new`]. [`type_traits`] knows the sizes of a few.
+pub mod types {
+    pub use rpc_proto::ggml_type::*;
+}
+
+/// `ggml_op` numbers, defined once in [`rpc_proto::ggml_op`].
+pub mod ops {
+    pub use rpc_proto::ggml_op::*;
+}

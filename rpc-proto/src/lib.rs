@@ -54,6 +54,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod builder;
 mod command;
 mod consts;
 mod error;
@@ -67,6 +68,7 @@ mod scan;
 mod tensor;
 mod wire;
 
+pub use builder::{contiguous_nb, nbytes, type_traits, TensorBuilder};
 pub use command::{Command, Major, PayloadSize};
 pub use consts::*;
 pub use error::DecodeError;

@@ -1,20 +1,14 @@
-//! Building [`RpcTensor`]s by hand: ggml type and op numbers, contiguous strides, a builder.
+//! The one way to build an [`RpcTensor`]: [`TensorBuilder`], with contiguous strides computed
+//! from the type and shape, and the sizes of the ggml types it knows ([`type_traits`]).
 
-use rpc_proto::{RpcTensor, GGML_MAX_DIMS};
+use zerocopy::byteorder::little_endian::{I32, U32, U64};
 
-/// `ggml_type` numbers (protocol 7.0.0), defined once in [`rpc_proto::ggml_type`]; any `u32` can
-/// still be put in a tensor with [`TensorBuilder::new`]. [`type_traits`] knows the sizes of a few.
-pub mod types {
-    pub use rpc_proto::ggml_type::*;
-}
+use crate::consts::{GGML_MAX_DIMS, GGML_MAX_OP_PARAMS, GGML_MAX_SRC};
+use crate::ggml_type as types;
+use crate::tensor::RpcTensor;
 
-/// `ggml_op` numbers (protocol 7.0.0), defined once in [`rpc_proto::ggml_op`].
-pub mod ops {
-    pub use rpc_proto::ggml_op::*;
-}
-
-/// `(block size in elements, bytes per block)` of the types this crate knows
-/// (F32, F16, BF16, the integer types, F64, Q4_0, Q4_1, Q8_0); `None` otherwise.
+/// `(block size in elements, bytes per block)` of the types this crate knows (F32, F16, BF16,
+/// the integer types, F64, Q4_0, Q4_1, Q8_0, Q4_K, Q8_K); `None` otherwise.
 pub fn type_traits(ty: u32) -> Option<(u64, u64)> {
     Some(match ty {
         types::F32 => (1, 4),
@@ -22,6 +16,8 @@ pub fn type_traits(ty: u32) -> Option<(u64, u64)> {
         types::Q4_0 => (32, 18),
         types::Q4_1 => (32, 20),
         types::Q8_0 => (32, 34),
+        types::Q4_K => (256, 144),
+        types::Q8_K => (256, 292),
         types::I8 => (1, 1),
         types::I32 => (1, 4),
         types::I64 | types::F64 => (1, 8),
@@ -34,35 +30,34 @@ pub fn type_traits(ty: u32) -> Option<(u64, u64)> {
 /// `None` for types unknown to [`type_traits`].
 pub fn contiguous_nb(ty: u32, ne: [u32; GGML_MAX_DIMS]) -> Option<[u64; GGML_MAX_DIMS]> {
     let (blck, size) = type_traits(ty)?;
-    let mut nb = [0u64; GGML_MAX_DIMS];
-    nb[0] = size;
-    nb[1] = nb[0].saturating_mul(u64::from(ne[0])) / blck;
-    nb[2] = nb[1].saturating_mul(u64::from(ne[1]));
-    nb[3] = nb[2].saturating_mul(u64::from(ne[2]));
-    Some(nb)
+    let [ne0, ne1, ne2, _] = ne.map(u64::from);
+    let nb1 = size.saturating_mul(ne0) / blck;
+    let nb2 = nb1.saturating_mul(ne1);
+    Some([size, nb1, nb2, nb2.saturating_mul(ne2)])
 }
 
 /// Byte size of a contiguous tensor of type `ty` and shape `ne` (`ggml_nbytes`);
 /// `None` for types unknown to [`type_traits`].
 pub fn nbytes(ty: u32, ne: [u32; GGML_MAX_DIMS]) -> Option<u64> {
-    let nb = contiguous_nb(ty, ne)?;
+    let [.., nb3] = contiguous_nb(ty, ne)?;
     if ne.contains(&0) {
         return Some(0);
     }
-    Some(nb[3].saturating_mul(u64::from(ne[3])))
+    let [.., ne3] = ne;
+    Some(nb3.saturating_mul(u64::from(ne3)))
 }
 
 /// Builds an [`RpcTensor`] step by step, computing contiguous strides from the type and shape.
 ///
 /// ```
-/// use rpc_client::{ops, types, TensorBuilder, TENSOR_FLAG_COMPUTE};
+/// use rpc_proto::{ggml_op, ggml_type, TensorBuilder, TENSOR_FLAG_COMPUTE};
 /// let (buffer, base) = (0x1234, 0x10_0000);
-/// let a = TensorBuilder::new(1, types::F32).ne(&[4]).data(buffer, base).build();
-/// let b = TensorBuilder::new(2, types::F32).ne(&[4]).data(buffer, base + 16).build();
-/// let c = TensorBuilder::new(3, types::F32)
+/// let a = TensorBuilder::new(1, ggml_type::F32).ne(&[4]).data(buffer, base).build();
+/// let b = TensorBuilder::new(2, ggml_type::F32).ne(&[4]).data(buffer, base + 16).build();
+/// let c = TensorBuilder::new(3, ggml_type::F32)
 ///     .ne(&[4])
 ///     .data(buffer, base + 32)
-///     .op(ops::ADD, &[])
+///     .op(ggml_op::ADD, &[])
 ///     .srcs(&[1, 2])
 ///     .flags(TENSOR_FLAG_COMPUTE)
 ///     .build();
@@ -111,7 +106,8 @@ impl TensorBuilder {
         self
     }
 
-    /// Explicit byte strides instead of the contiguous ones.
+    /// Explicit byte strides instead of the contiguous ones (any values, e.g. deliberately
+    /// inconsistent ones).
     #[must_use]
     pub fn nb(mut self, nb: [u32; GGML_MAX_DIMS]) -> Self {
         self.nb = Some(nb);
@@ -121,49 +117,58 @@ impl TensorBuilder {
     /// Buffer handle and absolute data address (`base + offset`).
     #[must_use]
     pub fn data(mut self, buffer: u64, addr: u64) -> Self {
-        self.t = self.t.with_buffer(buffer, addr);
+        self.t.buffer.set(buffer);
+        self.t.data.set(addr);
         self
     }
 
-    /// `op` and its leading `op_params`.
+    /// `op` and its leading `op_params` (extra params beyond 16 are ignored; the rest are 0).
     #[must_use]
     pub fn op(mut self, op: u32, params: &[i32]) -> Self {
-        self.t = self.t.with_op(op, params);
+        self.t.op.set(op);
+        self.t.op_params = [I32::ZERO; GGML_MAX_OP_PARAMS / 4];
+        for (dst, &src) in self.t.op_params.iter_mut().zip(params) {
+            dst.set(src);
+        }
         self
     }
 
-    /// Source tensor ids (`src[0..]`).
+    /// Source tensor ids (`src[0..]`; extra ids beyond 10 are ignored, the rest are 0).
     #[must_use]
     pub fn srcs(mut self, srcs: &[u64]) -> Self {
-        self.t = self.t.with_srcs(srcs);
+        self.t.src = [U64::ZERO; GGML_MAX_SRC];
+        for (dst, &src) in self.t.src.iter_mut().zip(srcs) {
+            dst.set(src);
+        }
         self
     }
 
     /// `TENSOR_FLAG_*` bits.
     #[must_use]
     pub fn flags(mut self, flags: i32) -> Self {
-        self.t = self.t.with_flags(flags);
+        self.t.flags.set(flags);
         self
     }
 
     /// `view_src` id and `view_offs`.
     #[must_use]
     pub fn view(mut self, view_src: u64, view_offs: u64) -> Self {
-        self.t = self.t.with_view(view_src, view_offs);
+        self.t.view_src.set(view_src);
+        self.t.view_offs.set(view_offs);
         self
     }
 
-    /// Tensor name (truncated to 63 bytes).
+    /// Tensor name (truncated to 63 bytes, see [`RpcTensor::set_name`]).
     #[must_use]
     pub fn name(mut self, name: &str) -> Self {
-        self.t = self.t.with_name(name);
+        self.t.set_name(name);
         self
     }
 
     /// `use_count` (graph tensors only).
     #[must_use]
     pub fn use_count(mut self, n: i32) -> Self {
-        self.t = self.t.with_use_count(n);
+        self.t.use_count.set(n);
         self
     }
 
@@ -187,21 +192,26 @@ impl TensorBuilder {
         }
         let nb = self.strides().map(u64::from);
         let (blck, size) = type_traits(self.t.r#type.get()).unwrap_or((1, 1));
+        let [ne0, ..] = self.ne;
+        let [nb0, ..] = nb;
         let mut total = if blck == 1 {
             size
         } else {
-            u64::from(self.ne[0]).saturating_mul(nb[0]) / blck
+            u64::from(ne0).saturating_mul(nb0) / blck
         };
         let first = if blck == 1 { 0 } else { 1 };
         for (&ne, &nb) in self.ne.iter().zip(&nb).skip(first) {
-            total = total.saturating_add(u64::from(ne - 1).saturating_mul(nb));
+            total = total.saturating_add(u64::from(ne.saturating_sub(1)).saturating_mul(nb));
         }
         total
     }
 
     /// The finished wire tensor.
     pub fn build(&self) -> RpcTensor {
-        self.t.with_shape(self.ne, self.strides())
+        let mut t = self.t;
+        t.ne = self.ne.map(U32::new);
+        t.nb = self.strides().map(U32::new);
+        t
     }
 }
 
@@ -214,6 +224,7 @@ impl From<TensorBuilder> for RpcTensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ggml_op as ops;
 
     #[test]
     fn contiguous_strides() {
@@ -223,9 +234,13 @@ mod tests {
         let q = TensorBuilder::new(2, types::Q4_0).ne(&[64, 2]);
         assert_eq!(q.build().nb(), [18, 36, 72, 72]);
         assert_eq!(q.nbytes(), 72);
+        let k = TensorBuilder::new(3, types::Q4_K).ne(&[256, 16]);
+        assert_eq!(k.build().nb(), [144, 144, 2304, 2304]);
         assert_eq!(TensorBuilder::f16(3).ne(&[5, 1, 2]).nbytes(), 20);
         assert_eq!(nbytes(types::I32, [7, 1, 1, 1]), Some(28));
+        assert_eq!(nbytes(types::Q8_K, [512, 1, 1, 1]), Some(584));
         assert_eq!(TensorBuilder::f32(4).ne(&[0]).nbytes(), 0);
+        assert_eq!(contiguous_nb(types::REMOVED_Q4_2, [1; 4]), None);
     }
 
     #[test]
@@ -252,5 +267,18 @@ mod tests {
         assert_eq!(t.view_offs.get(), 8);
         assert_eq!(t.name_str(), "x");
         assert_eq!(t.use_count.get(), 2);
+    }
+
+    #[test]
+    fn explicit_strides_are_kept_whatever_they_are() {
+        let t = TensorBuilder::f32(1)
+            .ne(&[u32::MAX; 4])
+            .nb([u32::MAX; 4])
+            .build();
+        assert_eq!((t.ne(), t.nb()), ([u32::MAX; 4], [u32::MAX; 4]));
+        // A type it does not know: 1-byte elements, strides saturated then truncated, no panic.
+        let b = TensorBuilder::new(2, 1000).ne(&[u32::MAX; 4]);
+        assert_eq!(b.build().nb()[0], 1);
+        let _ = b.nbytes();
     }
 }
