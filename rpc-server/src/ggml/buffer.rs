@@ -257,11 +257,6 @@ impl Buffer {
         self.mem.host()
     }
 
-    /// Whether the memory is directly addressable by the CPU.
-    pub fn is_host(&self) -> bool {
-        self.mem.is_host
-    }
-
     /// Host memory `[offset, offset+len)` for writing; `None` when the buffer is not host
     /// memory, the region is not inside it, or a graph still holds it.
     pub fn host_mut(&mut self, offset: u64, len: usize) -> Option<HostMut<'_>> {
