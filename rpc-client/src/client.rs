@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use rpc_proto::{
     encode_graph, graph_payload_size, CommInit, Command, FrameHeader, Major, Parts, Region2d,
-    Request, Response, RpcTensor, SetTensorHeader, CONN_CAPS_SIZE, GGML_MAX_SRC,
+    Request, Response, RpcTensor, SetTensorHeader, CONN_CAPS_SIZE, FRAME_HEADER_SIZE, GGML_MAX_SRC,
     RESPONSE_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
 };
 use rpc_transport::{TcpTransport, Transport};
@@ -427,7 +427,10 @@ impl<T: Transport> Client<T> {
         };
         self.scratch.clear();
         h.encode_frame_head(data.len() as u64, &mut self.scratch);
-        debug_assert_eq!(self.scratch.len(), 9 + SET_TENSOR_HEADER_SIZE);
+        debug_assert_eq!(
+            self.scratch.len(),
+            FRAME_HEADER_SIZE + SET_TENSOR_HEADER_SIZE
+        );
         let (cmd, rest) = self.scratch.split_at(1);
         let (size, header) = rest.split_at(8);
         self.t.send_message(&[cmd, size, header, data]).await?;

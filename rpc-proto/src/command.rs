@@ -48,6 +48,15 @@ impl Major {
         major == self.number() && minor == 0
     }
 
+    /// `RPC_CMD_NONE` of this major (18 in 7.0.0, 23 in 8.0.0): the count of its commands, the
+    /// first byte that is none of them.
+    pub fn cmd_none(self) -> u8 {
+        match self {
+            Major::V7 => Command::SetTensor2d.as_u8(),
+            Major::V8 => Command::CommFree.as_u8() + 1,
+        }
+    }
+
     /// Parse a command byte: 0..=17 in 7.0.0, 0..=22 in 8.0.0. `RPC_CMD_NONE` (18 in 7, 23 in 8)
     /// and everything above give `None`.
     pub fn command(self, b: u8) -> Option<Command> {
@@ -295,6 +304,16 @@ mod tests {
         for b in 23..=u8::MAX {
             assert_eq!(Major::V8.command(b), None);
         }
+        for m in Major::ALL {
+            let none = m.cmd_none();
+            assert_eq!(m.command(none), None, "{m}");
+            assert!(m.command(none - 1).is_some(), "{m}");
+            assert_eq!(
+                usize::from(none),
+                (0..=u8::MAX).filter(|&b| m.command(b).is_some()).count()
+            );
+        }
+        assert_eq!((Major::V7.cmd_none(), Major::V8.cmd_none()), (18, 23));
     }
 
     #[test]

@@ -45,6 +45,21 @@ impl FrameHeader {
     }
 }
 
+/// Appends a request frame with any command byte: `cmd`, `u64` LE size = `payload.len()`, then
+/// `payload`. For tests and fuzzers that send what no client would (a byte that is no command, a
+/// payload of the wrong size); a client encodes [`Request`](crate::Request)s.
+pub fn encode_raw(cmd: u8, payload: &[u8], out: &mut Vec<u8>) {
+    out.reserve(FRAME_HEADER_SIZE.saturating_add(payload.len()));
+    out.extend_from_slice(
+        &FrameHeader {
+            cmd,
+            size: payload.len() as u64,
+        }
+        .encode(),
+    );
+    out.extend_from_slice(payload);
+}
+
 /// A request frame cut where upstream's client cuts it: one `send_data()` call per part, the
 /// command byte, the `u64` size, and the payload (left out when empty). TCP concatenates the parts;
 /// upstream's Linux RDMA receiver needs each one as its own SEND(s).

@@ -73,7 +73,7 @@ pub use command::{Command, Major, PayloadSize};
 pub use consts::*;
 pub use error::DecodeError;
 pub use fnv::{fnv1a64, Fnv1a};
-pub use frame::{check_frame, check_payload_size, FrameHeader, Limits, Parts};
+pub use frame::{check_frame, check_payload_size, encode_raw, FrameHeader, Limits, Parts};
 pub use ggml_ids::{ggml_op, ggml_type};
 pub use graph::{encode_graph, graph_payload_size, Graph};
 pub use request::{CommInit, Region2d, Request, SetTensorHeader};

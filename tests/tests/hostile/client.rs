@@ -1,166 +1,149 @@
-//! A blocking raw-protocol client that can send anything, well-formed or not, plus the server
-//! processes under test (ours, or the stock `ggml-rpc-server`).
+//! The suite's connection, [`Conn`]: `rpc_client::Client` (the workspace's one client) driven
+//! from blocking test code, every call bounded by [`IO_TIMEOUT`]; frames that no client would
+//! send are built with rpc-proto (`encode_raw`, `FrameHeader`) and go out as bytes. Plus the
+//! server processes under test (ours, or the stock `ggml-rpc-server`).
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::future::Future;
+use std::io;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use rpc_proto::RpcTensor;
+use rpc_client::{Client, ClientError, Major, RpcTensor};
+use rpc_proto::Request;
 use rpc_tests::free_port;
-
-pub const HELLO: u8 = 14;
-pub const ALLOC_BUFFER: u8 = 0;
-pub const GET_ALIGNMENT: u8 = 1;
-pub const BUFFER_GET_BASE: u8 = 3;
-pub const FREE_BUFFER: u8 = 4;
-pub const BUFFER_CLEAR: u8 = 5;
-pub const SET_TENSOR: u8 = 6;
-pub const GET_TENSOR: u8 = 8;
-pub const COPY_TENSOR: u8 = 9;
-pub const GRAPH_COMPUTE: u8 = 10;
-pub const INIT_TENSOR: u8 = 12;
-pub const GET_ALLOC_SIZE: u8 = 13;
-pub const DEVICE_COUNT: u8 = 15;
-pub const GRAPH_RECOMPUTE: u8 = 16;
-pub const MEMSET_TENSOR: u8 = 17;
-
-pub const F32: u32 = 0;
-pub const F16: u32 = 1;
-pub const Q4_K: u32 = 12;
-pub const Q8_K: u32 = 15;
-pub const Q4_0: u32 = 2;
-pub const I32: u32 = 26;
-pub const I64: u32 = 27;
-pub const FLAG_COMPUTE: i32 = 16;
 
 /// Timeout for each read/write of a well-behaved exchange.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// The runtime every [`Conn`] of the test process runs on (calls block the calling thread).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("client runtime")
+    })
+}
+
+fn io_error(e: ClientError) -> io::Error {
+    match e {
+        ClientError::Io(e) => e,
+        ClientError::Closed => io::Error::new(io::ErrorKind::UnexpectedEof, ClientError::Closed),
+        other => io::Error::other(other),
+    }
+}
+
+/// Runs one client call to its end, or fails it after `t`.
+fn block<T>(t: Duration, f: impl Future<Output = Result<T, ClientError>>) -> io::Result<T> {
+    // (The timer is made inside the runtime.)
+    match runtime().block_on(async { tokio::time::timeout(t, f).await }) {
+        Ok(r) => r.map_err(io_error),
+        Err(_) => Err(io::ErrorKind::TimedOut.into()),
+    }
+}
+
+/// A buffer on the server: handle and base address (zero: none).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Buf {
+    pub handle: u64,
+    pub base: u64,
+}
+
 /// One connection.
 pub struct Conn {
-    s: TcpStream,
+    c: Client,
 }
 
 impl Conn {
-    pub fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
-        let s = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(IO_TIMEOUT))?;
-        s.set_write_timeout(Some(IO_TIMEOUT))?;
-        Ok(Conn { s })
+    /// Connects without HELLO.
+    pub fn connect(addr: SocketAddr) -> io::Result<Conn> {
+        let c = block(IO_TIMEOUT, Client::connect_raw(addr))?;
+        Ok(Conn { c })
     }
 
-    /// Connects and does the HELLO handshake.
-    pub fn open(addr: SocketAddr) -> std::io::Result<Conn> {
+    /// Connects and does the HELLO handshake; the server must speak 7.0.0.
+    pub fn open(addr: SocketAddr) -> io::Result<Conn> {
         let mut c = Conn::connect(addr)?;
-        c.send(HELLO, &[0u8; 24])?;
-        let r = c.recv(28)?;
-        if r[0] != 7 {
-            return Err(std::io::Error::other(format!(
-                "unexpected version {}.{}.{}",
-                r[0], r[1], r[2]
+        let (major, minor, patch) = block(IO_TIMEOUT, c.c.hello())?;
+        if c.c.major() != Major::V7 {
+            return Err(io::Error::other(format!(
+                "unexpected version {major}.{minor}.{patch}"
             )));
         }
         Ok(c)
     }
 
-    pub fn send_raw(&mut self, b: &[u8]) -> std::io::Result<()> {
-        self.s.write_all(b)
+    /// Sends one request (no reply read).
+    pub fn send(&mut self, req: &Request<'_>) -> io::Result<()> {
+        block(IO_TIMEOUT, self.c.request(req))
     }
 
-    pub fn send(&mut self, cmd: u8, payload: &[u8]) -> std::io::Result<()> {
-        let mut f = Vec::with_capacity(9 + payload.len());
-        f.push(cmd);
-        f.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        f.extend_from_slice(payload);
-        self.s.write_all(&f)
+    /// Sends bytes as they are (a malformed frame, part of one, several).
+    pub fn send_bytes(&mut self, b: &[u8]) -> io::Result<()> {
+        block(IO_TIMEOUT, self.c.send_bytes(b))
     }
 
-    /// Reads one response and checks its size.
-    pub fn recv(&mut self, want: usize) -> std::io::Result<Vec<u8>> {
-        let mut h = [0u8; 8];
-        self.s.read_exact(&mut h)?;
-        let n = u64::from_le_bytes(h);
-        if n != want as u64 {
-            return Err(std::io::Error::other(format!(
-                "response of {n} bytes, expected {want}"
-            )));
-        }
-        let mut v = vec![0u8; want];
-        self.s.read_exact(&mut v)?;
-        Ok(v)
+    /// ALLOC_BUFFER on device 0: the buffer, or `None` when the server answered a null handle.
+    pub fn alloc(&mut self, size: u64) -> io::Result<Option<rpc_client::RemoteBuffer>> {
+        block(IO_TIMEOUT, self.c.alloc_buffer(0, size))
     }
 
-    pub fn alloc(&mut self, size: u64) -> std::io::Result<(u64, u64)> {
-        let mut p = 0u32.to_le_bytes().to_vec();
-        p.extend_from_slice(&size.to_le_bytes());
-        self.send(ALLOC_BUFFER, &p)?;
-        let r = self.recv(16)?;
-        Ok((
-            u64::from_le_bytes(r[..8].try_into().unwrap()),
-            u64::from_le_bytes(r[8..].try_into().unwrap()),
-        ))
+    /// A buffer of `size` bytes with its base address.
+    pub fn buffer(&mut self, size: u64) -> io::Result<Buf> {
+        let b = self
+            .alloc(size)?
+            .ok_or_else(|| io::Error::other("allocation failed"))?;
+        let base = block(IO_TIMEOUT, self.c.buffer_get_base(b.handle))?;
+        Ok(Buf {
+            handle: b.handle,
+            base,
+        })
     }
 
-    pub fn base(&mut self, handle: u64) -> std::io::Result<u64> {
-        self.send(BUFFER_GET_BASE, &handle.to_le_bytes())?;
-        Ok(u64::from_le_bytes(self.recv(8)?.try_into().unwrap()))
-    }
-
-    /// A buffer of `size` bytes: (handle, base address).
-    pub fn buffer(&mut self, size: u64) -> std::io::Result<(u64, u64)> {
-        let (h, _) = self.alloc(size)?;
-        if h == 0 {
-            return Err(std::io::Error::other("allocation failed"));
-        }
-        Ok((h, self.base(h)?))
-    }
-
-    pub fn set_tensor(&mut self, t: &RpcTensor, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let mut p = t.to_wire().to_vec();
-        p.push(0);
-        p.extend_from_slice(&offset.to_le_bytes());
-        p.extend_from_slice(data);
-        self.send(SET_TENSOR, &p)
-    }
-
-    pub fn get_tensor(
+    pub fn set_tensor(
         &mut self,
-        t: &RpcTensor,
+        t: impl Into<RpcTensor>,
         offset: u64,
-        size: u64,
-    ) -> std::io::Result<Vec<u8>> {
-        let mut p = t.to_wire().to_vec();
-        p.extend_from_slice(&offset.to_le_bytes());
-        p.extend_from_slice(&size.to_le_bytes());
-        self.send(GET_TENSOR, &p)?;
-        self.recv(size as usize)
+        data: &[u8],
+    ) -> io::Result<()> {
+        block(
+            IO_TIMEOUT,
+            self.c.set_tensor(&t.into(), offset, data, false),
+        )
     }
 
-    pub fn graph(
-        &mut self,
-        device: u32,
-        nodes: &[u64],
-        tensors: &[RpcTensor],
-    ) -> std::io::Result<()> {
-        self.send(GRAPH_COMPUTE, &graph_payload(device, nodes, tensors))
+    pub fn get_tensor(&mut self, t: &RpcTensor, offset: u64, size: u64) -> io::Result<Vec<u8>> {
+        block(IO_TIMEOUT, self.c.get_tensor(t, offset, size))
     }
 
-    pub fn recompute(&mut self, device: u32) -> std::io::Result<()> {
-        self.send(GRAPH_RECOMPUTE, &device.to_le_bytes())
+    /// GRAPH_COMPUTE (7.0.0 layout).
+    pub fn graph(&mut self, device: u32, nodes: &[u64], tensors: &[RpcTensor]) -> io::Result<()> {
+        block(IO_TIMEOUT, self.c.graph_compute(device, nodes, tensors))
+    }
+
+    pub fn recompute(&mut self, device: u32) -> io::Result<()> {
+        block(IO_TIMEOUT, self.c.graph_recompute(device))
     }
 
     /// DEVICE_COUNT round trip: the connection is alive and in sync.
-    pub fn ping(&mut self) -> std::io::Result<u32> {
-        self.send(DEVICE_COUNT, &[])?;
-        Ok(u32::from_le_bytes(self.recv(4)?.try_into().unwrap()))
+    pub fn ping(&mut self) -> io::Result<u32> {
+        block(IO_TIMEOUT, self.c.device_count())
+    }
+
+    /// Reads the reply to a request sent with [`Conn::send`]: its size prefix must be `len`.
+    pub fn reply(&mut self, len: u64) -> io::Result<Vec<u8>> {
+        block(IO_TIMEOUT, self.c.recv_response(len))
     }
 
     /// Whether the server closes this connection within `t` (EOF or reset), discarding anything
     /// it sends meanwhile.
     pub fn closed_within(&mut self, t: Duration) -> bool {
+        use rpc_transport::Transport;
         let deadline = Instant::now() + t;
         let mut buf = [0u8; 4096];
         loop {
@@ -168,71 +151,20 @@ impl Conn {
             if left.is_zero() {
                 return false;
             }
-            let _ = self
-                .s
-                .set_read_timeout(Some(left.min(Duration::from_millis(500))));
-            match self.s.read(&mut buf) {
-                Ok(0) => return true,
-                Ok(_) => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    continue
-                }
-                Err(_) => return true,
+            let read = self.c.transport_mut().read(&mut buf);
+            let step = left.min(Duration::from_millis(500));
+            match runtime().block_on(async { tokio::time::timeout(step, read).await }) {
+                Ok(Ok(0)) => return true,
+                Ok(Ok(_)) | Err(_) => continue,
+                Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Ok(Err(_)) => return true,
             }
         }
     }
 
     pub fn close(self) {
-        let _ = self.s.shutdown(Shutdown::Both);
+        let _ = block(IO_TIMEOUT, self.c.shutdown());
     }
-}
-
-pub fn graph_payload(device: u32, nodes: &[u64], tensors: &[RpcTensor]) -> Vec<u8> {
-    let mut p = device.to_le_bytes().to_vec();
-    p.extend_from_slice(&(nodes.len() as u32).to_le_bytes());
-    for n in nodes {
-        p.extend_from_slice(&n.to_le_bytes());
-    }
-    p.extend_from_slice(&(tensors.len() as u32).to_le_bytes());
-    for t in tensors {
-        p.extend_from_slice(&t.to_wire());
-    }
-    p
-}
-
-/// Contiguous strides for a tensor of type size `ts` (block size 1) or `(ts, blck)`.
-pub fn strides(ts: u32, blck: u32, ne: [u32; 4]) -> [u32; 4] {
-    let nb0 = ts;
-    let nb1 = nb0 * (ne[0] / blck);
-    let nb2 = nb1 * ne[1];
-    let nb3 = nb2 * ne[2];
-    [nb0, nb1, nb2, nb3]
-}
-
-/// An f32 (or other 4-byte type) tensor of shape `ne` at `data` in `buffer`.
-pub fn t4(id: u64, ty: u32, ne: [u32; 4], buffer: u64, data: u64) -> RpcTensor {
-    RpcTensor::new(id, ty)
-        .with_shape(ne, strides(4, 1, ne))
-        .with_buffer(buffer, data)
-}
-
-pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-pub fn to_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
 }
 
 /// Which server implementation.

@@ -26,8 +26,26 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use client::*;
-use rpc_proto::RpcTensor;
-use rpc_tests::{release_server_bin, workspace_root, BuildServer};
+use rpc_proto::{ggml_op, Request, RpcTensor, SetTensorHeader, TensorBuilder, TENSOR_FLAG_COMPUTE};
+use rpc_tests::{bytes_f32, f32_bytes, release_server_bin, workspace_root, BuildServer};
+
+/// An F32 tensor of shape `ne` at `addr` in `buffer`.
+fn f32_tensor(id: u64, ne: &[u32], buffer: u64, addr: u64) -> TensorBuilder {
+    TensorBuilder::f32(id).ne(ne).data(buffer, addr)
+}
+
+/// `c = a + b` (ids 1, 2, 3) on 4 floats at offsets 0, 64 and 128 of a buffer.
+fn add_tensors(h: u64, base: u64) -> [RpcTensor; 3] {
+    [
+        f32_tensor(1, &[4], h, base).build(),
+        f32_tensor(2, &[4], h, base + 64).build(),
+        f32_tensor(3, &[4], h, base + 128)
+            .op(ggml_op::ADD, &[])
+            .srcs(&[1, 2])
+            .flags(TENSOR_FLAG_COMPUTE)
+            .build(),
+    ]
+}
 
 /// The bystander's (and fresh client's) workload: `c = a + b` on 4 floats in its own buffer.
 struct Workload {
@@ -41,15 +59,10 @@ struct Workload {
 impl Workload {
     fn setup(addr: SocketAddr) -> std::io::Result<Workload> {
         let mut c = Conn::open(addr)?;
-        let (h, base) = c.buffer(4096)?;
-        let a = t4(1, F32, [4, 1, 1, 1], h, base);
-        let b = t4(2, F32, [4, 1, 1, 1], h, base + 64);
-        let sum = t4(3, F32, [4, 1, 1, 1], h, base + 128)
-            .with_op(2, &[])
-            .with_srcs(&[1, 2])
-            .with_flags(FLAG_COMPUTE);
-        c.set_tensor(&a, 0, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))?;
-        c.set_tensor(&b, 0, &f32_bytes(&[10.0, 20.0, 30.0, 40.0]))?;
+        let Buf { handle: h, base } = c.buffer(4096)?;
+        let [a, b, sum] = add_tensors(h, base);
+        c.set_tensor(a, 0, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))?;
+        c.set_tensor(b, 0, &f32_bytes(&[10.0, 20.0, 30.0, 40.0]))?;
         c.graph(0, &[3], &[a, b, sum])?;
         let mut w = Workload {
             c,
@@ -58,7 +71,7 @@ impl Workload {
             sum,
             round: 0,
         };
-        let got = to_f32(&w.c.get_tensor(&w.sum, 0, 16)?);
+        let got = bytes_f32(&w.c.get_tensor(&w.sum, 0, 16)?);
         if got != [11.0, 22.0, 33.0, 44.0] {
             return Err(std::io::Error::other(format!("first compute gave {got:?}")));
         }
@@ -71,10 +84,10 @@ impl Workload {
         let r = self.round as f32;
         let a = [r, 2.0 * r, 3.0 * r, 4.0 * r];
         let b = [100.0, 200.0, 300.0, 400.0];
-        self.c.set_tensor(&self.a, 0, &f32_bytes(&a))?;
-        self.c.set_tensor(&self.b, 0, &f32_bytes(&b))?;
+        self.c.set_tensor(self.a, 0, &f32_bytes(&a))?;
+        self.c.set_tensor(self.b, 0, &f32_bytes(&b))?;
         self.c.recompute(0)?;
-        let got = to_f32(&self.c.get_tensor(&self.sum, 0, 16)?);
+        let got = bytes_f32(&self.c.get_tensor(&self.sum, 0, 16)?);
         let want: Vec<f32> = a.iter().zip(b).map(|(x, y)| x + y).collect();
         if got != want {
             return Err(std::io::Error::other(format!(
@@ -157,7 +170,7 @@ fn run_suite_with(kind: Kind, bin: &Path, args: &[&str], name: &str) -> Vec<Row>
                 w.c.close();
             }
         }
-        let (refused, held) = match (case.run)(addr) {
+        let (refused, held) = match cases::run(&case, addr) {
             Ok(cases::Verdict::Refused) => (true, Vec::new()),
             Ok(cases::Verdict::Accepted(why)) => {
                 note.push_str(&format!("accepted: {why}; "));
@@ -373,33 +386,36 @@ fn graceful_shutdown_on_sigterm_and_sigint() {
         idle.verify().expect("idle session works");
         // A session in the middle of a heavy compute: 2048x2048 by 2048x128 ones.
         let mut c = Conn::open(addr).expect("busy session");
-        let (h, base) = c.buffer(24 << 20).expect("buffer");
+        let Buf { handle: h, base } = c.buffer(24 << 20).expect("buffer");
         let n: u32 = 2048;
         let m: u32 = 128;
-        let a = t4(1, F32, [n, n, 1, 1], h, base);
-        let b = t4(2, F32, [n, m, 1, 1], h, base + (16 << 20));
-        let out = t4(3, F32, [n, m, 1, 1], h, base + (20 << 20))
-            .with_op(29, &[])
-            .with_srcs(&[1, 2])
-            .with_flags(FLAG_COMPUTE);
-        c.set_tensor(&a, 0, &f32_bytes(&vec![1.0; (n * n) as usize]))
+        let a = f32_tensor(1, &[n, n], h, base).build();
+        let b = f32_tensor(2, &[n, m], h, base + (16 << 20)).build();
+        let out = f32_tensor(3, &[n, m], h, base + (20 << 20))
+            .op(ggml_op::MUL_MAT, &[])
+            .srcs(&[1, 2])
+            .flags(TENSOR_FLAG_COMPUTE)
+            .build();
+        c.set_tensor(a, 0, &f32_bytes(&vec![1.0; (n * n) as usize]))
             .expect("a");
-        c.set_tensor(&b, 0, &f32_bytes(&vec![1.0; (n * m) as usize]))
+        c.set_tensor(b, 0, &f32_bytes(&vec![1.0; (n * m) as usize]))
             .expect("b");
         c.ping().expect("in sync");
         c.graph(0, &[3], &[a, b, out]).expect("graph");
-        let mut get = out.to_wire().to_vec();
-        get.extend_from_slice(&0u64.to_le_bytes());
-        get.extend_from_slice(&16u64.to_le_bytes());
-        c.send(GET_TENSOR, &get).expect("pipelined GET_TENSOR");
+        c.send(&Request::GetTensor {
+            tensor: out,
+            offset: 0,
+            size: 16,
+        })
+        .expect("pipelined GET_TENSOR");
         std::thread::sleep(Duration::from_millis(30));
         let t0 = Instant::now();
         server.signal(sig);
         // The request sent before the signal is still answered, correctly.
         let r = c
-            .recv(16)
+            .reply(16)
             .unwrap_or_else(|e| panic!("SIG{sig}: pipelined GET_TENSOR not answered: {e}"));
-        assert_eq!(to_f32(&r), vec![n as f32; 4], "SIG{sig}: wrong result");
+        assert_eq!(bytes_f32(&r), vec![n as f32; 4], "SIG{sig}: wrong result");
         // Then every connection is closed and the process exits cleanly.
         assert!(
             c.closed_within(Duration::from_secs(35)),
@@ -460,35 +476,29 @@ fn churn_once(addr: SocketAddr, i: usize) -> std::io::Result<()> {
             c.ping()?;
         }
         1 => {
-            let (h, base) = c.buffer(1 << 20)?;
-            let t = t4(1, F32, [256, 1, 1, 1], h, base);
-            c.set_tensor(&t, 0, &[1u8; 1024])?;
+            let Buf { handle: h, base } = c.buffer(1 << 20)?;
+            let t = f32_tensor(1, &[256], h, base).build();
+            c.set_tensor(t, 0, &[1u8; 1024])?;
             c.get_tensor(&t, 0, 1024)?;
         }
         2 => {
             // A stored graph left behind.
-            let (h, base) = c.buffer(4096)?;
-            let a = t4(1, F32, [4, 1, 1, 1], h, base);
-            let b = t4(2, F32, [4, 1, 1, 1], h, base + 64);
-            let s = t4(3, F32, [4, 1, 1, 1], h, base + 128)
-                .with_op(2, &[])
-                .with_srcs(&[1, 2])
-                .with_flags(FLAG_COMPUTE);
-            c.graph(0, &[3], &[a, b, s])?;
+            let Buf { handle: h, base } = c.buffer(4096)?;
+            c.graph(0, &[3], &add_tensors(h, base))?;
             c.ping()?;
         }
         _ => {
             // Dies in the middle of a frame.
-            let (h, base) = c.buffer(1 << 16)?;
-            let t = t4(1, F32, [1024, 1, 1, 1], h, base);
-            let mut p = t.to_wire().to_vec();
-            p.push(0);
-            p.extend_from_slice(&0u64.to_le_bytes());
-            let mut f = vec![SET_TENSOR];
-            f.extend_from_slice(&((p.len() + 4096) as u64).to_le_bytes());
-            f.extend_from_slice(&p);
+            let Buf { handle: h, base } = c.buffer(1 << 16)?;
+            let mut f = Vec::new();
+            SetTensorHeader {
+                tensor: f32_tensor(1, &[1024], h, base).build(),
+                cache_flag: 0,
+                offset: 0,
+            }
+            .encode_frame_head(4096, &mut f);
             f.extend_from_slice(&[7u8; 100]);
-            c.send_raw(&f)?;
+            c.send_bytes(&f)?;
         }
     }
     c.close();
