@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn tensors_are_borrowed_unaligned() {
         // With one node the tensor array starts at offset 20: not 8-aligned.
-        let t = RpcTensor::new(7, 0).with_name("n");
+        let t = crate::TensorBuilder::new(7, 0).name("n").build();
         let mut buf = Vec::new();
         encode_graph(3, None, &[7], &[t], &mut buf);
         let g = Graph::decode(Major::V7, &buf, &Limits::default()).unwrap();
@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn v8_layout_carries_the_uid() {
         // 8.0 delta §B: 20 + 8n + 296m; a one-node graph's tensors start at 28 (unaligned).
-        let t = RpcTensor::new(7, 0).with_name("n");
+        let t = crate::TensorBuilder::new(7, 0).name("n").build();
         let mut buf = Vec::new();
         encode_graph(1, Some(24), &[7], &[t], &mut buf);
         assert_eq!(buf.len(), 20 + 8 + 296);

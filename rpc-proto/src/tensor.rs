@@ -175,72 +175,6 @@ impl RpcTensor {
     pub fn op_params(&self) -> [i32; N_OP_PARAMS] {
         self.op_params.map(I32::get)
     }
-
-    /// Builder: set `buffer` and `data`.
-    #[must_use]
-    pub fn with_buffer(mut self, buffer: u64, data: u64) -> Self {
-        self.buffer.set(buffer);
-        self.data.set(data);
-        self
-    }
-
-    /// Builder: set `ne` and `nb`.
-    #[must_use]
-    pub fn with_shape(mut self, ne: [u32; GGML_MAX_DIMS], nb: [u32; GGML_MAX_DIMS]) -> Self {
-        self.ne = ne.map(U32::new);
-        self.nb = nb.map(U32::new);
-        self
-    }
-
-    /// Builder: set `op` and the leading `op_params` (extra params beyond 16 are ignored).
-    #[must_use]
-    pub fn with_op(mut self, op: u32, params: &[i32]) -> Self {
-        self.op.set(op);
-        self.op_params = [I32::ZERO; N_OP_PARAMS];
-        for (dst, &src) in self.op_params.iter_mut().zip(params) {
-            dst.set(src);
-        }
-        self
-    }
-
-    /// Builder: set `flags`.
-    #[must_use]
-    pub fn with_flags(mut self, flags: i32) -> Self {
-        self.flags.set(flags);
-        self
-    }
-
-    /// Builder: set the leading `src` ids (extra ids beyond 10 are ignored).
-    #[must_use]
-    pub fn with_srcs(mut self, srcs: &[u64]) -> Self {
-        self.src = [U64::ZERO; GGML_MAX_SRC];
-        for (dst, &src) in self.src.iter_mut().zip(srcs) {
-            dst.set(src);
-        }
-        self
-    }
-
-    /// Builder: set `view_src` and `view_offs`.
-    #[must_use]
-    pub fn with_view(mut self, view_src: u64, view_offs: u64) -> Self {
-        self.view_src.set(view_src);
-        self.view_offs.set(view_offs);
-        self
-    }
-
-    /// Builder: set the name (see [`RpcTensor::set_name`]).
-    #[must_use]
-    pub fn with_name(mut self, name: &str) -> Self {
-        self.set_name(name);
-        self
-    }
-
-    /// Builder: set `use_count`.
-    #[must_use]
-    pub fn with_use_count(mut self, use_count: i32) -> Self {
-        self.use_count.set(use_count);
-        self
-    }
 }
 
 impl fmt::Debug for RpcTensor {
@@ -270,15 +204,17 @@ mod tests {
 
     #[test]
     fn field_offsets_on_the_wire() {
-        let t = RpcTensor::new(0x0102030405060708, 0x11)
-            .with_buffer(0xAA, 0xBB)
-            .with_shape([1, 2, 3, 4], [5, 6, 7, 8])
-            .with_op(9, &[-1])
-            .with_flags(TENSOR_FLAG_COMPUTE)
-            .with_srcs(&[0xCC])
-            .with_view(0xDD, 0xEE)
-            .with_name("abc")
-            .with_use_count(3);
+        let t = crate::TensorBuilder::new(0x0102030405060708, 0x11)
+            .data(0xAA, 0xBB)
+            .ne(&[1, 2, 3, 4])
+            .nb([5, 6, 7, 8])
+            .op(9, &[-1])
+            .flags(TENSOR_FLAG_COMPUTE)
+            .srcs(&[0xCC])
+            .view(0xDD, 0xEE)
+            .name("abc")
+            .use_count(3)
+            .build();
         let b = t.to_wire();
         assert_eq!(&b[0..8], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert_eq!(b[8], 0x11);
@@ -303,10 +239,10 @@ mod tests {
     #[test]
     fn names_truncate_like_snprintf() {
         let long = "x".repeat(100);
-        let t = RpcTensor::default().with_name(&long);
+        let mut t = RpcTensor::default();
+        t.set_name(&long);
         assert_eq!(t.name_str(), "x".repeat(63));
         assert_eq!(t.name[63], 0);
-        let mut t = t;
         t.name = [b'y'; 64];
         assert_eq!(t.name_str(), "y".repeat(64));
         t.name[0] = 0xff;

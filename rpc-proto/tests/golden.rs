@@ -171,13 +171,15 @@ fn tensor_layout_matches_spec_table() {
         0xD000,
         "c",
     );
-    let built = RpcTensor::new(0xA1, 0)
-        .with_buffer(0xB0, 0xD000)
-        .with_shape([4, 1, 1, 1], [4, 16, 16, 16])
-        .with_op(2, &[])
-        .with_flags(TENSOR_FLAG_COMPUTE)
-        .with_srcs(&[0xA2, 0xA3])
-        .with_name("c");
+    let built = TensorBuilder::new(0xA1, 0)
+        .data(0xB0, 0xD000)
+        .ne(&[4, 1, 1, 1])
+        .nb([4, 16, 16, 16])
+        .op(2, &[])
+        .flags(TENSOR_FLAG_COMPUTE)
+        .srcs(&[0xA2, 0xA3])
+        .name("c")
+        .build();
     assert_eq!(built.to_wire().as_slice(), hand.as_slice());
 }
 
@@ -355,7 +357,10 @@ fn graph_compute_c_equals_a_plus_b() {
 
 #[test]
 fn get_alloc_size_request_is_3260_bytes() {
-    let t = RpcTensor::new(1, 12).with_shape([256, 1, 1, 1], [144, 144, 144, 144]);
+    let t = TensorBuilder::new(1, 12)
+        .ne(&[256, 1, 1, 1])
+        .nb([144, 144, 144, 144])
+        .build();
     let mut srcs = Box::new([RpcTensor::default(); 10]);
     srcs[0] = RpcTensor::new(2, 0);
     let frame = encode_req(&Request::GetAllocSize {

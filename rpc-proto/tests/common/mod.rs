@@ -28,15 +28,17 @@ impl Rng {
 
 /// A tensor with every field non-zero, so that misplaced bytes show up.
 pub fn busy_tensor(id: u64) -> RpcTensor {
-    RpcTensor::new(id, 1)
-        .with_buffer(0x5555_0000_1000, 0x7f00_dead_0000 + id)
-        .with_shape([640, 2, 3, 1], [4, 2560, 5120, 15360])
-        .with_op(2, &[1, -2, 3, i32::MIN, i32::MAX])
-        .with_flags(TENSOR_FLAG_INPUT | TENSOR_FLAG_COMPUTE)
-        .with_srcs(&[id + 1, id + 2, 0, u64::MAX])
-        .with_view(id + 3, 128)
-        .with_name(&format!("blk.{id}.attn_q.weight"))
-        .with_use_count(2)
+    TensorBuilder::new(id, 1)
+        .data(0x5555_0000_1000, 0x7f00_dead_0000 + id)
+        .ne(&[640, 2, 3, 1])
+        .nb([4, 2560, 5120, 15360])
+        .op(2, &[1, -2, 3, i32::MIN, i32::MAX])
+        .flags(TENSOR_FLAG_INPUT | TENSOR_FLAG_COMPUTE)
+        .srcs(&[id + 1, id + 2, 0, u64::MAX])
+        .view(id + 3, 128)
+        .name(&format!("blk.{id}.attn_q.weight"))
+        .use_count(2)
+        .build()
 }
 
 /// Owns the variable-size parts of the sample requests.
