@@ -19,9 +19,9 @@ pub struct FrameHeader {
 
 impl FrameHeader {
     /// A header for `cmd` with a payload of `size` bytes.
-    pub fn new(cmd: Command, size: u64) -> Self {
+    pub const fn new(cmd: Command, size: u64) -> Self {
         FrameHeader {
-            cmd: cmd.as_u8(),
+            cmd: cmd as u8,
             size,
         }
     }
@@ -35,13 +35,10 @@ impl FrameHeader {
         }
     }
 
-    /// The 9 header bytes.
-    pub fn encode(&self) -> [u8; FRAME_HEADER_SIZE] {
-        let mut out = [0u8; FRAME_HEADER_SIZE];
-        let (cmd, size) = out.split_at_mut(1);
-        cmd.copy_from_slice(&[self.cmd]);
-        size.copy_from_slice(&self.size.to_le_bytes());
-        out
+    /// The 9 header bytes (a `const fn`: a frame without payload can be a constant).
+    pub const fn encode(&self) -> [u8; FRAME_HEADER_SIZE] {
+        let [s0, s1, s2, s3, s4, s5, s6, s7] = self.size.to_le_bytes();
+        [self.cmd, s0, s1, s2, s3, s4, s5, s6, s7]
     }
 }
 

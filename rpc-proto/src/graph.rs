@@ -8,10 +8,10 @@
 use zerocopy::byteorder::little_endian::U64;
 use zerocopy::IntoBytes;
 
-use crate::command::Major;
-use crate::consts::{GRAPH_HEADER_SIZE, RPC_TENSOR_SIZE};
+use crate::command::{Command, Major};
+use crate::consts::{FRAME_HEADER_SIZE, GRAPH_HEADER_SIZE, RPC_TENSOR_SIZE};
 use crate::error::DecodeError;
-use crate::frame::Limits;
+use crate::frame::{FrameHeader, Limits};
 use crate::tensor::RpcTensor;
 use crate::wire::{put_u32, put_u64, Reader};
 
@@ -172,6 +172,26 @@ pub fn encode_graph(
     out.extend_from_slice(tensors.as_bytes());
 }
 
+/// A 7.0.0 GRAPH_COMPUTE or GRAPH_RECOMPUTE request frame (header included) as 8.0.0's: `uid`
+/// after the leading `u32 device`, the size 8 larger, every other byte as it was (a relay
+/// between the majors does not judge the graph). `None` when `frame` is no frame of either
+/// command or is shorter than its header and device.
+pub fn graph_frame_with_uid(frame: &[u8], uid: u64) -> Option<Vec<u8>> {
+    let (head, body) = frame.split_first_chunk::<FRAME_HEADER_SIZE>()?;
+    let cmd = FrameHeader::decode(head).cmd;
+    if cmd != Command::GraphCompute.as_u8() && cmd != Command::GraphRecompute.as_u8() {
+        return None;
+    }
+    let (device, rest) = body.split_first_chunk::<4>()?;
+    let size = (body.len() as u64).checked_add(8)?;
+    let mut out = Vec::with_capacity(frame.len().saturating_add(8));
+    out.extend_from_slice(&FrameHeader { cmd, size }.encode());
+    out.extend_from_slice(device);
+    put_u64(&mut out, uid);
+    out.extend_from_slice(rest);
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +234,41 @@ mod tests {
         assert_eq!(again, buf);
         // The same bytes read as 7.0 are a different (here: malformed) graph.
         assert!(Graph::decode(Major::V7, &buf, &Limits::default()).is_err());
+    }
+
+    #[test]
+    fn uid_goes_after_the_device() {
+        let limits = Limits::default();
+        let t = crate::TensorBuilder::new(7, 0).name("n").build();
+        let mut v7 = Vec::new();
+        crate::Request::GraphRecompute {
+            device: 3,
+            uid: None,
+        }
+        .encode(&mut v7);
+        let f = graph_frame_with_uid(&v7, 0x0102).unwrap();
+        let mut v8 = Vec::new();
+        crate::Request::GraphRecompute {
+            device: 3,
+            uid: Some(0x0102),
+        }
+        .encode(&mut v8);
+        assert_eq!(f, v8);
+        // A 7.0 graph frame becomes the same graph with the uid in 8.0's layout.
+        let mut payload = Vec::new();
+        encode_graph(2, None, &[7], &[t], &mut payload);
+        let mut frame = FrameHeader::new(Command::GraphCompute, payload.len() as u64)
+            .encode()
+            .to_vec();
+        frame.extend_from_slice(&payload);
+        let f = graph_frame_with_uid(&frame, 24).unwrap();
+        let h = FrameHeader::decode(f[..9].try_into().unwrap());
+        assert_eq!(h.size, payload.len() as u64 + 8);
+        let g = Graph::decode(Major::V8, &f[9..], &limits).unwrap();
+        assert_eq!((g.device, g.uid, g.tensors), (2, Some(24), &[t][..]));
+        // Anything else, or too short to hold the device: none.
+        assert_eq!(graph_frame_with_uid(&frame[..12], 1), None);
+        assert_eq!(graph_frame_with_uid(&[15, 0, 0, 0, 0, 0, 0, 0, 0], 1), None);
+        assert_eq!(graph_frame_with_uid(&[], 1), None);
     }
 }

@@ -172,6 +172,12 @@ impl Response {
         Ok(got)
     }
 
+    /// The size prefix of a response whose `size`-byte payload is sent from elsewhere (a relay,
+    /// a reply read straight out of tensor memory).
+    pub fn header(size: u64) -> [u8; RESPONSE_HEADER_SIZE] {
+        size.to_le_bytes()
+    }
+
     /// Size of the encoded payload (without the `u64` prefix).
     pub fn payload_len(&self) -> u64 {
         match self {

@@ -11,16 +11,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use rpc_proto::{Command, GGML_MAX_SRC, RPC_TENSOR_SIZE};
+use rpc_proto::{Command, FrameHeader, Limits, Major, Request, Response, FRAME_HEADER_SIZE};
 
 /// Entries kept at most; when full the cache starts over (it refills from the worker).
 const MAX_ENTRIES: usize = 16 * 1024;
 
-/// Offset of the `buffer` field inside a serialized `rpc_tensor` (spec §6).
-const TENSOR_BUFFER_OFFSET: usize = 12;
-
 /// The request frame of DEVICE_COUNT (its key in the cache).
-pub const DEVICE_COUNT_FRAME: [u8; 9] = [Command::DeviceCount as u8, 0, 0, 0, 0, 0, 0, 0, 0];
+pub const DEVICE_COUNT_FRAME: [u8; FRAME_HEADER_SIZE] =
+    FrameHeader::new(Command::DeviceCount, 0).encode();
 
 /// Request frame → response payload.
 type Map = HashMap<Box<[u8]>, Arc<[u8]>>;
@@ -47,7 +45,7 @@ impl QueryCache {
         if m.len() >= MAX_ENTRIES && !m.contains_key(frame) {
             // Keep what every new client asks first; drop the rest (GET_ALLOC_SIZE keys hold
             // client tensor addresses, so they pile up across client runs).
-            m.retain(|k, _| k.first() != Some(&(Command::GetAllocSize as u8)));
+            m.retain(|k, _| k.first() != Some(&Command::GetAllocSize.as_u8()));
         }
         m.insert(frame.into(), response.into());
     }
@@ -55,7 +53,10 @@ impl QueryCache {
     /// The worker's device count, once DEVICE_COUNT has been answered.
     pub fn device_count(&self) -> Option<u32> {
         let v = self.get(&DEVICE_COUNT_FRAME)?;
-        Some(u32::from_le_bytes(v.get(..4)?.try_into().ok()?))
+        match Response::decode(Command::DeviceCount, &v) {
+            Ok(Response::DeviceCount { count }) => Some(count),
+            _ => None,
+        }
     }
 
     /// Number of cached answers.
@@ -69,16 +70,24 @@ impl QueryCache {
     }
 }
 
+/// The query `payload` of `cmd` decoded: the queries are the same in both majors.
+fn decode_query(cmd: Command, payload: &[u8]) -> Option<Request<'_>> {
+    if !is_query(cmd) {
+        return None;
+    }
+    Request::decode(Major::V7, cmd, payload, &Limits::default()).ok()
+}
+
 /// Whether the answer to this request can be served from the cache (see the module docs).
 pub fn is_cacheable(cmd: Command, payload: &[u8]) -> bool {
     match cmd {
         Command::DeviceCount | Command::GetAlignment | Command::GetMaxSize => true,
-        Command::GetAllocSize => (0..=GGML_MAX_SRC).all(|i| {
-            let at = 4 + i * RPC_TENSOR_SIZE + TENSOR_BUFFER_OFFSET;
-            payload
-                .get(at..at + 8)
-                .is_some_and(|b| b.iter().all(|&x| x == 0))
-        }),
+        Command::GetAllocSize => match decode_query(cmd, payload) {
+            Some(Request::GetAllocSize { tensor, srcs, .. }) => std::iter::once(&tensor)
+                .chain(srcs.iter())
+                .all(|t| t.buffer.get() == 0),
+            _ => false,
+        },
         _ => false,
     }
 }
@@ -96,16 +105,14 @@ pub fn is_query(cmd: Command) -> bool {
     )
 }
 
-/// The device index of a request that has one in its first 4 payload bytes.
+/// The device a query names (GET_ALIGNMENT, GET_MAX_SIZE, GET_DEVICE_MEMORY, GET_ALLOC_SIZE);
+/// `None` for DEVICE_COUNT, other commands and malformed payloads.
 pub fn device_of(cmd: Command, payload: &[u8]) -> Option<u32> {
-    match cmd {
-        Command::GetAlignment
-        | Command::GetMaxSize
-        | Command::GetDeviceMemory
-        | Command::GetAllocSize
-        | Command::AllocBuffer
-        | Command::GraphCompute
-        | Command::GraphRecompute => Some(u32::from_le_bytes(payload.get(..4)?.try_into().ok()?)),
+    match decode_query(cmd, payload)? {
+        Request::GetAlignment { device }
+        | Request::GetMaxSize { device }
+        | Request::GetDeviceMemory { device }
+        | Request::GetAllocSize { device, .. } => Some(device),
         _ => None,
     }
 }
@@ -114,11 +121,25 @@ pub fn device_of(cmd: Command, payload: &[u8]) -> Option<u32> {
 mod tests {
     use super::*;
 
+    fn alloc_size(buffer_of: Option<usize>) -> Vec<u8> {
+        let mut srcs = Box::new([rpc_proto::RpcTensor::default(); rpc_proto::GGML_MAX_SRC]);
+        if let Some(i) = buffer_of {
+            srcs[i] = rpc_proto::TensorBuilder::f32(2).data(1, 0x1000).build();
+        }
+        let mut p = Vec::new();
+        Request::GetAllocSize {
+            device: 0,
+            tensor: rpc_proto::TensorBuilder::f32(1).ne(&[8]).build(),
+            srcs,
+        }
+        .encode_payload(&mut p);
+        p
+    }
+
     #[test]
     fn alloc_size_with_a_buffer_is_not_cacheable() {
-        let mut p = vec![0u8; 4 + 11 * RPC_TENSOR_SIZE];
-        assert!(is_cacheable(Command::GetAllocSize, &p));
-        p[4 + 3 * RPC_TENSOR_SIZE + TENSOR_BUFFER_OFFSET] = 1; // a source names a buffer
+        assert!(is_cacheable(Command::GetAllocSize, &alloc_size(None)));
+        let p = alloc_size(Some(3)); // a source names a buffer
         assert!(!is_cacheable(Command::GetAllocSize, &p));
         assert!(!is_cacheable(Command::GetAllocSize, &p[..100]));
         assert!(!is_cacheable(Command::GetDeviceMemory, &[0; 4]));
@@ -129,10 +150,12 @@ mod tests {
     fn device_count_and_overflow() {
         let c = QueryCache::default();
         assert_eq!(c.device_count(), None);
-        c.insert(&DEVICE_COUNT_FRAME, &3u32.to_le_bytes());
+        let mut three = Vec::new();
+        Response::DeviceCount { count: 3 }.encode_payload(&mut three);
+        c.insert(&DEVICE_COUNT_FRAME, &three);
         assert_eq!(c.device_count(), Some(3));
         for i in 0..(MAX_ENTRIES as u32 + 10) {
-            let mut k = vec![Command::GetAllocSize as u8];
+            let mut k = vec![Command::GetAllocSize.as_u8()];
             k.extend_from_slice(&i.to_le_bytes());
             c.insert(&k, &[1]);
         }
@@ -146,10 +169,11 @@ mod tests {
 
     #[test]
     fn device_field() {
-        assert_eq!(
-            device_of(Command::GetAlignment, &7u32.to_le_bytes()),
-            Some(7)
-        );
+        let mut p = Vec::new();
+        Request::GetAlignment { device: 7 }.encode_payload(&mut p);
+        assert_eq!(device_of(Command::GetAlignment, &p), Some(7));
+        assert_eq!(device_of(Command::GetAllocSize, &alloc_size(None)), Some(0));
+        assert_eq!(device_of(Command::AllocBuffer, &p), None);
         assert_eq!(device_of(Command::DeviceCount, &[]), None);
         assert_eq!(device_of(Command::GetMaxSize, &[1]), None);
     }

@@ -356,7 +356,7 @@ impl<C: Connector> Session<C> {
         self.flush().await?;
         self.scratch.clear();
         self.scratch
-            .extend_from_slice(&(payload.len() as u64).to_le_bytes());
+            .extend_from_slice(&Response::header(payload.len() as u64));
         self.scratch.extend_from_slice(payload);
         self.wr
             .write_all(&self.scratch)
@@ -460,7 +460,8 @@ impl<C: Connector> Session<C> {
         if h.size <= INLINE_MAX {
             let mut frame = self.read_frame(h).await?;
             if let (Some(uid), Command::GraphCompute | Command::GraphRecompute) = (uid, cmd) {
-                frame = insert_uid(&frame, uid);
+                // (The frame passed check_frame for 7.0: it has its device.)
+                frame = rpc_proto::graph_frame_with_uid(&frame, uid).unwrap_or(frame);
             }
             self.batch.push_frame(&frame);
             if self.batch.bytes.len() >= BATCH_MAX {
@@ -548,7 +549,7 @@ impl<C: Connector> Session<C> {
         let size = read_response_size(up, &addr, cmd, get_size).await?;
         ShimStats::inc(&self.worker.core.stats.responses_relayed);
         self.scratch.clear();
-        self.scratch.extend_from_slice(&size.to_le_bytes());
+        self.scratch.extend_from_slice(&Response::header(size));
         if size <= SMALL_RESPONSE {
             let n = size as usize;
             self.scratch.resize(RESPONSE_HEADER_SIZE + n, 0);
@@ -596,22 +597,6 @@ impl<C: Connector> Drop for Session<C> {
     }
 }
 
-/// A 7.0 GRAPH_COMPUTE or GRAPH_RECOMPUTE frame as 8.0's: `uid` inserted after the leading
-/// `u32 device`, the size 8 larger. (The frame passed `check_frame` for 7.0: the device is there.)
-fn insert_uid(frame: &[u8], uid: u64) -> Vec<u8> {
-    let at = (FRAME_HEADER_SIZE + 4).min(frame.len());
-    let (head, rest) = frame.split_at(at);
-    let mut out = Vec::with_capacity(frame.len() + 8);
-    out.extend_from_slice(head);
-    out.extend_from_slice(&uid.to_le_bytes());
-    out.extend_from_slice(rest);
-    let size = (out.len() - FRAME_HEADER_SIZE.min(out.len())) as u64;
-    if let Some(s) = out.get_mut(1..FRAME_HEADER_SIZE) {
-        s.copy_from_slice(&size.to_le_bytes());
-    }
-    out
-}
-
 /// Reads the size prefix of the response to `cmd` from the upstream connection and checks it
 /// (`get_size`: the size a GET_TENSOR asked for).
 async fn read_response_size<T: Transport>(
@@ -638,47 +623,22 @@ mod tests {
     #[test]
     fn batch_keeps_part_boundaries() {
         let mut b = Batch::default();
-        b.push_frame(&[15, 0, 0, 0, 0, 0, 0, 0, 0]);
-        b.push_frame(&[16, 4, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4]);
+        for req in [
+            Request::DeviceCount,
+            Request::GraphRecompute {
+                device: 0x0403_0201,
+                uid: None,
+            },
+        ] {
+            let mut frame = Vec::new();
+            req.encode(&mut frame);
+            b.push_frame(&frame);
+        }
         let lens: Vec<usize> = b.parts.iter().map(|r| r.len()).collect();
         assert_eq!(
             lens,
             [1, 8, 1, 8, 4],
             "cmd, size, payload per frame; no SEND for an empty payload"
         );
-    }
-
-    #[test]
-    fn uid_goes_after_the_device() {
-        let limits = rpc_proto::Limits::default();
-        // 7.0 GRAPH_RECOMPUTE {device 3} → 8.0 {3, uid}.
-        let f = insert_uid(&[16, 4, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0], 0x0102);
-        assert_eq!(f.len(), 9 + 12);
-        let h = FrameHeader::decode(f[..9].try_into().unwrap());
-        let cmd = check_frame(Major::V8, &h, &limits).unwrap();
-        assert_eq!(
-            Request::decode(Major::V8, cmd, &f[9..], &limits).unwrap(),
-            Request::GraphRecompute {
-                device: 3,
-                uid: Some(0x0102)
-            }
-        );
-        // A 7.0 graph (one node, one tensor) decodes as the same graph with the uid in 8.0.
-        let t = rpc_proto::RpcTensor::default();
-        let mut v7 = Vec::new();
-        rpc_proto::encode_graph(2, None, &[7], &[t], &mut v7);
-        let mut frame = FrameHeader::new(Command::GraphCompute, v7.len() as u64)
-            .encode()
-            .to_vec();
-        frame.extend_from_slice(&v7);
-        let f = insert_uid(&frame, LAST_GRAPH_UID);
-        let h = FrameHeader::decode(f[..9].try_into().unwrap());
-        assert_eq!(h.size, v7.len() as u64 + 8);
-        let g = rpc_proto::Graph::decode(Major::V8, &f[9..], &limits).unwrap();
-        assert_eq!(
-            (g.device, g.uid, g.nodes().collect::<Vec<_>>()),
-            (2, Some(LAST_GRAPH_UID), vec![7])
-        );
-        assert_eq!(g.tensors, [t]);
     }
 }

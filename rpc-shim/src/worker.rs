@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_client::Client;
-use rpc_proto::{Command, Major};
+use rpc_proto::{Command, Major, Request};
 use rpc_transport::{TcpTransport, Transport};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -125,11 +125,12 @@ impl Core {
             }
         };
         for device in 0..count.min(64) {
-            for cmd in [Command::GetAlignment, Command::GetMaxSize] {
-                let mut frame = Vec::with_capacity(13);
-                frame.push(cmd as u8);
-                frame.extend_from_slice(&4u64.to_le_bytes());
-                frame.extend_from_slice(&device.to_le_bytes());
+            for req in [
+                Request::GetAlignment { device },
+                Request::GetMaxSize { device },
+            ] {
+                let mut frame = Vec::new();
+                req.encode(&mut frame);
                 if self.cache.get(&frame).is_none() {
                     let rsp = self.query_on(t, &frame).await?;
                     self.cache.insert(&frame, &rsp);
