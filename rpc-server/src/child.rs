@@ -23,6 +23,7 @@ use crate::stats::{reported_counters, Stats};
 /// How long a session process whose front is gone may take to finish its running command.
 const FRONT_GONE_GRACE: Duration = Duration::from_secs(1);
 
+/// Session side of the control line: memory reservations asked of the front, links, and the
 /// weight cache's writes.
 struct Front {
     wr: Mutex<UnixStream>,

@@ -7,10 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rpc_proto::{
-    check_frame, Command, DecodeError, FrameHeader, Limits, Major, Request, Response,
-    SetTensorHeader,
-};
+use rpc_proto::{check_frame, Command, DecodeError, FrameHeader, Limits, Major, Request, Response};
 use rpc_transport::rdma::negotiate::{lean_name, READY};
 use rpc_transport::rdma::{Flavor, RdmaTransport};
 use rpc_transport::{BlockingTcpTransport, Transport};
@@ -20,11 +17,11 @@ use tokio::sync::watch;
 use crate::admission::Admitted;
 use crate::options::{Deadlines, ServerOptions};
 use crate::rdma::{Activated, RdmaConfig};
-use crate::session::{MemoryBudget, Session, SessionConfig, SessionError};
+use crate::session::{
+    Intake, MemoryBudget, Reply, Session, SessionConfig, SessionError, SetTensorBody,
+};
 use crate::stats::Stats;
 
-/// SET_TENSOR payloads are always read straight into tensor memory (one copy from the wire).
-const STREAM_MIN: u64 = rpc_proto::SET_TENSOR_HEADER_SIZE as u64;
 /// Request bodies larger than this are charged to the memory budget while they are read and
 /// handled (smaller ones, every per-token command among them, cost less than the accounting).
 const CHARGE_MIN: u64 = 64 << 10;
@@ -216,9 +213,9 @@ pub(crate) async fn serve_hello_in<F: FnOnce()>(
     }
     // Blocking (queue-pair setup): fine, this thread serves only this connection.
     let (reply_caps, activated) = crate::rdma::negotiate(&ctx.rdma, local_ip, &caps);
-    send_hello(&mut tcp, ctx.major, reply_caps, &ctx.stats).await?;
-    ready();
     let session = new_session(&ctx, local_ip);
+    send_hello(&mut tcp, session.hello(reply_caps), &ctx.stats).await?;
+    ready();
     let (stats, rdma, shutdown) = (ctx.stats, ctx.rdma, ctx.shutdown);
     let Some(activated) = activated else {
         if let Some(s) = slot {
@@ -280,15 +277,14 @@ pub(crate) async fn serve_hello_in<F: FnOnce()>(
     }
 }
 
-/// Sends the HELLO reply of a `major` listener with `caps` (all zero: TCP), counted.
+/// Sends a session's HELLO reply ([`Session::hello`]), counted.
 pub(crate) async fn send_hello(
     tcp: &mut BlockingTcpTransport,
-    major: Major,
-    caps: [u8; rpc_proto::CONN_CAPS_SIZE],
+    reply: Response,
     stats: &Stats,
 ) -> Result<(), ConnectionError> {
     let mut out = Vec::with_capacity(64);
-    Response::hello(major, caps).encode(&mut out);
+    reply.encode(&mut out);
     stats.command(
         tcp.name(),
         Command::Hello,
@@ -404,13 +400,13 @@ pub(crate) async fn next_header<T: Transport>(
     }
 }
 
-/// The session's answer to a decoded request; its error names the command.
-pub(crate) fn answer(
-    session: &mut Session,
+/// A session's reply to a decoded request; its error names the command.
+pub(crate) fn reply<'s>(
+    session: &'s mut Session,
     cmd: Command,
     req: Request<'_>,
-) -> Result<Option<Response>, ConnectionError> {
-    session.handle(req).map_err(|err| ConnectionError::Session {
+) -> Result<Option<Reply<'s>>, ConnectionError> {
+    session.reply(req).map_err(|err| ConnectionError::Session {
         cmd: cmd.name(),
         err,
     })
@@ -471,8 +467,10 @@ async fn run_in<T: Transport>(
         let cmd = check_frame(major, &h, &limits)?;
         // A token's server-side time starts with its GRAPH_RECOMPUTE's header (read just now).
         let arrived = (cmd == Command::GraphRecompute).then(Instant::now);
-        if cmd == Command::SetTensor && h.size >= STREAM_MIN {
-            stream_set_tensor(rd, &mut session, h.size, deadlines.stall).await?;
+        if Intake::of(cmd, h.size) == Intake::Streamed {
+            read_streamed(rd, &mut session, h.size, deadlines.stall)
+                .await
+                .map_err(|e| e.named(cmd))?;
             stats.command(transport, cmd, h.size, 0);
             continue;
         }
@@ -489,35 +487,26 @@ async fn run_in<T: Transport>(
         };
         read_payload(rd, &mut payload, h.size, deadlines.stall).await?;
         let req = Request::decode(major, cmd, &payload, &limits)?;
-        // GET_TENSOR from host memory: send straight from the tensor (one copy to the wire).
-        if let Request::GetTensor {
-            tensor,
-            offset,
-            size,
-        } = &req
-        {
-            let target = session.get_tensor_source(tensor, *offset, *size);
-            let (buf, off) = target.map_err(|err| ConnectionError::Session {
-                cmd: cmd.name(),
-                err,
-            })?;
-            if let Some(src) = usize::try_from(*size).ok().and_then(|n| buf.host(off, n)) {
-                let prefix = size.to_le_bytes();
-                // Counted before the reply leaves: whoever reads the counters after the client
-                // has its answer sees this command.
-                stats.command(transport, cmd, h.size, 8 + *size);
-                rd.send_message(&[&prefix, &src]).await?;
-                if let Some((start, compute)) = token.take() {
-                    stats.token(start.elapsed(), compute);
-                }
-                continue;
-            }
-        }
         // Computes run right here: the connection's own thread (see `server.rs`).
         let computes = matches!(cmd, Command::GraphCompute | Command::GraphRecompute);
         let started = computes.then(Instant::now);
         let reduce_started = Instant::now();
-        let reply = answer(&mut session, cmd, req)?;
+        let reply = reply(&mut session, cmd, req)?;
+        if let Some(t0) = started {
+            let took = t0.elapsed();
+            stats.compute.observe(took);
+            if let Some(arrived) = arrived {
+                token = Some((arrived, took));
+            }
+        }
+        let sent = reply.as_ref().map_or(0, |r| encode_reply(r, &mut out));
+        // Counted before the reply leaves: whoever reads the counters after the client has its
+        // answer sees this command.
+        stats.command(transport, cmd, h.size, sent);
+        if let Some(r) = &reply {
+            send_reply(rd, r, &out).await?;
+        }
+        drop(reply);
         if cmd == Command::CommAllreduce {
             stats.allreduce.observe(reduce_started.elapsed());
             let (sent, received) = session.take_link_bytes();
@@ -528,20 +517,8 @@ async fn run_in<T: Transport>(
                 .comm_received
                 .fetch_add(received, std::sync::atomic::Ordering::Relaxed);
         }
-        if let Some(t0) = started {
-            let took = t0.elapsed();
-            stats.compute.observe(took);
-            if let Some(arrived) = arrived {
-                token = Some((arrived, took));
-            }
-        }
         if payload.capacity() > KEEP_PAYLOAD_CAPACITY {
             payload = Vec::new(); // do not hold on to a one-off large request for the session's life
-        }
-        let sent = reply.as_ref().map_or(0, |r| encode_response(r, &mut out));
-        stats.command(transport, cmd, h.size, sent); // before the reply leaves, as above
-        if let Some(r) = &reply {
-            send_response(rd, r, &out).await?;
         }
         if cmd == Command::GetTensor {
             if let Some((start, compute)) = token.take() {
@@ -575,90 +552,82 @@ pub(crate) async fn read_payload<R: Transport>(
     Ok(())
 }
 
-/// Encodes a response into `out` (except GET_TENSOR's data, sent from where it is); returns its
+/// Encodes a reply into `out` (except GET_TENSOR's data, sent from where it is); returns its
 /// size on the wire.
-pub(crate) fn encode_response(r: &Response, out: &mut Vec<u8>) -> u64 {
-    if let Response::GetTensor(data) = r {
-        return 8 + data.len() as u64;
+pub(crate) fn encode_reply(r: &Reply<'_>, out: &mut Vec<u8>) -> u64 {
+    match r {
+        Reply::Tensor(data) => 8 + data.len() as u64,
+        Reply::Owned(Response::GetTensor(data)) => 8 + data.len() as u64,
+        Reply::Owned(r) => {
+            out.clear();
+            r.encode(out);
+            out.len() as u64
+        }
     }
-    out.clear();
-    r.encode(out);
-    out.len() as u64
 }
 
-/// Writes a response encoded by [`encode_response`] as upstream does: the size prefix and the
-/// payload as two sends.
-pub(crate) async fn send_response<T: Transport>(
+/// Writes a reply encoded by [`encode_reply`] as upstream does: the size prefix and the payload
+/// as two sends.
+pub(crate) async fn send_reply<T: Transport>(
     t: &mut T,
-    r: &Response,
+    r: &Reply<'_>,
     out: &[u8],
 ) -> Result<(), ConnectionError> {
-    if let Response::GetTensor(data) = r {
-        let prefix = (data.len() as u64).to_le_bytes();
-        t.send_message(&[&prefix, data]).await?;
-    } else {
-        t.send_message(&[&out[..8], &out[8..]]).await?;
-    }
+    let data: &[u8] = match r {
+        Reply::Tensor(data) => data,
+        Reply::Owned(Response::GetTensor(data)) => data,
+        Reply::Owned(_) => return Ok(t.send_message(&[&out[..8], &out[8..]]).await?),
+    };
+    let prefix = (data.len() as u64).to_le_bytes();
+    t.send_message(&[&prefix, data]).await?;
     Ok(())
 }
 
-/// Reads a large SET_TENSOR: the 305-byte header first, then the payload directly into the
-/// destination tensor memory (host buffers), or through a bounded staging buffer (device memory).
-async fn stream_set_tensor<R: Transport>(
+/// Reads a streamed body (SET_TENSOR) into the slices its session hands out, as they are
+/// needed: the session decides where each byte goes (`session/body.rs`).
+async fn read_streamed<R: Transport>(
     rd: &mut R,
     session: &mut Session,
     size: u64,
     stall: Option<Duration>,
-) -> Result<(), ConnectionError> {
-    let mut hb = [0u8; rpc_proto::SET_TENSOR_HEADER_SIZE];
-    read_body(rd, &mut hb, stall).await?;
-    let hdr = SetTensorHeader::decode(&hb)?;
-    let len = size - rpc_proto::SET_TENSOR_HEADER_SIZE as u64;
-    let (budget, held) = (session.budget().clone(), session.allocated().1);
-    let (buf, off, cache) =
-        session
-            .set_tensor_target(&hdr, len)
-            .map_err(|err| ConnectionError::Session {
-                cmd: "SET_TENSOR",
+) -> Result<(), StreamError> {
+    let mut body = SetTensorBody::new(size);
+    loop {
+        let Some(mut space) = session.body_space(&mut body)? else {
+            return Ok(());
+        };
+        read_body(rd, &mut space, stall).await?;
+        drop(space);
+        session.body_filled(&mut body)?;
+    }
+}
+
+/// Why a streamed body failed: the transport, or the session (named by its command).
+enum StreamError {
+    Connection(ConnectionError),
+    Session(SessionError),
+}
+
+impl From<ConnectionError> for StreamError {
+    fn from(e: ConnectionError) -> Self {
+        StreamError::Connection(e)
+    }
+}
+
+impl From<SessionError> for StreamError {
+    fn from(e: SessionError) -> Self {
+        StreamError::Session(e)
+    }
+}
+
+impl StreamError {
+    fn named(self, cmd: Command) -> ConnectionError {
+        match self {
+            StreamError::Connection(e) => e,
+            StreamError::Session(err) => ConnectionError::Session {
+                cmd: cmd.name(),
                 err,
-            })?;
-    let ulen = usize::try_from(len).map_err(|_| ConnectionError::OutOfMemory(len))?;
-    let cache = cache.filter(|_| hdr.cache_flag != 0);
-    let want_cache = cache.is_some();
-    if let Some(mut dst) = buf.host_mut(off, ulen) {
-        read_body(rd, &mut dst, stall).await?;
-        if let Some(c) = cache {
-            c.store(&dst);
+            },
         }
-        return Ok(());
     }
-    // Device memory: stage through host memory in bounded chunks (whole payload if it must be
-    // cached, since the cache entry is written from one slice).
-    const CHUNK: usize = 8 << 20;
-    let mut staged: Vec<u8> = Vec::new();
-    let chunk = if want_cache { ulen } else { ulen.min(CHUNK) };
-    // Staging in host memory is charged to the budget like a body.
-    let _charge = budget
-        .charge(held, chunk as u64)
-        .ok_or(ConnectionError::OverBudget(chunk as u64))?;
-    staged
-        .try_reserve(chunk)
-        .map_err(|_| ConnectionError::OutOfMemory(len))?;
-    let mut done = 0usize;
-    while done < ulen {
-        let n = (ulen - done).min(chunk);
-        staged.clear();
-        staged.resize(n, 0);
-        read_body(rd, &mut staged, stall).await?;
-        buf.write(off + done as u64, &staged)
-            .map_err(|a| ConnectionError::Session {
-                cmd: "SET_TENSOR",
-                err: crate::session::SessionError::access("SET_TENSOR")(a),
-            })?;
-        done += n;
-    }
-    if let Some(c) = cache {
-        c.store(&staged);
-    }
-    Ok(())
 }

@@ -8,7 +8,7 @@ use rpc_transport::{BlockingTcpTransport, Transport};
 
 use crate::admission::{Admission, Admitted};
 use crate::connection::{
-    answer, encode_response, next_header, read_hello, read_payload, send_hello, send_response,
+    encode_reply, next_header, read_hello, read_payload, reply, send_hello, send_reply,
     serve_hello_in, ConnectionContext, ConnectionError,
 };
 use crate::handoff::Isolation;
@@ -69,14 +69,9 @@ async fn serve_admitted(
         // that process's to set up, in the HELLO reply).
         let mut pending = None;
         if !ctx.rdma.engages(&caps) {
-            send_hello(
-                &mut tcp,
-                ctx.major,
-                [0; rpc_proto::CONN_CAPS_SIZE],
-                &ctx.stats,
-            )
-            .await?;
             let front = Session::new(ctx.config.clone(), ctx.major, ctx.budget.clone());
+            let hello = front.hello([0; rpc_proto::CONN_CAPS_SIZE]);
+            send_hello(&mut tcp, hello, &ctx.stats).await?;
             match serve_queries(&mut tcp, front, &ctx).await? {
                 Some(h) => pending = Some(h.encode()),
                 None => return Ok(()),
@@ -129,11 +124,11 @@ async fn serve_queries(
         }
         read_payload(tcp, &mut payload, h.size, deadlines.stall).await?;
         let req = Request::decode(ctx.major, cmd, &payload, limits)?;
-        let reply = answer(&mut session, cmd, req)?;
-        let sent = reply.as_ref().map_or(0, |r| encode_response(r, &mut out));
+        let reply = reply(&mut session, cmd, req)?;
+        let sent = reply.as_ref().map_or(0, |r| encode_reply(r, &mut out));
         stats.command(tcp.name(), cmd, h.size, sent);
         if let Some(r) = &reply {
-            send_response(tcp, r, &out).await?;
+            send_reply(tcp, r, &out).await?;
         }
     }
 }

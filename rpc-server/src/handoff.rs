@@ -605,8 +605,6 @@ async fn send_fd(
     }
 }
 
-/// Session side of the control line: memory reservations asked of the front, links, and the
-
 #[cfg(test)]
 mod tests {
     use super::*;

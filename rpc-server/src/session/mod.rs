@@ -4,6 +4,7 @@
 //! One `Session` per connection. Everything it owns is freed when it is dropped, i.e. when the
 //! connection ends, whatever the reason.
 
+mod body;
 mod collectives;
 mod error;
 mod graph;
@@ -17,8 +18,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::Rng;
-use rpc_proto::{Major, Request, Response, RpcTensor, SetTensorHeader};
+use rpc_proto::{Major, Request, Response, RpcTensor};
 
+pub use body::{Intake, Reply, SetTensorBody, Space};
 pub use error::SessionError;
 pub use limits::{MemoryBudget, MemoryLimits, Upstream};
 pub use tensor::nbytes;
@@ -156,7 +158,22 @@ impl Session {
         !self.buffers.is_empty() || self.graphs.iter().any(GraphCache::holds_any)
     }
 
-    /// Executes one request. `Ok(None)` for commands without a reply.
+    /// Executes one request (a SET_TENSOR already read whole: the network's are streamed,
+    /// [`Session::body_space`]). `Ok(None)` for commands without a reply; a GET_TENSOR's reply
+    /// borrows the tensor's memory where it can.
+    pub fn reply(&mut self, req: Request<'_>) -> Result<Option<Reply<'_>>, SessionError> {
+        if let Request::GetTensor {
+            tensor,
+            offset,
+            size,
+        } = &req
+        {
+            return self.get_tensor(tensor, *offset, *size).map(Some);
+        }
+        Ok(self.handle(req)?.map(Reply::Owned))
+    }
+
+    /// [`Session::reply`] with every reply owned (tests, fuzzing).
     pub fn handle(&mut self, req: Request<'_>) -> Result<Option<Response>, SessionError> {
         Ok(match req {
             Request::Hello { .. } => return Err(SessionError::UnexpectedHello),
@@ -200,21 +217,11 @@ impl Session {
                     .map_err(SessionError::access("BUFFER_CLEAR"))?;
                 None
             }
-            Request::SetTensor {
-                tensor,
-                cache_flag,
-                offset,
-                data,
-            } => {
-                let (buf, off) =
-                    self.resolve_region_mut("SET_TENSOR", &tensor, offset, data.len() as u64)?;
-                buf.write(off, data)
-                    .map_err(SessionError::access("SET_TENSOR"))?;
-                if cache_flag != 0 {
-                    if let Some(cache) = &self.config.cache {
-                        cache.store(data);
-                    }
-                }
+            Request::SetTensor { .. } => {
+                // The same path as a body streamed from the network.
+                let mut payload = Vec::new();
+                req.encode_payload(&mut payload);
+                self.feed_body(&payload)?;
                 None
             }
             Request::SetTensorHash {
@@ -226,18 +233,7 @@ impl Session {
                 tensor,
                 offset,
                 size,
-            } => {
-                let (buf, off) = self.resolve_region("GET_TENSOR", &tensor, offset, size)?;
-                let len = usize::try_from(size)
-                    .map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
-                let mut out = Vec::new();
-                out.try_reserve_exact(len)
-                    .map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
-                out.resize(len, 0);
-                buf.read(off, &mut out)
-                    .map_err(SessionError::access("GET_TENSOR"))?;
-                Some(Response::GetTensor(out))
-            }
+            } => Some(self.get_tensor(&tensor, offset, size)?.into_response()),
             Request::MemsetTensor {
                 tensor,
                 offset,
@@ -252,8 +248,7 @@ impl Session {
                         detail: format!("offset={offset} size={size} tensor size={tsize}"),
                     });
                 }
-                let (buf, off) =
-                    self.resolve_region_mut("MEMSET_TENSOR", &tensor, offset, size)?;
+                let (buf, off) = self.resolve_region_mut("MEMSET_TENSOR", &tensor, offset, size)?;
                 buf.memset(off, size, value)
                     .map_err(SessionError::access("MEMSET_TENSOR"))?;
                 None
@@ -388,10 +383,7 @@ impl Session {
             }
         };
         let vbase = (VBASE_MIN + rng.gen_range(0..VBASE_SPAN)) & !(align - 1);
-        self.buffers.insert(
-            handle,
-            BufferEntry { buffer, vbase },
-        );
+        self.buffers.insert(handle, BufferEntry { buffer, vbase });
         Ok(Response::AllocBuffer {
             remote_ptr: handle,
             remote_size,
@@ -438,8 +430,7 @@ impl Session {
         };
         // Device memory is staged through host memory, charged to the budget like a body.
         let (budget, held) = (self.budget.clone(), self.held);
-        let Ok((buf, off)) = self.resolve_region_mut("SET_TENSOR_HASH", tensor, offset, len)
-        else {
+        let Ok((buf, off)) = self.resolve_region_mut("SET_TENSOR_HASH", tensor, offset, len) else {
             return false;
         };
         local.load_into(hash, len, buf, off, |n| budget.charge(held, n))
@@ -487,31 +478,48 @@ impl Session {
             .expect("backend just created"))
     }
 
-    /// Where a streamed SET_TENSOR payload of `len` bytes goes: the buffer and the offset inside
-    /// it, with the weight cache (`-c`) it may be stored in. Lets the connection read a large
-    /// payload straight into tensor memory.
-    pub(crate) fn set_tensor_target(
-        &mut self,
-        hdr: &SetTensorHeader,
-        len: u64,
-    ) -> Result<(&mut Buffer, u64, Option<&WeightCache>), SessionError> {
-        let (_, off) = self.resolve_region("SET_TENSOR", &hdr.tensor, hdr.offset, len)?;
-        let handle = hdr.tensor.buffer.get();
-        let e = self
-            .buffers
-            .get_mut(&handle)
-            .ok_or(SessionError::UnknownBuffer(handle))?;
-        Ok((&mut e.buffer, off, self.config.cache.as_ref()))
+    /// HELLO: the reply of this session's major, with the transport's `caps` (all zero: TCP,
+    /// negotiated by `rdma.rs`). Only as a connection's first command.
+    pub fn hello(&self, caps: [u8; rpc_proto::CONN_CAPS_SIZE]) -> Response {
+        Response::hello(self.major, caps)
     }
 
-    /// Where a GET_TENSOR reads from: the buffer and the offset inside it (region checked).
-    pub(crate) fn get_tensor_source(
+    /// GET_TENSOR: the bytes of the region, borrowed from a host buffer, else copied out.
+    fn get_tensor(
         &self,
         tensor: &RpcTensor,
         offset: u64,
         size: u64,
-    ) -> Result<(&Buffer, u64), SessionError> {
-        self.resolve_region("GET_TENSOR", tensor, offset, size)
+    ) -> Result<Reply<'_>, SessionError> {
+        let (buf, off) = self.resolve_region("GET_TENSOR", tensor, offset, size)?;
+        let len =
+            usize::try_from(size).map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
+        if let Some(data) = buf.host(off, len) {
+            return Ok(Reply::Tensor(data));
+        }
+        let mut out = Vec::new();
+        out.try_reserve_exact(len)
+            .map_err(|_| SessionError::OutOfMemory("GET_TENSOR reply"))?;
+        out.resize(len, 0);
+        buf.read(off, &mut out)
+            .map_err(SessionError::access("GET_TENSOR"))?;
+        Ok(Reply::Owned(Response::GetTensor(out)))
+    }
+
+    /// A SET_TENSOR body that is already in memory, through the streamed path.
+    fn feed_body(&mut self, mut payload: &[u8]) -> Result<(), SessionError> {
+        let mut body = SetTensorBody::new(payload.len() as u64);
+        loop {
+            let Some(mut space) = self.body_space(&mut body)? else {
+                return Ok(());
+            };
+            let n = space.len();
+            let (now, rest) = payload.split_at(n.min(payload.len()));
+            space[..now.len()].copy_from_slice(now);
+            payload = rest;
+            drop(space);
+            self.body_filled(&mut body)?;
+        }
     }
 
     /// The weight cache, if enabled (`-c`).
