@@ -12,6 +12,8 @@ mod graph_cache;
 mod limits;
 mod strided;
 mod tensor;
+#[cfg(test)]
+mod tests;
 mod validate;
 
 use std::collections::HashMap;
