@@ -65,18 +65,23 @@ enum State {
         off: u64,
         cache: bool,
     },
-    /// The data is staged through host memory into a device buffer, `done` bytes so far.
-    Staged {
-        handle: u64,
-        off: u64,
-        done: u64,
-        cache: bool,
-        /// Bytes staged at a time.
-        chunk: usize,
-        staged: Vec<u8>,
-        _charge: Charge,
-    },
+    /// The data is staged through host memory into a device buffer.
+    Staged(Staging),
     Done,
+}
+
+/// A device-memory destination written through host memory in chunks.
+#[derive(Debug)]
+struct Staging {
+    handle: u64,
+    off: u64,
+    /// Bytes written so far.
+    done: u64,
+    cache: bool,
+    /// Bytes staged at a time.
+    chunk: usize,
+    staged: Vec<u8>,
+    _charge: Charge,
 }
 
 impl SetTensorBody {
@@ -148,16 +153,11 @@ impl Session {
                     .ok_or(SessionError::BufferBusy("SET_TENSOR"))?;
                 Some(Space::Host(host))
             }
-            State::Staged {
-                done,
-                chunk,
-                staged,
-                ..
-            } => {
-                let n = (body.len - *done).min(*chunk as u64) as usize;
-                staged.clear();
-                staged.resize(n, 0);
-                Some(Space::Own(staged))
+            State::Staged(st) => {
+                let n = (body.len - st.done).min(st.chunk as u64) as usize;
+                st.staged.clear();
+                st.staged.resize(n, 0);
+                Some(Space::Own(&mut st.staged))
             }
             State::Done => None,
         })
@@ -176,44 +176,27 @@ impl Session {
                 }
                 State::Done
             }
-            State::Staged {
-                handle,
-                off,
-                done,
-                cache,
-                chunk,
-                staged,
-                _charge,
-            } => {
-                let buf = self.buffer_mut(handle)?;
-                buf.write(off + done, &staged)
+            State::Staged(mut st) => {
+                self.buffer_mut(st.handle)?
+                    .write(st.off + st.done, &st.staged)
                     .map_err(SessionError::access("SET_TENSOR"))?;
-                let done = done + staged.len() as u64;
-                match done < len {
-                    true => State::Staged {
-                        handle,
-                        off,
-                        done,
-                        cache,
-                        chunk,
-                        staged,
-                        _charge,
-                    },
-                    false => {
-                        if cache {
-                            if let Some(c) = &self.config.cache {
-                                c.store(&staged);
-                            }
+                st.done += st.staged.len() as u64;
+                if st.done < len {
+                    State::Staged(st)
+                } else {
+                    if st.cache {
+                        if let Some(c) = &self.config.cache {
+                            c.store(&st.staged);
                         }
-                        State::Done
                     }
+                    State::Done
                 }
             }
             State::Done => State::Done,
         };
         body.state = match (next, len) {
             // Nothing to read after the header.
-            (State::Host { .. } | State::Staged { .. }, 0) => State::Done,
+            (State::Host { .. } | State::Staged(_), 0) => State::Done,
             (s, _) => s,
         };
         Ok(())
@@ -245,7 +228,7 @@ impl Session {
         staged
             .try_reserve_exact(chunk)
             .map_err(|_| SessionError::OutOfMemory("SET_TENSOR"))?;
-        Ok(State::Staged {
+        Ok(State::Staged(Staging {
             handle,
             off,
             done: 0,
@@ -253,7 +236,7 @@ impl Session {
             chunk,
             staged,
             _charge: charge,
-        })
+        }))
     }
 
     /// Stores an upload the client flagged for the weight cache, from where it now lies.
@@ -275,51 +258,18 @@ impl Session {
 mod tests {
     use std::sync::Arc;
 
-    use rpc_proto::ggml_type::F32;
     use rpc_proto::{Major, Request, RpcTensor};
 
     use super::*;
-    use crate::ggml::{Device, DeviceKind};
-    use crate::session::{MemoryBudget, SessionConfig};
+    use crate::session::tests::{alloc, assert_out_of_bounds, cpu, f32_at, session_on};
+    use crate::session::MemoryBudget;
 
     /// A CPU session with one 4 KiB buffer, and a 256-float tensor at its base.
     fn cpu_session(cache: Option<crate::cache::WeightCache>) -> (Session, RpcTensor) {
-        let cpu = Device::all()
-            .into_iter()
-            .find(|d| d.kind() == DeviceKind::Cpu)
-            .expect("a CPU device");
-        let config = SessionConfig {
-            devices: vec![cpu],
-            n_threads: 1,
-            cache,
-            local: None,
-        };
-        let mut s = Session::new(
-            Arc::new(config),
-            Major::V8,
-            Arc::new(MemoryBudget::unlimited()),
-        );
-        let Ok(Some(Response::AllocBuffer { remote_ptr, .. })) = s.handle(Request::AllocBuffer {
-            device: 0,
-            size: 4096,
-        }) else {
-            panic!("no buffer");
-        };
-        let Ok(Some(Response::BufferGetBase { base_ptr })) =
-            s.handle(Request::BufferGetBase { remote_ptr })
-        else {
-            panic!("no base");
-        };
-        let mut t = RpcTensor::new(1, F32);
-        let ne = [256u32, 1, 1, 1];
-        let nb = [4u32, 1024, 1024, 1024];
-        for i in 0..4 {
-            t.ne[i].set(ne[i]);
-            t.nb[i].set(nb[i]);
-        }
-        t.buffer.set(remote_ptr);
-        t.data.set(base_ptr);
-        (s, t)
+        let budget = Arc::new(MemoryBudget::unlimited());
+        let mut s = session_on(vec![cpu()], Major::V8, budget, cache);
+        let (h, base) = alloc(&mut s, 4096);
+        (s, f32_at(1, 256, h, base))
     }
 
     fn set_tensor_payload(t: &RpcTensor, offset: u64, data: &[u8], cache: bool) -> Vec<u8> {
@@ -424,16 +374,7 @@ mod tests {
         space.copy_from_slice(&payload[..SET_TENSOR_HEADER_SIZE]);
         drop(space);
         let err = s.body_filled(&mut body).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                SessionError::OutOfBounds {
-                    what: "SET_TENSOR",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_out_of_bounds(&err, "SET_TENSOR");
         // A header naming an unknown buffer, likewise.
         let mut other = t;
         other.buffer.set(0xdead);

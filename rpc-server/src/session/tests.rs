@@ -67,6 +67,15 @@ pub(crate) fn alloc(s: &mut Session, size: u64) -> (u64, u64) {
     (remote_ptr, base_ptr)
 }
 
+/// `err` is the region check of command `what`.
+#[track_caller]
+pub(crate) fn assert_out_of_bounds(err: &SessionError, what: &str) {
+    assert!(
+        matches!(err, SessionError::OutOfBounds { what: w, .. } if *w == what),
+        "{what}: {err}"
+    );
+}
+
 /// An F32 vector of `n` at `addr` in buffer `h`.
 pub(crate) fn f32_at(id: u64, n: u32, h: u64, addr: u64) -> RpcTensor {
     TensorBuilder::f32(id).ne(&[n]).data(h, addr).build()
@@ -408,16 +417,7 @@ fn set_tensor_whole_request_writes_and_stores_a_flagged_upload() {
             data: &data,
         })
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            SessionError::OutOfBounds {
-                what: "SET_TENSOR",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_out_of_bounds(&err, "SET_TENSOR");
 }
 
 #[test]
@@ -483,16 +483,7 @@ fn set_tensor_hash_from_the_cache_writes_the_entry() {
             hash,
         })
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            SessionError::OutOfBounds {
-                what: "SET_TENSOR_HASH",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_out_of_bounds(&err, "SET_TENSOR_HASH");
 }
 
 #[test]
@@ -511,16 +502,7 @@ fn get_tensor_reads_the_region_and_refuses_one_outside_the_buffer() {
             size: 200,
         })
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            SessionError::OutOfBounds {
-                what: "GET_TENSOR",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_out_of_bounds(&err, "GET_TENSOR");
     // Below the buffer's base.
     let below = f32_at(2, 4, h, base - 64);
     let err = s
@@ -530,16 +512,7 @@ fn get_tensor_reads_the_region_and_refuses_one_outside_the_buffer() {
             size: 16,
         })
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            SessionError::OutOfBounds {
-                what: "GET_TENSOR",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_out_of_bounds(&err, "GET_TENSOR");
     // The borrowed reply has the same bytes.
     match s.reply(Request::GetTensor {
         tensor: t,
@@ -578,16 +551,7 @@ fn memset_tensor_sets_the_region_and_refuses_beyond_the_tensor() {
             value: 9,
         })
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            SessionError::OutOfBounds {
-                what: "MEMSET_TENSOR",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_out_of_bounds(&err, "MEMSET_TENSOR");
     assert_eq!(get(&mut s, &t, 1000, 24), vec![0; 24], "nothing written");
 }
 
@@ -615,16 +579,7 @@ fn copy_tensor_copies_between_tensors_and_refuses_a_short_destination() {
     let err = s
         .handle(Request::CopyTensor { src, dst: short })
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            SessionError::OutOfBounds {
-                what: "COPY_TENSOR",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_out_of_bounds(&err, "COPY_TENSOR");
     assert_eq!(get(&mut s, &short, 0, 64), vec![0; 64], "nothing written");
     let lost = f32_at(5, 256, h ^ h2 ^ 1, base);
     assert!(matches!(
@@ -908,16 +863,7 @@ fn tensor_2d_regions_outside_the_tensor_are_refused() {
             data: &[1; 32],
         })
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            SessionError::OutOfBounds {
-                what: "SET_TENSOR_2D",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_out_of_bounds(&err, "SET_TENSOR_2D");
     assert_eq!(get(&mut s, &t, 0, 1024), vec![0; 1024], "nothing written");
     let err = s
         .handle(Request::GetTensor2d {
@@ -925,16 +871,7 @@ fn tensor_2d_regions_outside_the_tensor_are_refused() {
             region: beyond,
         })
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            SessionError::OutOfBounds {
-                what: "GET_TENSOR_2D",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_out_of_bounds(&err, "GET_TENSOR_2D");
     // Stride 0: one chunk repeated into a reply larger than the tensor.
     let repeated = Region2d {
         offset: 0,

@@ -1,8 +1,6 @@
 //! Tests of the GRAPH_COMPUTE steps, each on its own: the structural steps and the rules on
 //! plain data, scheduling on CPU buffers, and the whole pipeline on a session with the CPU device.
 
-use std::sync::Arc;
-
 use rpc_proto::{ggml_type as ty, Graph as WireGraph, Major, Request, Response, RpcTensor, U64};
 
 use super::schedule::schedule_checks;
@@ -10,7 +8,6 @@ use super::validate::IndexCheck;
 use super::walk::{link, needs_data, running_nodes, walk, Ids, Reached};
 use super::*;
 use crate::ggml::{type_info, BufferRef, Device};
-use crate::session::{MemoryBudget, SessionConfig};
 
 // ---- wire graphs -------------------------------------------------------------------------
 
@@ -544,33 +541,9 @@ fn data_checks_bound_every_value() {
 
 /// A session on the CPU device with one 4 KiB buffer: `(session, handle, base)`.
 fn cpu_session() -> (Session, u64, u64) {
-    let cpu = Device::all()
-        .into_iter()
-        .find(|d| d.kind() == DeviceKind::Cpu)
-        .expect("a CPU device");
-    let config = SessionConfig {
-        devices: vec![cpu],
-        n_threads: 1,
-        cache: None,
-        local: None,
-    };
-    let mut s = Session::new(
-        Arc::new(config),
-        Major::V7,
-        Arc::new(MemoryBudget::unlimited()),
-    );
-    let Ok(Some(Response::AllocBuffer { remote_ptr, .. })) = s.handle(Request::AllocBuffer {
-        device: 0,
-        size: 4096,
-    }) else {
-        panic!("no buffer");
-    };
-    let Ok(Some(Response::BufferGetBase { base_ptr })) =
-        s.handle(Request::BufferGetBase { remote_ptr })
-    else {
-        panic!("no base");
-    };
-    (s, remote_ptr, base_ptr)
+    let mut s = crate::session::tests::session(Major::V7);
+    let (handle, base) = crate::session::tests::alloc(&mut s, 4096);
+    (s, handle, base)
 }
 
 fn placed(mut t: RpcTensor, buffer: u64, data: u64) -> RpcTensor {
