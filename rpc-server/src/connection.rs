@@ -291,7 +291,8 @@ pub(crate) async fn send_hello(
         rpc_proto::CONN_CAPS_SIZE as u64,
         out.len() as u64,
     );
-    tcp.send_message(&[&out[..8], &out[8..]]).await?;
+    let (head, body) = out.split_at(rpc_proto::RESPONSE_HEADER_SIZE.min(out.len()));
+    tcp.send_message(&[head, body]).await?;
     Ok(())
 }
 
@@ -556,8 +557,10 @@ pub(crate) async fn read_payload<R: Transport>(
 /// size on the wire.
 pub(crate) fn encode_reply(r: &Reply<'_>, out: &mut Vec<u8>) -> u64 {
     match r {
-        Reply::Tensor(data) => 8 + data.len() as u64,
-        Reply::Owned(Response::GetTensor(data)) => 8 + data.len() as u64,
+        Reply::Tensor(data) => (rpc_proto::RESPONSE_HEADER_SIZE + data.len()) as u64,
+        Reply::Owned(Response::GetTensor(data)) => {
+            (rpc_proto::RESPONSE_HEADER_SIZE + data.len()) as u64
+        }
         Reply::Owned(r) => {
             out.clear();
             r.encode(out);
@@ -576,9 +579,12 @@ pub(crate) async fn send_reply<T: Transport>(
     let data: &[u8] = match r {
         Reply::Tensor(data) => data,
         Reply::Owned(Response::GetTensor(data)) => data,
-        Reply::Owned(_) => return Ok(t.send_message(&[&out[..8], &out[8..]]).await?),
+        Reply::Owned(_) => {
+            let (head, body) = out.split_at(rpc_proto::RESPONSE_HEADER_SIZE.min(out.len()));
+            return Ok(t.send_message(&[head, body]).await?);
+        }
     };
-    let prefix = (data.len() as u64).to_le_bytes();
+    let prefix = Response::header(data.len() as u64);
     t.send_message(&[&prefix, data]).await?;
     Ok(())
 }

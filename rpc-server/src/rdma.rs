@@ -205,10 +205,10 @@ pub enum Activated {
 pub fn negotiate(
     cfg: &RdmaConfig,
     local_ip: IpAddr,
-    client: &[u8; 24],
-) -> ([u8; 24], Option<Activated>) {
+    client: &[u8; rpc_proto::CONN_CAPS_SIZE],
+) -> ([u8; rpc_proto::CONN_CAPS_SIZE], Option<Activated>) {
     if cfg.mode == TransportMode::Tcp {
-        return ([0; 24], None);
+        return ([0; rpc_proto::CONN_CAPS_SIZE], None);
     }
     let (peer, lean) = match server_choice(client, Flavor::native(), cfg.lean) {
         Choice::Tcp => {
@@ -216,7 +216,7 @@ pub fn negotiate(
                 tracing::warn!("client caps fit neither upstream RDMA layout; staying on TCP");
                 cfg.fallback(Fallback::UnknownCaps);
             }
-            return ([0; 24], None);
+            return ([0; rpc_proto::CONN_CAPS_SIZE], None);
         }
         Choice::Upstream(peer) => (peer, false),
         Choice::Lean(peer) => (peer, true),
@@ -227,14 +227,14 @@ pub fn negotiate(
             "RDMA connection budget used up; this client stays on TCP"
         );
         cfg.fallback(Fallback::Budget);
-        return ([0; 24], None);
+        return ([0; rpc_proto::CONN_CAPS_SIZE], None);
     };
     let prepared = match real::prepare_with(local_ip, peer.flavor, &cfg.opts, lean) {
         Ok(p) => p,
         Err(e) => {
             tracing::info!("RDMA cannot engage ({e}); staying on TCP");
             cfg.fallback(Fallback::NoDevice);
-            return ([0; 24], None);
+            return ([0; rpc_proto::CONN_CAPS_SIZE], None);
         }
     };
     let ours = prepared.caps();
@@ -279,7 +279,7 @@ pub fn negotiate(
         Err(e) => {
             tracing::warn!("RDMA activation failed ({e}); staying on TCP");
             cfg.fallback(Fallback::ActivationFailed);
-            ([0; 24], None)
+            ([0; rpc_proto::CONN_CAPS_SIZE], None)
         }
     }
 }

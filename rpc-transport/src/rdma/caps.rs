@@ -29,7 +29,7 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-pub const CAPS_SIZE: usize = 24;
+pub const CAPS_SIZE: usize = rpc_proto::CONN_CAPS_SIZE;
 
 /// Upstream's two RDMA flavors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
