@@ -85,8 +85,8 @@ async fn a_request_that_stops_mid_body_is_cut_even_when_the_connection_holds_a_b
     let mut c = connect(s.addr).await;
     let _buf = alloc(&mut c, 4096).await;
     // A SET_TENSOR header announcing 4000 bytes, then 10 of them, then nothing.
-    let mut f = frame(6, &[0u8; 10]);
-    f[1..9].copy_from_slice(&4000u64.to_le_bytes());
+    let mut f = frame(rpc_proto::Command::SetTensor.as_u8(), &[0u8; 10]);
+    f[1..rpc_proto::FRAME_HEADER_SIZE].copy_from_slice(&4000u64.to_le_bytes());
     c.send_bytes(&f).await.expect("send");
     expect_closed(&mut c, "a SET_TENSOR whose body stopped arriving").await;
     // A frame header cut after its first byte is a stalled request too.

@@ -349,7 +349,9 @@ async fn v8_commands_close_on_the_v7_port() {
         expect_closed(&mut c, "12-byte GRAPH_RECOMPUTE on 7.0").await;
         // RPC_CMD_NONE of 8.0 (23) on the 8.0 port.
         let mut c = connect(shared_server().addr8).await;
-        c.send_bytes(&frame(23, &[])).await.unwrap();
+        c.send_bytes(&frame(rpc_proto::Major::V8.cmd_none(), &[]))
+            .await
+            .unwrap();
         expect_closed(&mut c, "command 23 on the 8.0 port").await;
     })
     .await;

@@ -1020,11 +1020,13 @@ async fn malformed_handshake() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_framing() {
-    for cmd in [18u8, 19, 20, 200, 255] {
+    // 7.0's RPC_CMD_NONE (18) and above.
+    let none = rpc_proto::Major::V7.cmd_none();
+    for cmd in [none, none + 1, none + 2, 200, 255] {
         check_rejected(&format!("unknown command {cmd}"), true, |_| frame(cmd, &[])).await;
     }
     check_rejected("unknown command 18 with a payload", true, |_| {
-        frame(18, &[0; 8])
+        frame(rpc_proto::Major::V7.cmd_none(), &[0; 8])
     })
     .await;
     // Fixed-size commands with the wrong size (§3.2): (command, wrong payload size).
