@@ -49,6 +49,19 @@ pub struct Panel {
     pub series: Vec<BarSeries>,
 }
 
+impl Panel {
+    /// A panel of `series` over `categories`.
+    pub fn new(title: &str, y_label: &str, categories: &[String], series: Vec<BarSeries>) -> Panel {
+        let (title, y_label, categories) = (title.into(), y_label.into(), categories.to_vec());
+        Panel {
+            title,
+            y_label,
+            categories,
+            series,
+        }
+    }
+}
+
 /// Colours for servers: measured bars use these, projected ones a light fill with this outline.
 pub const PALETTE: [RGBColor; 6] = [
     RGBColor(31, 119, 180),

@@ -38,6 +38,14 @@ impl Table {
         }
     }
 
+    /// Appends columns, filled from `rows` (one per row of the table, in order).
+    pub fn add_columns<R>(&mut self, rows: impl IntoIterator<Item = R>, columns: &[Column<R>]) {
+        self.headers.extend(columns.iter().map(|c| c.0.to_string()));
+        for (row, r) in self.rows.iter_mut().zip(rows) {
+            row.extend(columns.iter().map(|c| (c.1)(&r)));
+        }
+    }
+
     /// Appends a row.
     pub fn push(&mut self, row: Vec<String>) {
         self.rows.push(row);
@@ -99,6 +107,15 @@ pub fn us(d: std::time::Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e6)
 }
 
+/// A count per unit: whole numbers as they are, others with 3 decimals.
+pub fn ratio(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round() as u64)
+    } else {
+        format!("{v:.3}")
+    }
+}
+
 /// Human bytes: `1.00 MiB`, `28.0 KiB`, `13 B`.
 pub fn human_bytes(b: f64) -> String {
     if b >= 1024.0 * 1024.0 {
@@ -136,5 +153,10 @@ mod tests {
             "| n | twice |\n|---|---|\n| 1 | 2 |\n| 2 | 4 |\n"
         );
         assert_eq!(human_bytes(28672.0), "28.0 KiB");
+        assert_eq!((ratio(32.0), ratio(1.5)), ("32".into(), "1.500".into()));
+        let mut t = Table::new(&["a"]);
+        t.push(vec!["1".into()]);
+        t.add_columns([2], &[("b", &|n| n.to_string())]);
+        assert_eq!(t.csv(), "a,b\n1,2\n");
     }
 }

@@ -2,10 +2,9 @@
 //! ([`Common`]): the links (each once) with their sources for the report, the report written out;
 //! and what the subcommands that run stock tools share, `--proto` and `--bin` ([`Stock`]).
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use bench_report::Table;
+use bench_report::Output;
 use clap::Args;
 use rpc_proto::Major;
 
@@ -50,15 +49,9 @@ pub struct Common {
     /// custom:RTT_US:GBIT_S, or all.
     #[arg(long, default_value = "all", value_parser = parse_links)]
     pub links: LinkList,
-    /// Also write the table as CSV.
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
-    /// Also write the markdown report to a file.
-    #[arg(long, value_name = "FILE")]
-    pub md: Option<PathBuf>,
-    /// No progress bar (default: shown when stderr is a terminal).
-    #[arg(long)]
-    pub no_progress: bool,
+    /// `--csv`, `--md`, `--no-progress`.
+    #[command(flatten)]
+    pub out: Output,
 }
 
 /// A parsed `--links` value, each link once.
@@ -81,11 +74,6 @@ impl Common {
         &self.links.0
     }
 
-    /// Whether to show a progress bar.
-    pub fn progress(&self) -> bool {
-        !self.no_progress && std::io::stderr().is_terminal()
-    }
-
     /// The links as markdown bullet lines with their figures and sources.
     pub fn links_section(&self) -> String {
         let mut s = String::from("Links (figures and sources):\n\n");
@@ -97,11 +85,6 @@ impl Common {
             ));
         }
         s
-    }
-
-    /// Prints `md`; writes it and `csv` where `--md` / `--csv` say.
-    pub fn emit(&self, md: &str, csv: &Table) -> anyhow::Result<()> {
-        bench_report::emit(md, csv, self.md.as_deref(), self.csv.as_deref())
     }
 }
 

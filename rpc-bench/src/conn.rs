@@ -1,17 +1,11 @@
 //! A benchmark connection to a ggml RPC server: [`rpc_client::Client`] over TCP, or over RDMA
 //! negotiated in HELLO by [`rpc_client::negotiate_client`] (the client role the shim uses too).
-//!
-//! Over RDMA the benchmark offers upstream's framing of the chosen flavor, as a stock client does
-//! (no lean marker), and with `--transport rdma` fails instead of falling back to TCP when RDMA
-//! does not engage (the transport column says what was measured either way).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::str::FromStr;
 
 use rpc_client::{negotiate_client, Client};
 use rpc_transport::rdma::negotiate::{ClientConfig, ClientConn};
-use rpc_transport::rdma::real::RdmaOptions;
-use rpc_transport::rdma::Flavor;
 use tokio::net::TcpStream;
 
 /// A server to measure: `[LABEL=]HOST:PORT`; `e2e` also takes `[LABEL=]HOST:PORT,HOST:PORT,...`,
@@ -20,19 +14,9 @@ use tokio::net::TcpStream;
 pub struct Target {
     /// Name in tables and charts (default: the address).
     pub label: String,
-    /// Resolved address (the first one).
-    pub addr: SocketAddr,
-    /// The further servers of the same run, in `--rpc` order.
-    pub peers: Vec<SocketAddr>,
-}
-
-impl Target {
-    /// Every server of the target, in `--rpc` order.
-    pub fn addrs(&self) -> Vec<SocketAddr> {
-        std::iter::once(self.addr)
-            .chain(self.peers.iter().copied())
-            .collect()
-    }
+    /// The servers of the run (resolved, the first address of each), in `--rpc` order; at least
+    /// one.
+    pub addrs: Vec<SocketAddr>,
 }
 
 impl FromStr for Target {
@@ -43,16 +27,15 @@ impl FromStr for Target {
             Some((l, h)) => (l.to_string(), h),
             None => (s.to_string(), s),
         };
-        let mut addrs = hostports.split(',').map(|hostport| {
+        let addrs = hostports.split(',').map(|hostport| {
             hostport
                 .to_socket_addrs()
                 .map_err(|e| format!("cannot resolve {hostport:?}: {e}"))?
                 .next()
                 .ok_or_else(|| format!("{hostport:?} resolves to no address"))
         });
-        let addr = addrs.next().ok_or("no server")??;
-        let peers = addrs.collect::<Result<_, _>>()?;
-        Ok(Target { label, addr, peers })
+        let addrs = addrs.collect::<Result<_, _>>()?;
+        Ok(Target { label, addrs })
     }
 }
 
@@ -82,36 +65,22 @@ pub fn server_major(addr: SocketAddr) -> anyhow::Result<rpc_proto::Major> {
     })
 }
 
-/// RDMA settings.
-#[derive(Debug, Clone)]
-pub struct RdmaSettings {
-    /// Flavor to offer.
-    pub flavor: Flavor,
-    /// Device and GID selection.
-    pub opts: RdmaOptions,
-    /// `--transport auto`: stay on TCP when RDMA does not engage (else fail).
-    pub tcp_fallback: bool,
-}
-
 /// A connection the benchmark drives: TCP, or RDMA in upstream's flavor.
 pub type BenchConn = Client<ClientConn>;
 
 /// Connects over TCP (HELLO with zero caps), or with `rdma` negotiates RDMA in HELLO and fails
-/// if it does not engage (unless `rdma.tcp_fallback`).
-pub async fn connect(addr: SocketAddr, rdma: Option<&RdmaSettings>) -> anyhow::Result<BenchConn> {
-    let Some(s) = rdma else {
+/// if it does not engage (unless `tcp_fallback`, `--transport auto`).
+pub async fn connect(
+    addr: SocketAddr,
+    rdma: Option<&ClientConfig>,
+    tcp_fallback: bool,
+) -> anyhow::Result<BenchConn> {
+    let Some(cfg) = rdma else {
         return Ok(Client::connect(addr).await?.map_transport(ClientConn::Tcp));
     };
-    let cfg = ClientConfig {
-        rdma: true,
-        flavor: s.flavor,
-        lean: false,
-        opts: s.opts.clone(),
-        ..ClientConfig::default()
-    };
-    let n = negotiate_client(TcpStream::connect(addr).await?, &cfg).await?;
+    let n = negotiate_client(TcpStream::connect(addr).await?, cfg).await?;
     match n.why_tcp {
-        Some(why) if !s.tcp_fallback => anyhow::bail!(
+        Some(why) if !tcp_fallback => anyhow::bail!(
             "RDMA did not engage with {addr}: {why} (without RDMA on this machine nothing is offered; \
              a server declines with zero caps when it has no RDMA device for that address, runs with \
              --transport tcp, has its RDMA budget used up, or was built without RDMA)"
@@ -127,13 +96,13 @@ mod tests {
     #[test]
     fn parses_targets() {
         let tg: Target = "ours=127.0.0.1:5".parse().unwrap();
-        assert_eq!((tg.label.as_str(), tg.addr.port()), ("ours", 5));
+        assert_eq!((tg.label.as_str(), tg.addrs[0].port()), ("ours", 5));
         let tg: Target = "127.0.0.1:6".parse().unwrap();
         assert_eq!(tg.label, "127.0.0.1:6");
-        assert!(tg.peers.is_empty());
+        assert_eq!(tg.addrs.len(), 1);
         let tg: Target = "pair=127.0.0.1:7,127.0.0.1:8".parse().unwrap();
         assert_eq!(tg.label, "pair");
-        let ports: Vec<u16> = tg.addrs().iter().map(|a| a.port()).collect();
+        let ports: Vec<u16> = tg.addrs.iter().map(|a| a.port()).collect();
         assert_eq!(ports, [7, 8]);
         assert!("x=127.0.0.1:7,".parse::<Target>().is_err());
     }

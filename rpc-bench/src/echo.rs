@@ -1,43 +1,23 @@
-//! The floor of a round trip: a server in this process that speaks just enough of the protocol
-//! for [`crate::latency`] (HELLO, ALLOC_BUFFER, BUFFER_GET_BASE, DEVICE_COUNT, SET_TENSOR,
-//! GET_TENSOR, FREE_BUFFER) and does no work: every request is read whole and answered with a
-//! reply of the right size (zeros), over the same blocking TCP transport and poll window as
-//! `rpc-server`, one thread per connection, in a process of its own (as a real server is: a
-//! round trip crosses processes). Measured in the same run as real servers, it shows what the
-//! loopback, the kernel and the client cost, and so what a server adds on top.
+//! The floor of a round trip: a server in a child process that speaks just enough of the
+//! protocol for [`crate::latency`] and does no work (`latency --echo-floor`'s help says how).
 
 use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
 
 use rpc_proto::{check_frame, FrameHeader, Limits, Major, Request, Response};
+use rpc_transport::tcp::DEFAULT_POLL_WINDOW;
 use rpc_transport::{BlockingTcpTransport, Transport};
 
-use crate::tools::ServerProcess;
+use anyhow::Context;
+use bench_report::process::ServerProcess;
 
 /// Largest GET_TENSOR the floor answers (the latency cases go up to a few MiB).
 const MAX_GET: u64 = 256 << 20;
 
-/// Starts this executable as `rpc-bench echo-floor` and reads the port it listens on.
+/// Starts this executable as `rpc-bench echo-floor`, which announces its port.
 pub fn spawn_child() -> anyhow::Result<ServerProcess> {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .arg("echo-floor")
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let mut line = String::new();
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
-    std::io::BufReader::new(stdout).read_line(&mut line)?;
-    let port = line.trim().parse::<u16>().ok();
-    // Adopted first, so that it is killed on every way out.
-    let floor = ServerProcess::adopt(child, port.unwrap_or(0));
-    anyhow::ensure!(
-        port.is_some(),
-        "echo floor did not report its port (got {line:?})"
-    );
-    Ok(floor)
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("echo-floor");
+    ServerProcess::announced(cmd).context("echo floor")
 }
 
 /// `rpc-bench echo-floor`: serves on an ephemeral loopback port, prints it, runs until killed
@@ -48,13 +28,10 @@ pub fn run_child() -> anyhow::Result<()> {
     println!("{}", listener.local_addr()?.port());
     std::io::stdout().flush()?;
     for stream in listener.incoming().flatten() {
+        let conn = move || serve(stream).map_err(|e| tracing::debug!("echo floor connection: {e}"));
         let spawned = std::thread::Builder::new()
             .name("echo-conn".into())
-            .spawn(move || {
-                if let Err(e) = serve(stream, rpc_transport::tcp::DEFAULT_POLL_WINDOW) {
-                    tracing::debug!("echo floor connection: {e}");
-                }
-            });
+            .spawn(conn);
         if let Err(e) = spawned {
             tracing::warn!("echo floor: cannot start a connection thread: {e}");
         }
@@ -62,11 +39,11 @@ pub fn run_child() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn serve(stream: TcpStream, poll_window: Duration) -> anyhow::Result<()> {
+fn serve(stream: TcpStream) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut t = BlockingTcpTransport::new(stream, None, poll_window)?;
+    let mut t = BlockingTcpTransport::new(stream, None, DEFAULT_POLL_WINDOW)?;
     rt.block_on(async move {
         let limits = Limits::default();
         let mut payload = Vec::new();

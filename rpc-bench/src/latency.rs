@@ -1,19 +1,5 @@
-//! `rpc-bench latency`: round-trip latency per command and size, against any server.
-//!
-//! Cases, for each size N (default 4 KiB, 28 KiB = a DeepSeek hidden state, 1 MiB = logits):
-//! - `empty`: DEVICE_COUNT (no payload either way beyond the 4-byte count);
-//! - `set N`: SET_TENSOR of N bytes (no reply) followed by DEVICE_COUNT: the time until the server
-//!   has taken the bytes and answered;
-//! - `get N`: GET_TENSOR of N bytes.
-//!
-//! Links: `none` connects straight to the server; any emulated or projected profile adds a
-//! `relay` lane (the counting relay without delay), which is the base of the projections and
-//! gives the exact bytes per case; each emulated profile runs through the relay with its delay and
-//! bandwidth; projection-only profiles (`tb5-rdma`) are computed, never measured. The lanes of a
-//! server are measured interleaved, one iteration each in turn, and the iterations are split into
-//! rounds that visit every server in turn, so load from elsewhere on a shared machine hits all
-//! servers and links alike; a server that takes one connection at a time (the stock
-//! `ggml-rpc-server`) gets its lanes one after another within a round.
+//! `rpc-bench latency`: round-trip latency per command and size, against any server (cases,
+//! lanes and rounds: docs/rpc-bench.md).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bench_report::chart::{self, Panel};
-use bench_report::{human_bytes, progress_bar, us, ProgressBar, Table};
+use bench_report::{human_bytes, us, ProgressBar, Table};
 use clap::Args;
 use rpc_client::{Client, RpcTensor, TensorBuilder};
 use rpc_proto::{
@@ -29,25 +15,24 @@ use rpc_proto::{
     RESPONSE_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
 };
 use rpc_transport::cli::{RdmaClientArgs, TransportMode};
+use rpc_transport::rdma::negotiate::ClientConfig;
 use rpc_transport::Transport;
 
 use crate::cli::Common;
 
-use crate::conn::{self, BenchConn, RdmaSettings, Target};
+use crate::conn::{self, BenchConn, Target};
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
 use crate::stats::Summary;
 use crate::traffic::Traffic;
 pub use crate::Origin;
 
-/// What one iteration does.
+/// What one iteration does (as [`Case::name`] says).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
 pub enum Case {
-    /// DEVICE_COUNT.
     Empty,
-    /// SET_TENSOR of N bytes, then DEVICE_COUNT.
     Set(usize),
-    /// GET_TENSOR of N bytes.
     Get(usize),
 }
 
@@ -123,12 +108,14 @@ pub struct LatencyConfig {
 }
 
 impl LatencyConfig {
-    /// How to negotiate RDMA (`None`: TCP).
-    pub fn rdma_settings(&self) -> Option<RdmaSettings> {
-        (self.transport != TransportMode::Tcp).then(|| RdmaSettings {
+    /// What to offer in HELLO: upstream's RDMA framing of the flavor, as a stock client does
+    /// (`None`: TCP).
+    pub fn rdma_config(&self) -> Option<ClientConfig> {
+        (self.transport != TransportMode::Tcp).then(|| ClientConfig {
             flavor: self.rdma.rdma_flavor.flavor(),
+            lean: false,
             opts: self.rdma.rdma.options(),
-            tcp_fallback: self.transport == TransportMode::Auto,
+            ..ClientConfig::default()
         })
     }
 }
@@ -154,13 +141,12 @@ pub struct CaseResult {
     pub origin: Origin,
 }
 
-/// How one lane reaches the server.
+/// How one lane reaches the server: straight (TCP or RDMA, [`Origin::Measured`]), or through a
+/// relay over the link `profile` (none: the counting relay without delay).
 struct LaneSpec {
     link: String,
     origin: Origin,
     profile: Option<LinkProfile>,
-    /// `None`: straight to the server (TCP or RDMA); `Some`: through a relay.
-    wire: Option<Wire>,
 }
 
 /// What a lane measured over all rounds: its transport, and per case the samples and the
@@ -187,13 +173,16 @@ impl Lane {
         target: SocketAddr,
         cfg: &LatencyConfig,
     ) -> anyhow::Result<Lane> {
-        let relay = spec
-            .wire
-            .map(|w| Relay::start(target, w, RelayOptions::default()));
+        let wire = spec.profile.as_ref().map_or(Wire::transparent(), Wire::of);
+        let relay = (spec.origin != Origin::Measured)
+            .then(|| Relay::start(target, wire, RelayOptions::default()));
         let relay = relay.transpose()?;
         let mut conn = match &relay {
-            Some(r) => conn::connect(r.addr(), None).await?,
-            None => conn::connect(target, cfg.rdma_settings().as_ref()).await?,
+            Some(r) => conn::connect(r.addr(), None, false).await?,
+            None => {
+                let fallback = cfg.transport == TransportMode::Auto;
+                conn::connect(target, cfg.rdma_config().as_ref(), fallback).await?
+            }
         };
         let max = cfg.sizes.iter().copied().max().unwrap_or(4).max(4);
         let b = conn.alloc_buffer(cfg.device, max as u64).await?;
@@ -286,13 +275,11 @@ async fn concurrent_probe(target: SocketAddr, first: Lane) -> anyhow::Result<boo
         Ok(r) => r.map(|_| true)?,
         Err(_) => {
             drop(first);
-            tokio::time::timeout(Duration::from_secs(60), probe.response(Command::Hello))
-                .await
-                .map_err(|_| {
-                    anyhow::anyhow!(
-                        "{target} did not answer a second connection after the first closed"
-                    )
-                })??;
+            let late =
+                tokio::time::timeout(Duration::from_secs(60), probe.response(Command::Hello));
+            let why =
+                || format!("{target} did not answer a second connection after the first closed");
+            late.await.with_context(why)??;
             false
         }
     };
@@ -312,28 +299,19 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
             "link emulation is a TCP relay: with --transport rdma use --links none (plus projected profiles such as tb5-rdma)"
         );
     }
-    let spec = |link: &str, origin, profile: Option<&LinkProfile>, wire| LaneSpec {
+    let spec = |link: &str, origin, profile: Option<&LinkProfile>| LaneSpec {
         link: link.into(),
         origin,
         profile: profile.cloned(),
-        wire,
     };
-    let (native, relay) = (Origin::Measured, Origin::MeasuredRelay);
     let mut specs = Vec::new();
     if links.iter().any(|l| l.kind == LinkKind::Native) {
-        specs.push(spec("none", native, None, None));
+        specs.push(spec("none", Origin::Measured, None));
     }
     if links.iter().any(|l| l.kind != LinkKind::Native) && !rdma {
-        specs.push(spec("relay", relay, None, Some(Wire::transparent())));
+        specs.push(spec("relay", Origin::MeasuredRelay, None));
     }
-    for l in emulated {
-        specs.push(spec(
-            &l.name,
-            Origin::MeasuredEmulated,
-            Some(l),
-            Some(Wire::of(l)),
-        ));
-    }
+    specs.extend(emulated.map(|l| spec(&l.name, Origin::MeasuredEmulated, Some(l))));
     if specs.is_empty() {
         anyhow::bail!(
             "nothing to measure: give at least one of none, 2.5gbe, 10gbe, tb5-tcp, custom:..."
@@ -347,13 +325,13 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
     };
     let total =
         (cfg.server.len() * specs.len() * cases.len() * (cfg.iterations + rounds * warmup)) as u64;
-    let pb = progress_bar(total, cfg.common.progress());
+    let pb = cfg.common.out.progress_bar(total);
     // Which servers take concurrent connections.
     let mut concurrent = Vec::new();
     for target in &cfg.server {
         pb.set_message(format!("{}: connecting", target.label));
-        let first = Lane::open(&specs[0], target.addr, cfg).await?;
-        let c = specs.len() == 1 || concurrent_probe(target.addr, first).await?;
+        let first = Lane::open(&specs[0], target.addrs[0], cfg).await?;
+        let c = specs.len() == 1 || concurrent_probe(target.addrs[0], first).await?;
         if !c {
             tracing::info!(
                 "{} serves one connection at a time: its links are measured one after another",
@@ -376,7 +354,7 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
                 let g = start..start + group;
                 let mut lanes = Vec::new();
                 for spec in &specs[g.clone()] {
-                    lanes.push(Lane::open(spec, target.addr, cfg).await?);
+                    lanes.push(Lane::open(spec, target.addrs[0], cfg).await?);
                 }
                 let via = match concurrent[ti] {
                     true => String::new(),
@@ -408,23 +386,20 @@ pub fn command(mut cfg: LatencyConfig) -> anyhow::Result<()> {
         let child = crate::echo::spawn_child()?;
         cfg.server.push(Target {
             label: "echo floor".into(),
-            addr: child.addr,
-            peers: Vec::new(),
+            addrs: vec![child.addr],
         });
         floor = Some(child);
     }
-    if let Some(t) = cfg.server.iter().find(|t| !t.peers.is_empty()) {
+    if let Some(t) = cfg.server.iter().find(|t| t.addrs.len() > 1) {
         anyhow::bail!("{}: latency measures one server per --server", t.label);
     }
-    let cfg = cfg;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     let rows = rt.block_on(run(&cfg))?;
     drop(floor);
-    let mut md = String::new();
-    md.push_str(&format!(
+    let mut md = format!(
         "## rpc-bench latency\n\n{} measured iterations per case in {} rounds (each round visits every server and \
          link in turn), after {} warm-up; servers: {}.\n\
          `numbers`: *measured* = client straight to the server; *measured (relay, no delay)* = through the \
@@ -434,8 +409,8 @@ pub fn command(mut cfg: LatencyConfig) -> anyhow::Result<()> {
         cfg.iterations,
         cfg.rounds,
         cfg.warmup,
-        cfg.server.iter().map(|t| format!("{} ({})", t.label, t.addr)).collect::<Vec<_>>().join(", ")
-    ));
+        cfg.server.iter().map(|t| format!("{} ({})", t.label, t.addrs[0])).collect::<Vec<_>>().join(", ")
+    );
     md.push_str(&table(&rows).markdown());
     md.push('\n');
     md.push_str(&cfg.common.links_section());
@@ -444,7 +419,7 @@ pub fn command(mut cfg: LatencyConfig) -> anyhow::Result<()> {
         md.push_str(&histograms(&rows));
         md.push_str("```\n");
     }
-    cfg.common.emit(&md, &csv_table(&rows))?;
+    cfg.common.out.emit(&md, &csv_table(&rows))?;
     if let Some(png) = &cfg.png {
         draw_chart(png, &rows, &cfg)?;
     }
@@ -458,22 +433,20 @@ fn draw_chart(path: &Path, rows: &[CaseResult], cfg: &LatencyConfig) -> anyhow::
     let panels = Case::all(&cfg.sizes)
         .into_iter()
         .filter(|c| !matches!(c, Case::Set(_)))
-        .map(|case| Panel {
-            title: case.name(),
-            y_label: "round trip, us".into(),
-            categories: cats.clone(),
-            series: chart::measured_and_projected(
+        .map(|case| {
+            let find = |s: &str, l: &str| {
+                (rows.iter()).find(|r| r.server == s && r.link == l && r.case == case)
+            };
+            let p50 = |r: &CaseResult| r.summary.as_ref().map(|s| s.p50.as_secs_f64() * 1e6);
+            let projected = |r: &CaseResult| r.projected.map(|p| p.as_secs_f64() * 1e6);
+            let series = chart::measured_and_projected(
                 &servers,
                 &cats,
-                |s, l| {
-                    rows.iter()
-                        .find(|r| r.server == s && r.link == l && r.case == case)
-                },
-                ("measured p50", &|r: &CaseResult| {
-                    r.summary.as_ref().map(|s| s.p50.as_secs_f64() * 1e6)
-                }),
-                &|r: &CaseResult| r.projected.map(|p| p.as_secs_f64() * 1e6),
-            ),
+                find,
+                ("measured p50", &p50),
+                &projected,
+            );
+            Panel::new(&case.name(), "round trip, us", &cats, series)
         })
         .collect::<Vec<_>>();
     chart::draw(
@@ -613,16 +586,18 @@ pub fn table(rows: &[CaseResult]) -> Table {
 /// CSV with the histogram of each measured row.
 pub fn csv_table(rows: &[CaseResult]) -> Table {
     let mut t = table(rows);
-    t.headers.push("n".into());
-    t.headers.push("histogram".into());
-    for (row, r) in t.rows.iter_mut().zip(rows) {
-        row.push(r.summary.as_ref().map_or("0".into(), |s| s.n.to_string()));
-        row.push(
-            r.summary
-                .as_ref()
-                .map_or(String::new(), Summary::histogram_compact),
-        );
-    }
+    let n = |s: &Summary| s.n.to_string();
+    t.add_columns(
+        rows,
+        &[
+            ("n", &|r| r.summary.as_ref().map_or("0".into(), n)),
+            ("histogram", &|r| {
+                r.summary
+                    .as_ref()
+                    .map_or("".into(), Summary::histogram_compact)
+            }),
+        ],
+    );
     t
 }
 

@@ -1,11 +1,5 @@
-//! `rpc-bench`: what each link between a llama.cpp client and its ggml RPC workers costs.
-//! Three benchmarks: [`latency`] (per-command round trips, with [`echo`]'s floor), [`e2e`] (stock
-//! `llama-bench` through a worker, exact round trips and bytes per token) and [`load`] (a stock
-//! client's model load, stock against ours). The link emulator is the `link-emu` crate, re-exported under the
-//! names the benchmark has always used; the output (markdown, CSV, PNG, progress) is
-//! `bench-report`. Each benchmark's module holds its config, which is its command line, its run
-//! and its report (`command`); [`cli`] has the flags all share, [`tools`] the processes they
-//! drive, [`conn`] the connection (TCP or RDMA) and server targets.
+//! `rpc-bench`: what each link between a llama.cpp client and its ggml RPC workers costs. Three
+//! benchmarks, [`latency`], [`e2e`] and [`load`] (layout: ARCHITECTURE.md; use: docs/rpc-bench.md).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -20,18 +14,15 @@ pub mod tools;
 
 pub use link_emu::{links, relay, stats, traffic};
 
-/// Where a row's numbers come from (the `numbers` column of every table).
+/// Where a row's numbers come from (the `numbers` column of every table, [`Origin::label`]);
+/// `Projected`: computed from the measured base and the link's published figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
 pub enum Origin {
-    /// Measured with the client straight to the server (`latency`).
     Measured,
-    /// Measured with the client straight to the server over a real link (`e2e --direct`).
     MeasuredDirect,
-    /// Measured through the counting relay without delay.
     MeasuredRelay,
-    /// Measured through the user-space link emulator.
     MeasuredEmulated,
-    /// Computed from the measured base and the link's published figures.
     Projected,
 }
 

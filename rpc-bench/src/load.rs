@@ -1,17 +1,7 @@
-//! `rpc-bench load`: how long a stock client takes to put a model on a worker, as users live it.
-//!
-//! Five servers run side by side on loopback, each with its own weight-cache directory
-//! (`LLAMA_CACHE`): the stock `ggml-rpc-server` cold (no cache) and warm (`-c`, filled by one
-//! untimed load first), ours cold and warm the same way, and ours with `--gguf MODEL` (the worker
-//! reads the weights from its own copy of the file). The stock `llama-completion -ngl 99 -n 1`
-//! loads the model onto each, straight (`none`: plain loopback) or through `link-emu`'s relay
-//! emulating each link; what is measured is the client's load, from its own log: from the start
-//! of the model load to ready (every tensor on the worker, uploads and SET_TENSOR_HASH included,
-//! the context made, its warm-up decode done; see [`parse_load_time`]), and
-//! the bytes it sent (counted by the relay). Effective GB/s = model file size ÷ load time. Rounds
-//! visit every link and server in turn; the median of the rounds is reported.
+//! `rpc-bench load`: how long a stock client takes to put a model on a worker, as users live it
+//! (what it measures: docs/rpc-bench.md).
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -19,7 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use bench_report::chart::{self, Panel};
-use bench_report::{human_bytes, progress_bar, Table};
+use bench_report::process::{free_ports, run_tool, ServerProcess};
+use bench_report::{human_bytes, median, Table};
 use clap::Args;
 use rpc_proto::Major;
 
@@ -27,41 +18,21 @@ use crate::cli::{Common, Stock};
 
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::Wire;
-use crate::tools::{run_tool, through_relay, ServerProcess};
+use crate::tools::through_relay;
 
-/// A server set-up compared: stock or ours, cold (no cache) or warm (`-c`, filled by one untimed
-/// load first), or ours with `--gguf MODEL`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mode {
-    /// `stock cold`, `ours --gguf`, ...
-    pub name: &'static str,
-    ours: bool,
-    warm: bool,
-    gguf: bool,
-}
-
-const fn mode(name: &'static str, ours: bool, warm: bool, gguf: bool) -> Mode {
-    Mode {
-        name,
-        ours,
-        warm,
-        gguf,
-    }
-}
-
-/// Every set-up, in table order; the first is the reference (`vs stock cold`).
-pub const MODES: [Mode; 5] = [
-    mode("stock cold", false, false, false),
-    mode("stock warm (-c)", false, true, false),
-    mode("ours cold", true, false, false),
-    mode("ours warm (-c)", true, true, false),
-    mode("ours --gguf", true, false, true),
+/// Every server set-up, in table order; the first is the reference (`vs stock cold`): stock or
+/// ours, cold (no cache) or warm (`-c`, filled by one untimed load first), or ours with
+/// `--gguf MODEL` (what a name says is what [`start_server`] starts).
+pub const MODES: [&str; 5] = [
+    "stock cold",
+    "stock warm (-c)",
+    "ours cold",
+    "ours warm (-c)",
+    "ours --gguf",
 ];
 
-impl Mode {
-    fn slug(self) -> String {
-        self.name.replace([' ', '(', ')', '-'], "")
-    }
+fn slug(mode: &str) -> String {
+    mode.replace([' ', '(', ')', '-'], "")
 }
 
 /// Settings of a load benchmark: its command line.
@@ -101,7 +72,7 @@ pub struct LoadConfig {
 #[derive(Debug, Clone)]
 pub struct LoadRow {
     /// Server set-up.
-    pub mode: Mode,
+    pub mode: &'static str,
     /// Link name.
     pub link: String,
     /// The client's load time of each round.
@@ -110,46 +81,30 @@ pub struct LoadRow {
     pub sent: Option<u64>,
 }
 
-impl LoadRow {
-    /// Median load time.
-    pub fn median(&self) -> Duration {
-        let mut v = self.loads.clone();
-        v.sort_unstable();
-        v.get(v.len().saturating_sub(1) / 2)
-            .copied()
-            .unwrap_or_default()
-    }
-}
-
 /// Starts the server of `mode` on a free loopback port, with its own cache directory; ours
 /// speaking `--proto` 7.0.0 on its `--proto7-port`.
-fn start_server(cfg: &LoadConfig, mode: Mode) -> anyhow::Result<ServerProcess> {
-    let (a, b) = (
-        TcpListener::bind("127.0.0.1:0")?,
-        TcpListener::bind("127.0.0.1:0")?,
-    );
-    let (port, port7) = (a.local_addr()?.port(), b.local_addr()?.port());
-    drop((a, b));
-    let exe = if mode.ours {
+fn start_server(cfg: &LoadConfig, mode: &'static str) -> anyhow::Result<ServerProcess> {
+    let [port, port7] = free_ports()?;
+    let exe = if mode.starts_with("ours") {
         cfg.ours.clone()
     } else {
         cfg.stock.dir().join("ggml-rpc-server")
     };
     let mut cmd = Command::new(&exe);
     cmd.args(["-p", &port.to_string(), "-t", &cfg.threads.to_string()]);
-    let port = if mode.ours && cfg.stock.proto == Major::V7 {
+    let port = if mode.starts_with("ours") && cfg.stock.proto == Major::V7 {
         cmd.args(["--proto7-port", &port7.to_string()]);
         port7
     } else {
         port
     };
-    if mode.warm {
+    if mode.ends_with("(-c)") {
         cmd.arg("-c");
     }
-    if mode.gguf {
+    if mode.ends_with("--gguf") {
         cmd.arg("--gguf").arg(&cfg.model);
     }
-    let slug = mode.slug();
+    let slug = slug(mode);
     let cache = cfg.workdir.join(format!("cache-{slug}"));
     std::fs::create_dir_all(&cache)?;
     let log = std::fs::File::create(cfg.workdir.join(format!("server-{slug}.log")))?;
@@ -158,14 +113,14 @@ fn start_server(cfg: &LoadConfig, mode: Mode) -> anyhow::Result<ServerProcess> {
         .stdout(log.try_clone()?)
         .stderr(log);
     // Ours listens once its --gguf index is built (hashing the model): allow for that.
-    ServerProcess::start(cmd, port, Duration::from_secs(300)).with_context(|| mode.name)
+    ServerProcess::start(cmd, port, Duration::from_secs(300)).with_context(|| mode)
 }
 
 /// Loads the model with the stock client against `addr`; how long it took (see
 /// [`parse_load_time`]).
 fn load_once(cfg: &LoadConfig, addr: SocketAddr, tag: &str) -> anyhow::Result<Duration> {
-    let mut args: Vec<String> = vec!["-m".into(), cfg.model.display().to_string()];
-    args.extend(["--rpc".into(), addr.to_string()]);
+    let (model, addr) = (cfg.model.display().to_string(), addr.to_string());
+    let mut args: Vec<String> = vec!["-m".into(), model, "--rpc".into(), addr];
     let rest = "-ngl 99 -n 1 -p hello -c 256 -t 1 --temp 0 -s 1 -no-cnv --simple-io";
     args.extend(rest.split_whitespace().map(String::from));
     let exe = cfg.stock.dir().join("llama-completion");
@@ -204,15 +159,10 @@ pub fn parse_load_time(log: &str) -> Option<Duration> {
 
 /// Runs the whole benchmark.
 pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
-    for f in [
-        cfg.ours.clone(),
-        cfg.stock.dir().join("ggml-rpc-server"),
-        cfg.stock.dir().join("llama-completion"),
-        cfg.model.clone(),
-    ] {
-        if !f.is_file() {
-            bail!("{} not found", f.display());
-        }
+    let tools = ["ggml-rpc-server", "llama-completion"].map(|t| cfg.stock.dir().join(t));
+    let files = [&cfg.ours, &tools[0], &tools[1], &cfg.model];
+    if let Some(f) = files.into_iter().find(|f| !f.is_file()) {
+        bail!("{} not found", f.display());
     }
     let links: Vec<&LinkProfile> = cfg.common.links().iter().filter(|l| l.runnable()).collect();
     if links.is_empty() {
@@ -221,14 +171,14 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
     std::fs::create_dir_all(&cfg.workdir)?;
     let rounds = cfg.rounds.max(1);
     let steps = MODES.len() as u64 * (1 + u64::from(rounds) * links.len() as u64);
-    let pb = progress_bar(steps, cfg.common.progress());
+    let pb = cfg.common.out.progress_bar(steps);
     let mut servers = Vec::new();
     for mode in MODES {
-        pb.set_message(format!("starting {}", mode.name));
+        pb.set_message(format!("starting {}", mode));
         let s = start_server(cfg, mode)?;
-        if mode.warm {
-            pb.set_message(format!("{}: filling the cache", mode.name));
-            load_once(cfg, s.addr, &format!("{}-fill", mode.slug()))?;
+        if mode.ends_with("(-c)") {
+            pb.set_message(format!("{}: filling the cache", mode));
+            load_once(cfg, s.addr, &format!("{}-fill", slug(mode)))?;
         }
         pb.inc(1);
         servers.push(s);
@@ -248,21 +198,15 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
         for (li, link) in links.iter().enumerate() {
             for (mi, (mode, server)) in MODES.iter().zip(&servers).enumerate() {
                 let (round, link_name) = (r + 1, &link.name);
-                pb.set_message(format!(
-                    "round {round}/{rounds}: {} over {link_name}",
-                    mode.name
-                ));
-                let tag = format!("{}-{link_name}-round{round}", mode.slug());
+                pb.set_message(format!("round {round}/{rounds}: {} over {link_name}", mode));
+                let tag = format!("{}-{link_name}-round{round}", slug(mode));
                 let row = &mut rows[li * MODES.len() + mi];
-                if link.kind == LinkKind::Native {
-                    row.loads.push(load_once(cfg, server.addr, &tag)?);
-                } else {
-                    let (load, traffic) = through_relay(&[server.addr], Wire::of(link), |a| {
-                        load_once(cfg, a[0], &tag)
-                    })?;
-                    row.loads.push(load);
-                    row.sent = Some(traffic.c2s_bytes);
-                }
+                let relayed = link.kind != LinkKind::Native;
+                let wire = relayed.then(|| Wire::of(link));
+                let (load, traffic) =
+                    through_relay(&[server.addr], wire, |a| load_once(cfg, a[0], &tag))?;
+                row.loads.push(load);
+                row.sent = relayed.then_some(traffic.c2s_bytes);
                 pb.inc(1);
             }
         }
@@ -270,14 +214,14 @@ pub fn run(cfg: &LoadConfig) -> anyhow::Result<Vec<LoadRow>> {
     drop(servers);
     pb.finish_and_clear();
     for mode in MODES {
-        let _ = std::fs::remove_dir_all(cfg.workdir.join(format!("cache-{}", mode.slug())));
+        let _ = std::fs::remove_dir_all(cfg.workdir.join(format!("cache-{}", slug(mode))));
     }
     Ok(rows)
 }
 
 /// The results: per link and mode, the median load time, effective GB/s and bytes sent.
 pub fn table(rows: &[LoadRow], model_bytes: u64) -> Table {
-    let secs = |r: &LoadRow| r.median().as_secs_f64();
+    let secs = |r: &LoadRow| median(&r.loads).as_secs_f64();
     let stock = |r: &LoadRow| {
         rows.iter()
             .find(|s| s.link == r.link && s.mode == MODES[0])
@@ -287,7 +231,7 @@ pub fn table(rows: &[LoadRow], model_bytes: u64) -> Table {
         rows,
         &[
             ("link", &|r| r.link.clone()),
-            ("server", &|r| r.mode.name.into()),
+            ("server", &|r| r.mode.into()),
             ("load s (median)", &|r| format!("{:.2}", secs(r))),
             ("effective GB/s", &|r| {
                 format!("{:.2}", model_bytes as f64 / 1e9 / secs(r).max(1e-9))
@@ -332,26 +276,23 @@ pub fn command(cfg: LoadConfig) -> anyhow::Result<()> {
     md.push_str(&t.markdown());
     let cold = |mode| rows.iter().find(|r| r.link == "none" && r.mode == mode);
     if let (Some(ours), Some(stock)) = (cold(MODES[2]), cold(MODES[0])) {
-        let r = ours.median().as_secs_f64() / stock.median().as_secs_f64();
+        let r = median(&ours.loads).as_secs_f64() / median(&stock.loads).as_secs_f64();
         md.push_str(&format!(
             "\nCold load over plain loopback, ours/stock: **{r:.2}**.\n"
         ));
     }
     md.push('\n');
     md.push_str(&cfg.common.links_section());
-    cfg.common.emit(&md, &t)?;
+    cfg.common.out.emit(&md, &t)?;
     if let Some(png) = &cfg.png {
         let cats = chart::distinct(rows.iter().map(|r| &r.link));
-        let modes: Vec<String> = MODES.iter().map(|m| m.name.to_string()).collect();
-        let panel = |title: &str, y: &str, f: &dyn Fn(Duration) -> f64| Panel {
-            title: title.into(),
-            y_label: y.into(),
-            categories: cats.clone(),
-            series: chart::series(&modes, &cats, false, |i, c| {
-                rows.iter()
-                    .find(|r| r.link == c && r.mode == MODES[i])
-                    .map(|r| f(r.median()))
-            }),
+        let modes = MODES.map(String::from);
+        let panel = |title: &str, y: &str, f: &dyn Fn(Duration) -> f64| {
+            let series = chart::series(&modes, &cats, false, |i, c| {
+                let row = rows.iter().find(|r| r.link == c && r.mode == MODES[i]);
+                row.map(|r| f(median(&r.loads)))
+            });
+            Panel::new(title, y, &cats, series)
         };
         let gb = model_bytes as f64 / 1e9;
         chart::draw(
@@ -396,7 +337,7 @@ mod tests {
             sent: None,
         };
         let rows = [row(MODES[0], &[3000, 1000, 2000]), row(MODES[2], &[1000])];
-        assert_eq!(rows[0].median(), Duration::from_millis(2000));
+        assert_eq!(median(&rows[0].loads), Duration::from_millis(2000));
         let t = table(&rows, 2_000_000_000);
         assert_eq!(t.rows[0][3], "1.00"); // 2 GB in 2 s
         assert_eq!(t.rows[1][4], "0.50"); // ours 1 s vs stock 2 s

@@ -4,20 +4,16 @@
 
 use std::time::Duration;
 
-use bench_report::{progress_bar, us, Table};
+use bench_report::{us, Table};
 use clap::{Args, Parser, Subcommand};
 use link_emu::check::{self as emucheck, CheckConfig, CheckRow};
 use rpc_bench::cli::Common;
 use rpc_bench::links::{fmt_dur, LinkKind, LinkProfile, PROFILES_HELP};
 use rpc_bench::{e2e, latency, load};
-
-const ABOUT: &str = "Latency comparison for ggml RPC (protocol 7.0.0) links: per-command round trips, \
-end-to-end tokens/s through stock llama.cpp with exact round trips and bytes per token, and user-space \
-emulation of 2.5 GbE, 10 GbE and Thunderbolt 5 TCP links, next to analytic projections (incl. \
-Thunderbolt 5 RDMA).";
+use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
-#[command(name = "rpc-bench", version, about = ABOUT, after_help = PROFILES_HELP)]
+#[command(name = "rpc-bench", version, about, after_help = PROFILES_HELP)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -69,11 +65,9 @@ struct CheckArgs {
 }
 
 fn main() {
+    let filter = EnvFilter::try_from_env("RPC_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RPC_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = real_main() {
@@ -114,11 +108,10 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
         bulk_time: Duration::from_millis(a.bulk_ms),
         rounds: a.rounds,
     };
-    let pb = progress_bar(cfg.steps(), a.common.progress());
+    let pb = a.common.out.progress_bar(cfg.steps());
     let (rows, timer) = emucheck::run(&cfg, &pb)?;
-    let mut md = String::from("## rpc-bench emulator-check\n\n");
-    md.push_str(&format!(
-        "{} rounds; per round and link {} ping-pongs of {} B through the relay (the round with the lowest \
+    let mut md = format!(
+        "## rpc-bench emulator-check\n\n{} rounds; per round and link {} ping-pongs of {} B through the relay (the round with the lowest \
          p50 counts) and a one-way bulk transfer of about {} ms at the \
          configured rate (the best round counts), throughput = bytes ÷ (time to the receiver's ack − RTT p50). Emulated part = ping p50 − \
          baseline p50. Tolerances: RTT ±max(10 %, 25 us), bandwidth 90–105 %.\n\n",
@@ -126,7 +119,7 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
         cfg.pings,
         cfg.ping_bytes,
         a.bulk_ms
-    ));
+    );
     let t = check_table(&rows);
     md.push_str(&t.markdown());
     md.push_str(&format!(
@@ -136,7 +129,7 @@ fn cmd_check(a: CheckArgs) -> anyhow::Result<()> {
         fmt_dur(timer.p99),
         fmt_dur(timer.max)
     ));
-    a.common.emit(&md, &t)?;
+    a.common.out.emit(&md, &t)?;
     Ok(())
 }
 

@@ -115,15 +115,14 @@ async fn latency_benchmark_runs_all_lane_kinds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdma_without_a_device_fails_clearly() {
     let server = TestServer::start();
-    let settings = rpc_bench::conn::RdmaSettings {
-        flavor: rpc_transport::rdma::Flavor::native(),
-        opts: Default::default(),
-        tcp_fallback: false,
+    let settings = rpc_transport::rdma::negotiate::ClientConfig {
+        lean: false,
+        ..Default::default()
     };
     // Either this machine has no RDMA (error before HELLO) or the server declines: never a hang.
     let r = tokio::time::timeout(
         Duration::from_secs(30),
-        rpc_bench::conn::connect(server.addr, Some(&settings)),
+        rpc_bench::conn::connect(server.addr, Some(&settings), false),
     )
     .await;
     let err = match r.expect("RDMA negotiation hung") {

@@ -1,20 +1,5 @@
 //! `rpc-bench e2e`: tokens/s and per-token latency of stock `llama-bench` through a worker, over
-//! each link, with the exact network round trips and bytes per token.
-//!
-//! Counting: `llama-bench` runs through the counting relay. One run with `-r 1` and one with
-//! `-r R` differ by exactly `R − 1` repetitions of the test (model load, warmup and context
-//! set-up cancel out), so `(count(R) − count(1)) ÷ (R − 1)` is the traffic of one pp or tg run,
-//! and dividing by its token count gives the traffic per token. This works against any server,
-//! since only the client ↔ server bytes are observed.
-//!
-//! Timing: `-p P -n N -r R` runs through the relay without delay (`none`) and through each
-//! emulated link, in rounds that visit every link and server in turn (averaged); optionally (`--direct`) one run with no relay at all, e.g. with a
-//! llama.cpp built with RDMA on two machines. Projections: `base + round trips × RTT + bytes ÷
-//! bandwidth`, where `base` is the measured `none` time (compute + loopback + relay).
-//!
-//! A target of several servers (`--server A,B`) is one `llama-bench --rpc A,B` run, each server
-//! behind its own relay, their traffic summed (`--split-mode tensor` needs two; the servers' own
-//! allreduce link, which the stock 8.0 servers open between themselves, is not relayed).
+//! each link, with the exact network round trips and bytes per token (how: docs/rpc-bench.md).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,14 +7,15 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use bench_report::{human_bytes, progress_bar};
+use bench_report::process::run_tool;
+use bench_report::{human_bytes, pooled};
 use clap::Args;
 
 use crate::cli::{Common, Stock};
 use crate::conn::{server_major, Target};
 use crate::links::LinkKind;
 use crate::relay::Wire;
-use crate::tools::{run_tool, through_relay};
+use crate::tools::through_relay;
 use crate::traffic::Traffic;
 use crate::Origin;
 
@@ -125,15 +111,11 @@ pub fn placement_label(server: &str, placement: &str) -> String {
 /// with `--compare-output` once per output placement ([`placement_label`]), interleaved in the
 /// same rounds.
 fn measured(cfg: &E2eConfig) -> Vec<(Target, Vec<String>)> {
-    let one: &[(&str, &[&str])] = &[("", &[])];
-    let variants = if cfg.compare_output {
-        &OUTPUT_PLACEMENTS[..]
-    } else {
-        one
-    };
+    // Without --compare-output the first placement alone (no extra arguments).
+    let n = if cfg.compare_output { usize::MAX } else { 1 };
     let mut out = Vec::new();
     for t in &cfg.server {
-        for (name, args) in variants {
+        for (name, args) in OUTPUT_PLACEMENTS.iter().take(n) {
             let label = match cfg.compare_output {
                 true => placement_label(&t.label, name),
                 false => t.label.clone(),
@@ -145,12 +127,11 @@ fn measured(cfg: &E2eConfig) -> Vec<(Target, Vec<String>)> {
     out
 }
 
-/// Prompt processing or generation.
+/// Prompt processing of `n` tokens in one batch, or generation of `n` tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
 pub enum Phase {
-    /// Prompt processing of `n` tokens in one batch.
     Pp(u32),
-    /// Generation of `n` tokens.
     Tg(u32),
 }
 
@@ -208,20 +189,11 @@ pub struct E2eRow {
 }
 
 impl E2eRow {
-    /// Measured time per token.
-    pub fn measured_per_token(&self) -> Option<Duration> {
-        self.measured.map(|m| m.avg / self.phase.tokens().max(1))
-    }
-
-    /// Projected time per token.
-    pub fn projected_per_token(&self) -> Option<Duration> {
-        self.projected.map(|p| p / self.phase.tokens().max(1))
-    }
-
-    /// The link's own share of a token (projected: round trips × RTT + bytes ÷ bandwidth),
-    /// `None` for rows without a link profile (`none`, `direct`).
-    pub fn link_cost_per_token(&self) -> Option<Duration> {
-        self.link_cost.map(|c| c / self.phase.tokens().max(1))
+    /// Per token: the measured time, the projected time, and the link's own share (projected:
+    /// round trips × RTT + bytes ÷ bandwidth; `None` without a link profile: `none`, `direct`).
+    pub fn per_token(&self) -> [Option<Duration>; 3] {
+        let n = self.phase.tokens().max(1);
+        [self.measured.map(|m| m.avg), self.projected, self.link_cost].map(|d| d.map(|d| d / n))
     }
 }
 
@@ -266,7 +238,7 @@ fn llama_bench(
 ) -> anyhow::Result<Vec<BenchResult>> {
     let mut args: Vec<String> = vec!["-m".into(), cfg.model.display().to_string()];
     let (ngl, t, sm) = (&cfg.ngl, cfg.threads, &cfg.split_mode);
-    let rpc = addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let rpc: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
     let rpc = rpc.join(",");
     let fixed = format!("--rpc {rpc} -ngl {ngl} -sm {sm} -p {p} -n {n} -r {reps} -t {t} -o json");
     args.extend(fixed.split_whitespace().map(String::from));
@@ -285,19 +257,16 @@ fn averaged(runs: &[Vec<BenchResult>], phase: Phase) -> anyhow::Result<BenchResu
         .iter()
         .map(|run| find(run).with_context(|| format!("llama-bench reported no {}", phase.name())))
         .collect::<anyhow::Result<_>>()?;
-    let n = all.len().max(1) as f64;
-    let mean = |f: &dyn Fn(&BenchResult) -> f64| all.iter().map(f).sum::<f64>() / n;
-    let avg = mean(&|r| r.avg.as_secs_f64());
-    let tps = mean(&|r| r.tps);
-    let var_avg =
-        mean(&|r| r.stddev.as_secs_f64().powi(2)) + mean(&|r| (r.avg.as_secs_f64() - avg).powi(2));
-    let var_tps = mean(&|r| r.tps_sd.powi(2)) + mean(&|r| (r.tps - tps).powi(2));
+    let pool = |f: fn(&BenchResult) -> (f64, f64)| pooled(&all.iter().map(f).collect::<Vec<_>>());
+    let (avg, sd) = pool(|r| (r.avg.as_secs_f64(), r.stddev.as_secs_f64()));
+    let (tps, tps_sd) = pool(|r| (r.tps, r.tps_sd));
+    let (avg, stddev) = (Duration::from_secs_f64(avg), Duration::from_secs_f64(sd));
     Ok(BenchResult {
         phase,
-        avg: Duration::from_secs_f64(avg),
-        stddev: Duration::from_secs_f64(var_avg.sqrt()),
+        avg,
+        stddev,
         tps,
-        tps_sd: var_tps.sqrt(),
+        tps_sd,
     })
 }
 
@@ -326,7 +295,7 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
         bail!("model {} not found", cfg.model.display());
     }
     // A stock client aborts on a server of the other major: say which port instead.
-    for addr in cfg.server.iter().flat_map(Target::addrs) {
+    for &addr in cfg.server.iter().flat_map(|t| &t.addrs) {
         let major = server_major(addr).with_context(|| format!("HELLO to {addr}"))?;
         if major != cfg.stock.proto {
             bail!(
@@ -374,7 +343,10 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
     if cfg.direct {
         steps.push(("direct".into(), "direct".into(), None, np, ng, reps));
     }
-    let pb = progress_bar((steps.len() * targets.len()) as u64, cfg.common.progress());
+    let pb = cfg
+        .common
+        .out
+        .progress_bar((steps.len() * targets.len()) as u64);
     let slug = |t: &Target| -> String {
         t.label
             .chars()
@@ -388,15 +360,9 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
         for (target, extra) in &targets {
             pb.set_message(format!("{}: {msg}", target.label));
             let tag = format!("{}-{tag}", slug(target));
-            per_target.push(match wire {
-                Some(w) => through_relay(&target.addrs(), *w, |addrs| {
-                    llama_bench(cfg, extra, addrs, *p, *n, *r, &tag)
-                })?,
-                None => (
-                    llama_bench(cfg, extra, &target.addrs(), *p, *n, *r, &tag)?,
-                    Traffic::default(),
-                ),
-            });
+            per_target.push(through_relay(&target.addrs, *wire, |addrs| {
+                llama_bench(cfg, extra, addrs, *p, *n, *r, &tag)
+            })?);
             pb.inc(1);
         }
         done.push(per_target);

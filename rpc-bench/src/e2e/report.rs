@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bench_report::chart::{self, Panel};
-use bench_report::{human_bytes, ms, Table};
+use bench_report::{human_bytes, ms, ratio, Table};
 use rpc_transport::rdma::wire::Framing;
 
 use super::{placement_label, run, E2eConfig, E2eRow, Phase, OUTPUT_PLACEMENTS};
@@ -29,13 +29,11 @@ pub fn table(rows: &[E2eRow]) -> Table {
                 (None, Some(p)) => format!("({:.2})", n(r) / p.as_secs_f64().max(1e-12)),
                 _ => "-".into(),
             }),
-            ("ms/token measured", &|r| per_token(r.measured_per_token())),
-            ("ms/token projected", &|r| {
-                per_token(r.projected_per_token())
-            }),
-            ("link ms/token", &|r| per_token(r.link_cost_per_token())),
+            ("ms/token measured", &|r| per_token(r.per_token()[0])),
+            ("ms/token projected", &|r| per_token(r.per_token()[1])),
+            ("link ms/token", &|r| per_token(r.per_token()[2])),
             ("round trips/token", &|r| {
-                fmt_ratio(r.traffic.round_trips as f64 / n(r))
+                ratio(r.traffic.round_trips as f64 / n(r))
             }),
             ("bytes/token up", &|r| {
                 format!("{:.0}", r.traffic.c2s_bytes as f64 / n(r))
@@ -52,16 +50,10 @@ pub fn table(rows: &[E2eRow]) -> Table {
 /// projection-only links) with the link's own share of it (round trips × RTT + bytes ÷
 /// bandwidth, from the counted traffic), which is faster and by how much, and its flags.
 pub fn placement_table(rows: &[E2eRow], servers: &[String], ngl: &str) -> Table {
-    let mut head = vec!["server".to_string(), "link".to_string()];
     let names = OUTPUT_PLACEMENTS.map(|p| p.0);
-    head.extend(names.map(|n| format!("{n}: tg ms/token (link share)")));
-    head.extend([
-        "faster".into(),
-        "saves ms/token".into(),
-        "flags".into(),
-        "numbers".into(),
-    ]);
-    let mut t = Table::new(&head.iter().map(String::as_str).collect::<Vec<_>>());
+    let [w, c] = names.map(|n| format!("{n}: tg ms/token (link share)"));
+    let [faster, saves] = ["faster", "saves ms/token"];
+    let mut t = Table::new(&["server", "link", &w, &c, faster, saves, "flags", "numbers"]);
     for server in servers {
         let labels = names.map(|n| placement_label(server, n));
         let links = chart::distinct(
@@ -77,13 +69,14 @@ pub fn placement_table(rows: &[E2eRow], servers: &[String], ngl: &str) -> Table 
                     let r = rows.iter().find(|r| {
                         r.server == *label && r.link == link && matches!(r.phase, Phase::Tg(_))
                     })?;
-                    Some((r, r.measured_per_token().or(r.projected_per_token())?))
+                    let [measured, projected, _] = r.per_token();
+                    Some((r, measured.or(projected)?))
                 })
                 .collect();
             let mut row = vec![server.clone(), link.clone()];
             row.extend(per.iter().map(|v| {
                 v.map_or("-".into(), |(r, d)| {
-                    let share = r.link_cost_per_token();
+                    let share = r.per_token()[2];
                     let share = share.map_or(String::new(), |c| format!(" (link {})", ms(c)));
                     format!("{}{share}", ms(d))
                 })
@@ -131,7 +124,7 @@ pub fn commands_table(rows: &[E2eRow]) -> Table {
             ("unit", &|r| unit(r).0),
             ("commands", &|r| r.traffic.commands_summary(n(r))),
             ("round trips", &|r| {
-                fmt_ratio(r.traffic.round_trips as f64 / n(r))
+                ratio(r.traffic.round_trips as f64 / n(r))
             }),
             ("bytes up", &|r| {
                 human_bytes(r.traffic.c2s_bytes as f64 / n(r))
@@ -215,12 +208,7 @@ pub fn wire_table(rows: &[E2eRow], measured: Option<&str>) -> Table {
 /// it writes (`target/lean-vm/lean-table.txt`: lines `config SENDs/token packets/token` for a-rc,
 /// a-uc (stock client, upstream flavors) and b-rc, b-uc (through rpc-shim, lean framing)).
 pub fn vm_wire(table: &str, f: Framing) -> Option<(f64, f64)> {
-    let key = match f {
-        Framing::UpstreamRc => "a-rc",
-        Framing::AppleUc => "a-uc",
-        Framing::LeanRc => "b-rc",
-        Framing::LeanUc => "b-uc",
-    };
+    let key = ["a-rc", "a-uc", "b-rc", "b-uc"][Framing::ALL.iter().position(|k| *k == f)?];
     let line = table
         .lines()
         .find(|l| l.split_whitespace().next() == Some(key))?;
@@ -241,8 +229,7 @@ pub fn command(cfg: E2eConfig) -> anyhow::Result<()> {
         Err(_) => None,
     };
     let (rows, notes) = run(&cfg)?;
-    let mut md = String::new();
-    md.push_str(&format!(
+    let mut md = format!(
         "## rpc-bench e2e\n\nClient: stock `llama-bench -ngl {} -sm {} -p {} -n {} -r {} -t {} {}` ({}, protocol {}), model `{}`; servers: {}; \
          timings averaged over {} rounds (each round runs every link for every server in turn).\n\
          Per token: pp = one {}-token batch ÷ {}, tg = one generated token. Round trips and bytes are counted \
@@ -260,14 +247,14 @@ pub fn command(cfg: E2eConfig) -> anyhow::Result<()> {
         cfg.stock.proto,
         cfg.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
         cfg.server.iter().map(|t| {
-            let addrs = t.addrs().iter().map(|a| a.to_string()).collect::<Vec<_>>();
+            let addrs = t.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>();
             format!("{} ({})", t.label, addrs.join(" + "))
         }).collect::<Vec<_>>().join(", "),
         cfg.rounds,
         cfg.n_prompt,
         cfg.n_prompt,
         cfg.reps,
-    ));
+    );
     md.push_str(&table(&rows).markdown());
     if cfg.compare_output {
         md.push_str(
@@ -304,7 +291,7 @@ pub fn command(cfg: E2eConfig) -> anyhow::Result<()> {
     }
     md.push('\n');
     md.push_str(&cfg.common.links_section());
-    cfg.common.emit(&md, &table(&rows))?;
+    cfg.common.out.emit(&md, &table(&rows))?;
     if let Some(png) = &cfg.png {
         draw_chart(png, &rows, &cfg)?;
     }
@@ -325,28 +312,22 @@ fn draw_chart(path: &Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<(
             format!("prompt processing (pp{}): ms per token", cfg.n_prompt),
         ),
     ] {
-        panels.push(Panel {
-            title,
-            y_label: "ms per token".into(),
-            categories: cats.clone(),
-            series: chart::measured_and_projected(
-                &servers,
-                &cats,
-                |s, l| {
-                    rows.iter()
-                        .find(|r| r.server == s && r.link == l && r.phase == phase)
-                },
-                ("measured", &|r: &E2eRow| {
-                    r.measured_per_token().map(|d| d.as_secs_f64() * 1e3)
-                }),
-                &|r: &E2eRow| {
-                    (r.origin != Origin::MeasuredRelay)
-                        .then(|| r.projected_per_token())
-                        .flatten()
-                        .map(|d| d.as_secs_f64() * 1e3)
-                },
-            ),
-        });
+        let find = |s: &str, l: &str| {
+            (rows.iter()).find(|r| r.server == s && r.link == l && r.phase == phase)
+        };
+        let measured = |r: &E2eRow| r.per_token()[0].map(|d| d.as_secs_f64() * 1e3);
+        let projected = |r: &E2eRow| {
+            let p = r.per_token()[1].filter(|_| r.origin != Origin::MeasuredRelay);
+            p.map(|d| d.as_secs_f64() * 1e3)
+        };
+        let series = chart::measured_and_projected(
+            &servers,
+            &cats,
+            find,
+            ("measured", &measured),
+            &projected,
+        );
+        panels.push(Panel::new(&title, "ms per token", &cats, series));
     }
     // The link's own share per generated token: deterministic, from the counted traffic.
     let link_cats: Vec<String> = cats
@@ -359,18 +340,14 @@ fn draw_chart(path: &Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<(
     let series = chart::series(&names, &link_cats, true, |ti, l| {
         rows.iter()
             .find(|r| r.server == servers[ti] && r.link == l && r.phase == tg)
-            .and_then(E2eRow::link_cost_per_token)
+            .and_then(|r| r.per_token()[2])
             .map(|d| d.as_secs_f64() * 1e3)
     });
-    panels.push(Panel {
-        title: format!(
-            "link share of a generated token (tg{}): round trips x RTT + bytes / bandwidth",
-            cfg.n_gen
-        ),
-        y_label: "ms per token".into(),
-        categories: link_cats,
-        series,
-    });
+    let title = format!(
+        "link share of a generated token (tg{}): round trips x RTT + bytes / bandwidth",
+        cfg.n_gen
+    );
+    panels.push(Panel::new(&title, "ms per token", &link_cats, series));
     let mut footer = vec![format!(
         "Stock llama-bench -ngl {} through each link to the worker; solid = measured (none: loopback + counting relay; \
          others: user-space link emulator), light = projected.",
@@ -395,14 +372,6 @@ fn draw_chart(path: &Path, rows: &[E2eRow], cfg: &E2eConfig) -> anyhow::Result<(
         &panels,
         &footer,
     )
-}
-
-fn fmt_ratio(v: f64) -> String {
-    if (v - v.round()).abs() < 1e-9 {
-        format!("{}", v.round() as u64)
-    } else {
-        format!("{v:.3}")
-    }
 }
 
 #[cfg(test)]
