@@ -96,5 +96,5 @@ hostile() {
 suite "hostile inputs: the same suite against the stock server (comparison), churn during real generation" -- hostile
 suite "op conformance: llama.cpp test-backend-ops against rpc-server (ops of common architectures)" -- \
   env SUBSET=1 ./scripts/test-backend-ops.sh
-suite "fuzzing smoke run (codec, graph, session; ${FUZZ_SECONDS:-15} s each)" -- fuzz/smoke.sh
+suite "fuzzing smoke run (codec, graph, session, ops; ${FUZZ_SECONDS:-15} s each)" -- fuzz/smoke.sh
 step "all tests passed"
