@@ -203,7 +203,10 @@ fn probe_containment(options: &ServerOptions) -> anyhow::Result<String> {
 /// `--gguf` weights. A session process opens the cache read-only (its writes go to the front)
 /// and reads the `--gguf` index its front made.
 fn session_config(o: &SessionOptions, in_child: bool) -> anyhow::Result<SessionConfig> {
-    let devices = select_devices(&o.devices)?;
+    let devices = select_devices(&o.devices)?
+        .into_iter()
+        .map(|d| d.reporting(o.reported_memory))
+        .collect();
     let cache = match &o.cache_dir {
         Some(dir) => {
             let opened = match in_child {
@@ -245,7 +248,7 @@ fn session_config(o: &SessionOptions, in_child: bool) -> anyhow::Result<SessionC
 /// A session process (`--session-child`), or the front's containment probe
 /// (`--sandbox-probe`): configured by the front's message alone.
 #[cfg(unix)]
-fn session_main(probe: bool) -> anyhow::Result<()> {
+fn session_main(probe: bool, pooled: bool) -> anyhow::Result<()> {
     let start = SessionStart::from_env()
         .context("a session process is started by its front, which passes its configuration")?
         .map_err(|e| anyhow::anyhow!("the front's message: {e}"))?;
@@ -259,7 +262,24 @@ fn session_main(probe: bool) -> anyhow::Result<()> {
     }
     crate::ggml::load_backends();
     let config = Arc::new(session_config(&start.options.session, true)?);
-    std::process::exit(crate::child::child_main(start, config));
+    if !pooled {
+        let handed = crate::child::Handed::from_stdio()
+            .context("a session process started without its socket and control line")?;
+        std::process::exit(crate::child::child_main(start, config, handed));
+    }
+    // Pooled: what a session's first command would do first happens now, while it waits: a
+    // backend on each device (on a Mac, the Metal device's command queue and its kernel
+    // library, which stays loaded for the process).
+    for d in &config.devices {
+        drop(d.init_backend(start.options.session.threads));
+    }
+    match crate::child::await_connection(&start) {
+        Ok(Some((start, handed))) => {
+            std::process::exit(crate::child::child_main(start, config, handed))
+        }
+        Ok(None) => std::process::exit(0),
+        Err(e) => bail!("a pooled session process: {e}"),
+    }
 }
 
 fn real_main() -> anyhow::Result<()> {
@@ -274,7 +294,7 @@ fn real_main() -> anyhow::Result<()> {
         .init();
     #[cfg(unix)]
     if args.session_child || args.sandbox_probe {
-        return session_main(args.sandbox_probe);
+        return session_main(args.sandbox_probe, args.session_wait);
     }
     let opts = args.options();
     crate::ggml::use_huge_pages(opts.session.huge_pages);
@@ -488,5 +508,38 @@ fn describe_sessions(isolate: bool) -> &'static str {
     match isolate {
         true => "a process of its own per session (--no-isolate: all in this one)",
         false => "all in this process (--no-isolate): no containment",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `-m/--mem`: what every device reports (GET_DEVICE_MEMORY answers from `Device::memory`),
+    /// and the default `--max-alloc-total` it bounds: a device counts with the smaller of what it
+    /// reports and what it has.
+    #[test]
+    fn mem_is_what_the_devices_report_and_bounds_the_default_total() {
+        let cpu = |reported| SessionOptions {
+            devices: vec!["CPU".into()],
+            reported_memory: reported,
+            ..SessionOptions::default()
+        };
+        let own = session_config(&cpu(None), false).unwrap();
+        let (_, has) = own.devices[0].actual_memory();
+        assert_eq!(own.devices[0].memory(), own.devices[0].actual_memory());
+        assert_eq!(server::device_memory(&own), has);
+        let less = session_config(&cpu(Some(64 << 20)), false).unwrap();
+        assert_eq!(less.devices[0].memory(), (64 << 20, 64 << 20));
+        assert_eq!(server::device_memory(&less), 64 << 20);
+        let more = session_config(&cpu(Some(has * 4)), false).unwrap();
+        assert_eq!(more.devices[0].memory(), (has * 4, has * 4));
+        assert_eq!(server::device_memory(&more), has, "bounded by what it has");
+        // The options a session process is configured from carry it.
+        let o = ServerOptions {
+            session: cpu(Some(64 << 20)),
+            ..ServerOptions::default()
+        };
+        assert_eq!(o.memory(server::device_memory(&less)).total, 64 << 20);
     }
 }

@@ -2,7 +2,8 @@
 //! over (`handoff.rs`), on the socket that is its stdin, reporting to the front on the control
 //! line that is its stdout (`control.rs`): memory reservations, counters, links and the weight
 //! cache's writes go to the front. Its configuration is one message from the front,
-//! [`SessionStart`]; nothing is rebuilt from flags.
+//! [`SessionStart`]; nothing is rebuilt from flags. A pooled one (`--session-wait`) gets it, and
+//! the client's socket, on the control line once a client arrives ([`await_connection`]).
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
@@ -166,10 +167,19 @@ impl crate::comm::Connector for FrontConnector {
 /// Reads the front's messages, with the descriptors sent along (`SCM_RIGHTS`), until the line
 /// closes (or carries something that is no message): `on_msg` gets each message and, for one
 /// that carries a descriptor (`K`, `M`), the descriptor that came with it.
-fn read_front_lines(sock: UnixStream, mut on_msg: impl FnMut(ToSession, Option<OwnedFd>)) {
+/// `early`: bytes of the line already read (after a pooled process's assignment).
+fn read_front_lines(
+    sock: UnixStream,
+    early: &[u8],
+    mut on_msg: impl FnMut(ToSession, Option<OwnedFd>),
+) {
     use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut fds: std::collections::VecDeque<OwnedFd> = Default::default();
     let mut lines = LineSplitter::default();
+    lines.push(early);
+    if !deliver_lines(&mut lines, &mut fds, &mut on_msg) {
+        return;
+    }
     let mut buf = [0u8; 4096];
     loop {
         let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
@@ -191,23 +201,120 @@ fn read_front_lines(sock: UnixStream, mut on_msg: impl FnMut(ToSession, Option<O
             }
         }
         lines.push(buf.get(..n).unwrap_or(&[]));
-        while let Some(line) = lines.next_line() {
-            match line.and_then(|l| ToSession::decode(&l)) {
-                Ok(msg) => {
-                    let fd = if msg.carries_fd() {
-                        fds.pop_front()
-                    } else {
-                        None
-                    };
-                    on_msg(msg, fd);
-                }
-                Err(e) => {
-                    tracing::error!("the front sent something else than a message: {e}");
-                    return;
-                }
+        if !deliver_lines(&mut lines, &mut fds, &mut on_msg) {
+            return;
+        }
+    }
+}
+
+/// The whole lines `lines` holds, each to `on_msg` with its descriptor; `false` when one is no
+/// message.
+fn deliver_lines(
+    lines: &mut LineSplitter,
+    fds: &mut std::collections::VecDeque<OwnedFd>,
+    on_msg: &mut impl FnMut(ToSession, Option<OwnedFd>),
+) -> bool {
+    while let Some(line) = lines.next_line() {
+        match line.and_then(|l| ToSession::decode(&l)) {
+            Ok(msg) => {
+                let fd = if msg.carries_fd() {
+                    fds.pop_front()
+                } else {
+                    None
+                };
+                on_msg(msg, fd);
+            }
+            Err(e) => {
+                tracing::error!("the front sent something else than a message: {e}");
+                return false;
             }
         }
     }
+    true
+}
+
+/// What a session process serves: the client's socket and the control line to its front, and
+/// any bytes of the line already read.
+pub struct Handed {
+    pub stream: std::net::TcpStream,
+    pub ctl: UnixStream,
+    pub early: Vec<u8>,
+}
+
+impl Handed {
+    /// A session process started for its connection: the socket is stdin, the control line
+    /// stdout.
+    pub fn from_stdio() -> std::io::Result<Handed> {
+        let sock = std::io::stdin().as_fd().try_clone_to_owned()?;
+        let ctl = std::io::stdout().as_fd().try_clone_to_owned()?;
+        Ok(Handed {
+            stream: std::net::TcpStream::from(sock),
+            ctl: UnixStream::from(ctl),
+            early: Vec::new(),
+        })
+    }
+}
+
+/// A pooled session process (`--session-wait`), contained and with its devices open, waits
+/// here for its connection: one assignment line on the control line (stdout), with the
+/// client's socket (`control.rs`). `Ok(None)`: the front closed the line first (it is gone, or
+/// the pool was dropped), and the process just ends. The assignment must be for the
+/// containment this process has (`template`'s options, TCP only), or it is refused.
+pub fn await_connection(template: &SessionStart) -> Result<Option<(SessionStart, Handed)>, String> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let ctl = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(UnixStream::from)
+        .map_err(|e| format!("no control line: {e}"))?;
+    let mut got: Vec<u8> = Vec::new();
+    let mut socket: Option<OwnedFd> = None;
+    let mut buf = [0u8; 16 << 10];
+    let end = loop {
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let n = match recvmsg(
+            &ctl,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) if r.bytes == 0 => return Ok(None),
+            Ok(r) => r.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(format!("control line: {e}")),
+        };
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = msg {
+                for fd in fds {
+                    // The first is the client's; any other is closed.
+                    socket.get_or_insert(fd);
+                }
+            }
+        }
+        let old = got.len();
+        got.extend_from_slice(buf.get(..n).unwrap_or(&[]));
+        if let Some(i) = got[old..].iter().position(|&b| b == b'\n') {
+            break old + i;
+        }
+        if got.len() >= crate::control::MAX_ASSIGNMENT {
+            return Err("assignment line too long".into());
+        }
+    };
+    let start = SessionStart::from_assignment(&got[..end])?;
+    if start.options != template.options || !start.tcp_only || start.pending.is_none() {
+        return Err("an assignment this process is not contained for".into());
+    }
+    let socket = socket.ok_or("an assignment without the client's socket")?;
+    let early = got.split_off(end + 1);
+    Ok(Some((
+        start,
+        Handed {
+            stream: std::net::TcpStream::from(socket),
+            ctl,
+            early,
+        },
+    )))
 }
 
 impl Front {
@@ -340,9 +447,10 @@ fn self_test(cache_dir: Option<&std::path::Path>) {
     }
 }
 
-/// Session side: serves the client on stdin (a socket) after its HELLO, reporting to the front
-/// on stdout (a Unix socket). Returns the process's exit status.
-pub fn child_main(start: SessionStart, config: Arc<SessionConfig>) -> i32 {
+/// Session side: serves the client on its socket (`handed`, stdin unless pooled) after its
+/// HELLO, reporting to the front on the control line (stdout). Returns the process's exit
+/// status.
+pub fn child_main(start: SessionStart, config: Arc<SessionConfig>, handed: Handed) -> i32 {
     let span = tracing::info_span!("session", peer = %start.peer, pid = std::process::id());
     let _enter = span.enter();
     crate::ggml::abort::abort_on_assertions();
@@ -361,18 +469,7 @@ pub fn child_main(start: SessionStart, config: Arc<SessionConfig>) -> i32 {
         tracing::error!("session refused: {e} (--no-sandbox serves without containment)");
         return SANDBOX_REFUSED;
     }
-    let taken = (|| -> std::io::Result<(std::net::TcpStream, UnixStream)> {
-        let sock = std::io::stdin().as_fd().try_clone_to_owned()?;
-        let ctl = std::io::stdout().as_fd().try_clone_to_owned()?;
-        Ok((std::net::TcpStream::from(sock), UnixStream::from(ctl)))
-    })();
-    let (stream, ctl) = match taken {
-        Ok(x) => x,
-        Err(e) => {
-            tracing::error!(error = %e, "session process started without its socket and control line");
-            return 2;
-        }
-    };
+    let Handed { stream, ctl, early } = handed;
     let (stop_tx, stop_rx) = watch::channel(false);
     let reader = match ctl.try_clone() {
         Ok(r) => r,
@@ -390,7 +487,7 @@ pub fn child_main(start: SessionStart, config: Arc<SessionConfig>) -> i32 {
     let finished_seen = done.clone();
     let (front, answers) = Front::new(ctl, stop_tx);
     std::thread::spawn(move || {
-        read_front_lines(reader, |msg, fd| answers.deliver(msg, fd));
+        read_front_lines(reader, &early, |msg, fd| answers.deliver(msg, fd));
         let _ = answers.stop.send(true);
         let t = std::time::Instant::now();
         while !finished_seen.load(Relaxed) {

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::TypedValueParser;
 use clap::Parser;
 
 use crate::options::{ServerOptions, SessionOptions};
@@ -84,6 +85,13 @@ pub struct Args {
     #[arg(short, long, default_value_t = crate::options::default_threads(), value_parser = parse_threads)]
     pub threads: usize,
 
+    /// Memory each device reports to clients, in MiB: the free and the total memory of
+    /// GET_DEVICE_MEMORY, by which a client splits a model's layers between its devices (the
+    /// stock tool's -m/--mem). It also bounds --max-alloc-total's default: each device counts
+    /// with the smaller of this and its own memory. 0 or absent: each device reports its own.
+    #[arg(short = 'm', long = "mem", value_name = "MB")]
+    pub mem: Option<u64>,
+
     /// Enable the local weight cache (SET_TENSOR_HASH), in the stock directory
     /// ($LLAMA_CACHE/rpc, else $XDG_CACHE_HOME/llama.cpp/rpc, else ~/.cache/llama.cpp/rpc).
     #[arg(short, long)]
@@ -161,6 +169,13 @@ pub struct Args {
     #[arg(long)]
     pub no_isolate: bool,
 
+    /// Keep this many session processes started ahead, contained and with their devices
+    /// opened, each waiting for a connection: a client's first command then skips a process
+    /// start (TCP clients; one offering RDMA gets a process started for it). A taken process is
+    /// replaced in the background. 0: start each at its hand-off.
+    #[arg(long, value_name = "N", default_value_t = crate::options::DEFAULT_SESSION_POOL, conflicts_with = "no_isolate", value_parser = clap::value_parser!(u16).range(..=64).map(usize::from))]
+    pub session_pool: usize,
+
     /// Do not sandbox the session processes (Linux: seccomp, Landlock, rlimits); they stay
     /// processes of their own. For debugging.
     #[arg(long, conflicts_with = "no_isolate")]
@@ -175,6 +190,11 @@ pub struct Args {
     /// configuration, the peer included, is the front's message).
     #[arg(long, hide = true, value_name = "ADDR", requires = "session_child")]
     pub session_peer: Option<String>,
+
+    /// (internal) A pooled session process (`--session-pool`): contained and ready, it waits on
+    /// its control line for its connection (the message and the client's socket).
+    #[arg(long, hide = true, requires = "session_child")]
+    pub session_wait: bool,
 
     /// (internal) Set up a session's containment as a session process would, print what was
     /// installed and exit (the front does this once at start for its banner).
@@ -305,6 +325,7 @@ impl Args {
             rdma_max_connections: self.rdma_max_connections,
             isolate: !self.no_isolate,
             sandbox: !self.no_sandbox,
+            session_pool: self.session_pool,
             session: SessionOptions {
                 devices: self.device_names(),
                 threads: self.threads,
@@ -318,6 +339,11 @@ impl Args {
                 verify_loads: self.verify_loads,
                 trusted_seeded_before: self.trusted_weights_only.then(now_ns),
                 huge_pages: !self.no_huge_pages,
+                // As the stock tool: MB are MiB, and 0 means the device's own figure.
+                reported_memory: self
+                    .mem
+                    .filter(|&m| m > 0)
+                    .map(|m| m.saturating_mul(1 << 20)),
             },
             ..ServerOptions::default()
         }
@@ -366,6 +392,128 @@ mod tests {
         assert_eq!(a.idle_timeout, None);
         assert!(!a.isolate);
         assert_eq!(a.max_connections, lib.max_connections);
+    }
+
+    /// `ggml-rpc-server --help` of the stock builds: 7.0.0 (llama-cpp-python 0.3.36, as printed
+    /// by the cached build), 8.0.0 (xllamacpp 2026.10.11549: the same `print_usage` in its
+    /// `tools/rpc/rpc-server.cpp`), and the older single-device tool that had `-m/--mem`
+    /// (upstream's `rpc-server.cpp` before its device list; `MEM` in MB, reported by
+    /// GET_DEVICE_MEMORY as the device's free and total memory).
+    const STOCK_USAGE_7_AND_8: &str = "\
+  -h, --help                       show this help message and exit
+  -t, --threads N                  number of threads for the CPU device (default: 1)
+  -d, --device <dev1,dev2,...>     comma-separated list of devices
+  -H, --host HOST                  host to bind to (default: 127.0.0.1)
+  -p, --port PORT                  port to bind to (default: 50052)
+  -c, --cache                      enable local file cache
+";
+    const STOCK_USAGE_OLDER: &str = "\
+  -h, --help                show this help message and exit
+  -t,      --threads        number of threads for the CPU backend (default: 6)
+  -d DEV,  --device         device to use
+  -H HOST, --host HOST      host to bind to (default: 127.0.0.1)
+  -p PORT, --port PORT      port to bind to (default: 50052)
+  -m MEM,  --mem MEM        backend memory size (in MB)
+  -c,      --cache          enable local file cache
+";
+
+    /// A stock usage line's flags (`-x`, `--xx`) and whether they take a value: the words
+    /// before the description are flags and value names (`N`, `HOST`, `<dev1,dev2,...>`).
+    fn stock_flags(line: &str) -> (Vec<String>, bool) {
+        let spec: Vec<&str> = line
+            .split_whitespace()
+            .map(|w| w.trim_end_matches(','))
+            .take_while(|w| w.starts_with(['-', '<']) || w.chars().all(|c| c.is_ascii_uppercase()))
+            .collect();
+        let flags = spec
+            .iter()
+            .filter(|w| w.starts_with('-'))
+            .map(|w| w.to_string())
+            .collect();
+        // -t takes N in every version, though the older usage did not say so.
+        let takes = spec.iter().any(|w| !w.starts_with('-')) || spec.contains(&"--threads");
+        (flags, takes)
+    }
+
+    /// Every flag of the stock usages is ours, with the same arity and the same meaning.
+    #[test]
+    fn every_stock_flag_is_accepted_with_its_meaning() {
+        use clap::CommandFactory;
+        let cmd = Args::command();
+        let mut seen = 0;
+        for usage in [STOCK_USAGE_7_AND_8, STOCK_USAGE_OLDER] {
+            for line in usage.lines() {
+                let (flags, takes) = stock_flags(line);
+                assert!(!flags.is_empty(), "{line}");
+                for flag in flags {
+                    seen += 1;
+                    let ours = cmd.get_arguments().find(|a| match flag.strip_prefix("--") {
+                        Some(long) => a.get_long() == Some(long),
+                        None => a.get_short() == flag.chars().nth(1),
+                    });
+                    if flag == "-h" || flag == "--help" {
+                        let e = Args::try_parse_from(["rpc-server", flag.as_str()]).unwrap_err();
+                        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+                        continue;
+                    }
+                    let ours = ours.unwrap_or_else(|| panic!("stock flag {flag} is not ours"));
+                    assert_eq!(
+                        ours.get_action().takes_values(),
+                        takes,
+                        "{flag}: takes a value in one and not the other"
+                    );
+                    let value = match ours.get_id().as_str() {
+                        "threads" => "3",
+                        "device" => "CPU,CUDA0/MTL0",
+                        "host" => "0.0.0.0",
+                        "port" => "50053",
+                        "mem" => "2048",
+                        _ => "",
+                    };
+                    let mut argv = vec!["rpc-server", flag.as_str()];
+                    if takes {
+                        argv.push(value);
+                    }
+                    let a = Args::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+                    let o = a.options();
+                    match ours.get_id().as_str() {
+                        "threads" => assert_eq!(o.session.threads, 3),
+                        "device" => {
+                            assert_eq!(o.session.devices, ["CPU", "CUDA0", "MTL0"])
+                        }
+                        "host" => assert_eq!(a.host, "0.0.0.0"),
+                        "port" => assert_eq!(a.port, 50053),
+                        "mem" => assert_eq!(o.session.reported_memory, Some(2048 << 20)),
+                        "cache" => assert!(
+                            o.session.cache_dir.is_some()
+                                || crate::cache::default_cache_dir().is_none()
+                        ),
+                        other => panic!("{flag}: no check for {other}"),
+                    }
+                }
+            }
+        }
+        assert_eq!(seen, 12 + 14, "every flag of both usages checked");
+        // The stock defaults where they are stated: host and port.
+        let a = Args::try_parse_from(["rpc-server"]).unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 50052));
+        // -m 0 is the stock "not set": the devices' own figure.
+        let a = Args::try_parse_from(["rpc-server", "-m", "0"]).unwrap();
+        assert_eq!(a.options().session.reported_memory, None);
+        assert!(Args::try_parse_from(["rpc-server", "-m", "-5"]).is_err());
+        // Repeated -d add devices, as the stock tool's do.
+        let a = Args::try_parse_from(["rpc-server", "-d", "CPU", "--device", "CUDA0"]).unwrap();
+        assert_eq!(a.device_names(), ["CPU", "CUDA0"]);
+    }
+
+    #[test]
+    fn the_session_pool_is_bounded_and_needs_isolation() {
+        let a = Args::try_parse_from(["rpc-server", "--session-pool", "4"]).unwrap();
+        assert_eq!(a.options().session_pool, 4);
+        assert!(Args::try_parse_from(["rpc-server", "--session-pool", "65"]).is_err());
+        assert!(
+            Args::try_parse_from(["rpc-server", "--session-pool", "1", "--no-isolate"]).is_err()
+        );
     }
 
     #[test]

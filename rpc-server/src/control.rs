@@ -18,6 +18,12 @@
 //! | front | `M` + a memfd (`SCM_RIGHTS`) / `X` | [`ToSession::Staging`] / [`ToSession::NoStaging`]: the answer to `W` |
 //! | front | `Q` | [`ToSession::Quit`]: the server is shutting down: finish the running command and exit |
 //!
+//! A pooled session process (`--session-pool`) is started before its connection exists: it
+//! sets up its containment and opens its devices from the message in its environment, then
+//! waits on the control line for one line, `A <SessionStart as JSON>`
+//! ([`SessionStart::assignment`], at most [`MAX_ASSIGNMENT`] bytes), which carries the client's
+//! socket (`SCM_RIGHTS`); from there on the line is the table's.
+//!
 //! Numbers are decimal digits only (no sign, at most 20, no overflow), hashes 16 hex digits;
 //! fields are separated by exactly one space; a line ends with `\n` and holds at most
 //! [`MAX_LINE`] bytes.
@@ -79,7 +85,29 @@ impl SessionStart {
         let v = std::env::var(SESSION_START_ENV).ok()?;
         Some(SessionStart::decode(&v))
     }
+
+    /// The line that hands this connection to a waiting session process (newline included;
+    /// the client's socket travels with it).
+    pub fn assignment(&self) -> Vec<u8> {
+        let mut v = b"A ".to_vec();
+        v.extend_from_slice(self.encode().as_bytes());
+        v.push(b'\n');
+        v
+    }
+
+    /// An assignment line, without its newline.
+    pub fn from_assignment(line: &[u8]) -> Result<SessionStart, String> {
+        if line.len() >= MAX_ASSIGNMENT {
+            return Err(format!("assignment over {MAX_ASSIGNMENT} bytes"));
+        }
+        let json = line.strip_prefix(b"A ").ok_or("not an assignment line")?;
+        let json = std::str::from_utf8(json).map_err(|_| "assignment not UTF-8")?;
+        SessionStart::decode(json)
+    }
 }
+
+/// Longest assignment line ([`SessionStart::assignment`]), newline included.
+pub const MAX_ASSIGNMENT: usize = 1 << 20;
 
 /// Session → front.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -449,6 +477,31 @@ mod tests {
             let line = m.encode();
             assert_eq!(ToSession::decode(&line[..line.len() - 1]), Ok(m));
         }
+    }
+
+    #[test]
+    fn an_assignment_round_trips_in_one_line() {
+        let mut options = crate::options::ServerOptions::default();
+        options.session.gguf = vec!["/models/a\nb.gguf".into()];
+        let start = SessionStart {
+            options,
+            caps: [7; rpc_proto::CONN_CAPS_SIZE],
+            pending: Some([1; rpc_proto::FRAME_HEADER_SIZE]),
+            peer: "10.0.0.1:5000".into(),
+            major: 7,
+            tcp_only: true,
+        };
+        let line = start.assignment();
+        assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1, "one line");
+        assert_eq!(line.last(), Some(&b'\n'));
+        let back = SessionStart::from_assignment(&line[..line.len() - 1]).unwrap();
+        assert_eq!(back, start);
+        for bad in [&b""[..], b"A", b"A {", b"B {}", b"A \xff", b"Q"] {
+            assert!(SessionStart::from_assignment(bad).is_err(), "{bad:?}");
+        }
+        let mut huge = b"A ".to_vec();
+        huge.resize(MAX_ASSIGNMENT, b' ');
+        assert!(SessionStart::from_assignment(&huge).is_err());
     }
 
     #[test]

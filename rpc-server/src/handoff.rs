@@ -29,6 +29,13 @@
 //! | front | `M` + a memfd (`SCM_RIGHTS`) / `X` | the staging file / no store |
 //! | front | `Q` | the server is shutting down: finish the running command and exit |
 //!
+//! With `--session-pool N` the front keeps N session processes started ahead (`Pool`): each set
+//! up its containment (a TCP session's) and opened its devices from the front's options, and
+//! waits on its control line; a TCP client's first command takes the oldest, which gets the
+//! connection's [`SessionStart`] and the client's socket in one line (`A`, `SCM_RIGHTS`), and a
+//! replacement is started in the background. A client that offers RDMA always gets a process
+//! started for it.
+//!
 //! Only the front writes the weight cache. A session's upload with the cache flag goes into a
 //! memfd the front created, sized and sealed against growing and shrinking, charged to the
 //! session's memory account while it lives; the session writes it with `pwrite` and says `D`;
@@ -54,6 +61,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use rpc_proto::Limits;
@@ -70,11 +78,12 @@ use crate::rdma::Fallback;
 use crate::stats::reported_counters;
 
 /// How a front process starts session processes: this executable (or `exe`), configured by
-/// the front's own options.
-#[derive(Debug, Clone)]
+/// the front's own options; with `--session-pool`, some started ahead.
+#[derive(Debug)]
 pub struct Isolation {
     pub exe: PathBuf,
     pub options: ServerOptions,
+    pool: Option<Pool>,
 }
 
 impl Isolation {
@@ -93,8 +102,243 @@ impl Isolation {
             max_alloc_total: Some(memory.total),
             ..options.clone()
         };
-        Ok(Isolation { exe, options })
+        let pool = (options.session_pool > 0)
+            .then(|| Pool::start(options.session_pool, exe.clone(), &options))
+            .transpose()?;
+        Ok(Isolation { exe, options, pool })
     }
+}
+
+/// Session processes started ahead (`--session-pool`), each contained as a TCP session's is
+/// and with its devices open, waiting on its control line for a connection
+/// (`child::await_connection`). One thread of the front starts them all and lives as long as
+/// the pool: a session process is killed when the thread that started it ends (its parent-death
+/// signal, `namespaces.rs`), so none may be started by a connection's thread, which ends
+/// first. A pooled process whose front goes away ends: its control line closes, and its
+/// parent-death signal fires.
+struct Pool {
+    shared: Arc<PoolShared>,
+    /// Asks the pool's thread to start replacements; dropped, the thread ends the waiting ones
+    /// and exits.
+    refill: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// How long after a take the pool starts its replacement.
+const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
+
+struct PoolShared {
+    size: usize,
+    exe: PathBuf,
+    /// The message they are started with: the front's options, TCP only (the containment of a
+    /// session whose HELLO the front answered); the connection's own comes at the hand-off.
+    template: SessionStart,
+    waiting: Mutex<std::collections::VecDeque<Waiting>>,
+}
+
+/// A pooled session process and the front's end of its control line.
+struct Waiting {
+    child: std::process::Child,
+    ctl: UnixStream,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("size", &self.shared.size)
+            .finish()
+    }
+}
+
+impl Pool {
+    /// Starts the pool's thread, which fills it.
+    fn start(size: usize, exe: PathBuf, options: &ServerOptions) -> std::io::Result<Pool> {
+        let shared = Arc::new(PoolShared {
+            size,
+            exe,
+            template: SessionStart {
+                options: options.clone(),
+                caps: [0; rpc_proto::CONN_CAPS_SIZE],
+                pending: None,
+                peer: String::new(),
+                major: rpc_proto::Major::V8.number(),
+                tcp_only: true,
+            },
+            waiting: Mutex::default(),
+        });
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let filler = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("session-pool".into())
+            .spawn(move || {
+                filler.refill();
+                while rx.recv().is_ok() {
+                    // Not while the taken process serves its first command: a process start
+                    // competes with it for the cores. Requests meanwhile are one refill.
+                    std::thread::sleep(REFILL_DELAY);
+                    while rx.try_recv().is_ok() {}
+                    filler.refill();
+                }
+                filler.close();
+            })?;
+        Ok(Pool {
+            shared,
+            refill: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// The oldest waiting process still alive (one that ended while waiting is let go); a
+    /// replacement is started in the background either way.
+    fn take(&self) -> Option<Waiting> {
+        let taken = self.shared.take();
+        if let Some(tx) = &*self.refill.lock().unwrap_or_else(PoisonError::into_inner) {
+            let _ = tx.send(());
+        }
+        taken
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        drop(
+            self.refill
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        if let Some(t) = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+impl PoolShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Waiting>> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts processes until `size` are waiting (on the pool's thread only).
+    fn refill(&self) {
+        while self.lock().len() < self.size {
+            match spawn_session(&self.exe, &self.template, None, None) {
+                Ok((child, ctl)) => {
+                    tracing::debug!(pid = child.id(), "pooled session process started");
+                    self.lock().push_back(Waiting { child, ctl });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a pooled session process");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn take(&self) -> Option<Waiting> {
+        let mut waiting = self.lock();
+        while let Some(mut w) = waiting.pop_front() {
+            match w.child.try_wait() {
+                Ok(None) => return Some(w),
+                Ok(Some(status)) => tracing::warn!(
+                    pid = w.child.id(),
+                    %status,
+                    "a pooled session process ended while waiting (see its log)"
+                ),
+                Err(e) => {
+                    tracing::warn!(pid = w.child.id(), error = %e, "a pooled session process cannot be checked; not used")
+                }
+            }
+        }
+        None
+    }
+
+    /// Ends the waiting processes: their lines close, and the kill covers one still starting.
+    fn close(&self) {
+        let waiting = std::mem::take(&mut *self.lock());
+        for mut w in waiting {
+            drop(w.ctl);
+            let _ = w.child.kill();
+            let _ = w.child.wait();
+        }
+    }
+}
+
+/// Starts a session process: `client` given, for that connection (its socket as stdin, `start`
+/// in the environment); else a pooled one that waits for its connection. Returns it and the
+/// front's end of its control line (its stdout); its stderr is relayed to the front's log.
+fn spawn_session(
+    exe: &std::path::Path,
+    start: &SessionStart,
+    client: Option<std::net::TcpStream>,
+    peer: Option<SocketAddr>,
+) -> std::io::Result<(std::process::Child, UnixStream)> {
+    let (front_end, child_end) = UnixStream::pair()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--session-child");
+    // The peer in the command line is a label for `ps`; the message configures the process.
+    if let Some(p) = peer {
+        cmd.arg("--session-peer").arg(p.to_string());
+    }
+    let stdin = match client {
+        Some(s) => Stdio::from(OwnedFd::from(s)),
+        None => {
+            cmd.arg("--session-wait");
+            Stdio::null()
+        }
+    };
+    cmd.env(SESSION_START_ENV, start.encode())
+        .stdin(stdin)
+        .stdout(Stdio::from(OwnedFd::from(child_end)))
+        .stderr(Stdio::piped())
+        // Its own process group: a Ctrl-C at the terminal reaches the front, which shuts the
+        // sessions down in order (`Q`), not every session process at once.
+        .process_group(0);
+    let mut child = cmd.spawn()?;
+    drop(cmd); // the parent's copies of the socket and of the session's end of the control line
+    let label = match peer {
+        Some(p) => p.to_string(),
+        None => "pooled".to_string(),
+    };
+    if let Some(err) = child.stderr.take() {
+        relay_stderr(err, label, child.id());
+    }
+    Ok((child, front_end))
+}
+
+/// Hands a connection to a waiting process: the assignment line with the client's socket.
+fn assign(ctl: &UnixStream, start: &SessionStart, client: &impl AsFd) -> std::io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let msg = start.assignment();
+    let fds = [client.as_fd()];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    let mut sent = loop {
+        match sendmsg(
+            ctl,
+            &[std::io::IoSlice::new(&msg)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(n) => break n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    while sent < msg.len() {
+        match rustix::net::send(ctl, msg.get(sent..).unwrap_or(&[]), SendFlags::NOSIGNAL) {
+            Ok(0) => return Err(std::io::Error::other("control line closed")),
+            Ok(n) => sent += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 fn child_error(what: String) -> ConnectionError {
@@ -145,7 +389,6 @@ pub async fn hand_off(
     } else {
         None
     };
-    let (front_end, child_end) = UnixStream::pair()?;
     let comm = crate::comm::TcpConnector {
         bind_ip: stream.local_addr()?.ip(),
         allow: ctx.options.allow_list(),
@@ -160,27 +403,41 @@ pub async fn hand_off(
         major: ctx.major.number(),
         tcp_only: rdma_place.is_none(),
     };
-    let mut cmd = Command::new(&iso.exe);
-    // The peer in the command line is a label for `ps`; the message configures the process.
-    cmd.arg("--session-child")
-        .arg("--session-peer")
-        .arg(peer.to_string())
-        .env(SESSION_START_ENV, start.encode());
-    cmd.stdin(Stdio::from(OwnedFd::from(stream)))
-        .stdout(Stdio::from(OwnedFd::from(child_end)))
-        .stderr(Stdio::piped())
-        // Its own process group: a Ctrl-C at the terminal reaches the front, which shuts the
-        // sessions down in order (`Q`), not every session process at once.
-        .process_group(0);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| child_error(format!("cannot start a session process: {e}")))?;
-    drop(cmd); // the parent's copies of the socket and of the session's end of the control line
-    let pid = child.id();
-    tracing::debug!(%peer, pid, "session process started");
-    if let Some(err) = child.stderr.take() {
-        relay_stderr(err, peer, pid);
+    // A TCP session whose HELLO the front answered may go to a waiting process of the pool
+    // (contained for exactly that); one that offers RDMA sets up its queue pair in a process
+    // started for it.
+    let waiting = match (&iso.pool, start.pending.is_some() && start.tcp_only) {
+        (Some(pool), true) => pool.take(),
+        _ => None,
+    };
+    let mut client = Some(stream);
+    let mut taken = None;
+    if let (Some(mut w), Some(s)) = (waiting, client.as_ref()) {
+        match assign(&w.ctl, &start, s) {
+            Ok(()) => {
+                client = None;
+                taken = Some(w);
+            }
+            Err(e) => {
+                tracing::warn!(pid = w.child.id(), error = %e, "a pooled session process did not take its connection; starting one");
+                let _ = w.child.kill();
+                let _ = w.child.wait();
+            }
+        }
     }
+    let (mut child, front_end) = match (taken, client) {
+        (Some(w), _) => {
+            tracing::debug!(%peer, pid = w.child.id(), "connection handed to a pooled session process");
+            (w.child, w.ctl)
+        }
+        (None, client) => {
+            let started = spawn_session(&iso.exe, &start, client, Some(peer))
+                .map_err(|e| child_error(format!("cannot start a session process: {e}")))?;
+            tracing::debug!(%peer, pid = started.0.id(), "session process started");
+            started
+        }
+    };
+    let pid = child.id();
 
     let held = serve_control(front_end, ctx, peer, pid, &comm, &mut shutdown).await;
     budget.release(held);
@@ -436,7 +693,7 @@ const STDERR_BURST: f64 = 64.0 * 1024.0;
 /// The session's stderr, read by the front on a thread of its own and logged through
 /// `tracing`, tagged with the session: bounded lines, bounded bytes per second (a count of what
 /// was dropped is logged), control characters (terminal escapes) replaced.
-fn relay_stderr(err: std::process::ChildStderr, peer: SocketAddr, pid: u32) {
+fn relay_stderr(err: std::process::ChildStderr, peer: String, pid: u32) {
     use std::io::Read;
     let spawned = std::thread::Builder::new()
         .name(format!("session-{pid}-stderr"))
@@ -458,7 +715,7 @@ fn relay_stderr(err: std::process::ChildStderr, peer: SocketAddr, pid: u32) {
                     tracing::warn!(session.peer = %peer, session.pid = pid, "{} lines ({} bytes) of this session's log dropped (over {} bytes/s)", *dl, *db, STDERR_RATE);
                     (*dl, *db) = (0, 0);
                 }
-                log_session_line(line, truncated, peer, pid);
+                log_session_line(line, truncated, &peer, pid);
             };
             loop {
                 let n = match err.read(&mut buf) {
@@ -492,7 +749,7 @@ fn relay_stderr(err: std::process::ChildStderr, peer: SocketAddr, pid: u32) {
 }
 
 /// One line of a session's log, as the front logs it, at the level the session's line names.
-fn log_session_line(raw: &[u8], truncated: bool, peer: SocketAddr, pid: u32) {
+fn log_session_line(raw: &[u8], truncated: bool, peer: &str, pid: u32) {
     let (level, clean) = tidy_session_line(raw, truncated);
     let has = |l: &str| level == Some(l);
     if has("ERROR") {

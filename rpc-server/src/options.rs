@@ -30,6 +30,8 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 128;
 pub const DEFAULT_MAX_REQUEST_SIZE: u64 = 16 << 30;
 /// Default `--max-graph-size`.
 pub const DEFAULT_MAX_GRAPH_SIZE: u32 = 1 << 20;
+/// Default `--session-pool`: session processes kept started, contained and waiting.
+pub const DEFAULT_SESSION_POOL: usize = 0;
 
 /// Default `-t`: half the cores (at least one).
 pub fn default_threads() -> usize {
@@ -82,6 +84,9 @@ pub struct ServerOptions {
     pub sandbox: bool,
     /// The executable session processes run (`None`: this one).
     pub session_exe: Option<PathBuf>,
+    /// Session processes kept started (contained, devices opened) and waiting for a connection
+    /// (`--session-pool`; 0: each is started at its connection's hand-off).
+    pub session_pool: usize,
     /// What each session computes with.
     pub session: SessionOptions,
 }
@@ -106,6 +111,9 @@ pub struct SessionOptions {
     pub trusted_seeded_before: Option<u64>,
     /// Advise transparent huge pages for CPU buffers.
     pub huge_pages: bool,
+    /// The memory each device reports (GET_DEVICE_MEMORY's free and total), in bytes, instead
+    /// of its own (`-m/--mem`, the stock tool's flag); `None`: the device's.
+    pub reported_memory: Option<u64>,
 }
 
 impl Default for ServerOptions {
@@ -132,6 +140,7 @@ impl Default for ServerOptions {
             isolate: true,
             sandbox: true,
             session_exe: None,
+            session_pool: DEFAULT_SESSION_POOL,
             session: SessionOptions::default(),
         }
     }
@@ -149,6 +158,7 @@ impl Default for SessionOptions {
             verify_loads: false,
             trusted_seeded_before: None,
             huge_pages: true,
+            reported_memory: None,
         }
     }
 }

@@ -72,12 +72,13 @@ pub fn set_keepalive(stream: &std::net::TcpStream, idle: Duration) -> std::io::R
 }
 
 /// What the devices have: the default of `--max-alloc-total` (a larger ALLOC_BUFFER would only
-/// succeed through overcommit and end in the OOM killer).
+/// succeed through overcommit and end in the OOM killer). A device that reports less
+/// (`-m/--mem`) counts with what it reports; one that reports more, with what it has.
 pub fn device_memory(config: &SessionConfig) -> u64 {
     config
         .devices
         .iter()
-        .map(|d| d.memory().1)
+        .map(|d| d.memory().1.min(d.actual_memory().1))
         .sum::<u64>()
         .max(1)
 }

@@ -641,16 +641,79 @@ async fn a_session_process_owns_nothing_and_sees_only_its_own_view() {
     let mut c = connect(s.addr).await;
     alloc(&mut c, 4096).await;
     let outer = s.wait_sessions(1)[0];
+    assert_contained(&s, outer);
+    drop(c);
+    s.wait_sessions(0);
+}
+
+/// The same with `--session-pool 1`: the process started ahead, before any client, is the one
+/// that serves the first client, contained exactly as a fresh one; so is its replacement while
+/// it waits.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_session_process_owns_nothing_and_sees_only_its_own_view() {
+    let s = Server::start(&["--session-pool", "1"]);
+    let pooled = s.wait_sessions(1)[0];
+    let cmdline = ps_field(pooled, "command").unwrap_or_default();
+    assert!(
+        cmdline.contains("--session-wait"),
+        "started ahead, waiting: {cmdline:?}"
+    );
+    let mut c = connect(s.addr).await;
+    let buf = alloc(&mut c, 4096).await;
+    let t = buf.f32(1, &[4], 0).build();
+    c.set_tensor(&t, 0, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        bytes_f32(&c.get_tensor(&t, 0, 16).await.unwrap()),
+        [1.0, 2.0, 3.0, 4.0]
+    );
+    let now = s.wait_sessions(2);
+    assert!(now.contains(&pooled), "the pooled process serves: {now:?}");
+    assert_contained(&s, pooled);
+    let replacement = *now.iter().find(|&&p| p != pooled).unwrap();
+    assert_contained(&s, replacement);
+    drop(c);
+    // The connection's end is its process's; the replacement waits on.
     let t = Instant::now();
-    let inner = loop {
+    while s.sessions() != [replacement] {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{:?}: the served process ends, the replacement stays",
+            s.sessions()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The process that serves a contained session: the inner stage, the child of `outer`, once its
+/// containment is in place (a pooled process may still be setting it up).
+#[cfg(target_os = "linux")]
+fn inner_of(outer: u32) -> u32 {
+    let t = Instant::now();
+    loop {
         let kids = std::fs::read_to_string(format!("/proc/{outer}/task/{outer}/children"))
             .unwrap_or_default();
         if let Some(p) = kids.split_whitespace().next() {
-            break p.parse::<u32>().unwrap();
+            let p = p.parse::<u32>().unwrap();
+            if status_field(p, "Seccomp") == "2" {
+                return p;
+            }
         }
-        assert!(t.elapsed() < Duration::from_secs(5), "no inner process");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "no contained inner process"
+        );
         std::thread::sleep(Duration::from_millis(20));
-    };
+    }
+}
+
+/// The checks of [`a_session_process_owns_nothing_and_sees_only_its_own_view`] on the session
+/// process `outer` of server `s`.
+#[cfg(target_os = "linux")]
+fn assert_contained(s: &Server, outer: u32) {
+    let inner = inner_of(outer);
     let front = s.child.id();
     for ns in ["pid", "net", "mnt", "ipc", "uts"] {
         let of = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/{ns}")).unwrap();
@@ -722,6 +785,92 @@ async fn a_session_process_owns_nothing_and_sees_only_its_own_view() {
     // The root is read-only.
     let w = std::fs::write(root.join("planted"), b"x");
     assert!(w.is_err(), "the session's root is writable");
-    drop(c);
-    s.wait_sessions(0);
+}
+
+/// A pooled session process ends with its front: killed outright (SIGKILL, no shutdown), the
+/// front takes the waiting processes with it (their control lines close, their parent-death
+/// signal fires); none is left running, outer or inner.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_session_processes_end_with_their_front() {
+    let mut s = Server::start(&["--session-pool", "2"]);
+    let outers = s.wait_sessions(2);
+    let all: Vec<u32> = outers.iter().flat_map(|&o| [o, inner_of(o)]).collect();
+    kill(s.child.id(), "-KILL");
+    let _ = s.child.wait();
+    let gone = |p: u32| ps_field(p, "stat").is_none_or(|st| st.starts_with('Z'));
+    let t = Instant::now();
+    while !all.iter().all(|&p| gone(p)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "pooled processes outlived their front: {:?}",
+            all.iter().filter(|&&p| !gone(p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// With a pool, one client after another (on either protocol's port, back to back: more than
+/// the pool holds) is served, each by a process of its own, and the pool is back to its size
+/// after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_serves_clients_in_a_row_on_both_ports() {
+    let p7 = free_port();
+    let s = Server::start(&["--session-pool", "1", "--proto7-port", &p7.to_string()]);
+    s.wait_sessions(1);
+    let a7: SocketAddr = format!("127.0.0.1:{p7}").parse().unwrap();
+    for (i, addr) in [s.addr, a7, s.addr, a7].into_iter().enumerate() {
+        let mut c = connect(addr).await;
+        let buf = alloc(&mut c, 4096).await;
+        let (a, b, sum) = add_graph(&buf, 4);
+        let v: Vec<f32> = (0..4).map(|x| (x + i) as f32).collect();
+        c.set_tensor(&a, 0, &f32_bytes(&v), false).await.unwrap();
+        c.set_tensor(&b, 0, &f32_bytes(&v), false).await.unwrap();
+        c.graph_compute(0, &[3], &[a, b, sum]).await.unwrap();
+        let got = bytes_f32(&c.get_tensor(&sum, 0, 16).await.unwrap());
+        assert_eq!(
+            got,
+            v.iter().map(|x| 2.0 * x).collect::<Vec<_>>(),
+            "client {i}"
+        );
+    }
+    s.wait_sessions(1);
+    assert!(
+        !s.log()
+            .contains("pooled session process ended while waiting"),
+        "{}",
+        s.log()
+    );
+}
+
+/// `-m/--mem` (the stock flag): the memory every device reports, in MiB, to GET_DEVICE_MEMORY
+/// whether the front or the session process answers; it also bounds the default total limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mem_is_what_get_device_memory_reports() {
+    let s = Server::start(&["-m", "100"]);
+    let mut c = connect(s.addr).await;
+    let m = c.get_device_memory(0).await.unwrap();
+    assert_eq!(
+        (m.free, m.total),
+        (100 << 20, 100 << 20),
+        "the front's answer"
+    );
+    alloc(&mut c, 4096).await;
+    s.wait_sessions(1);
+    let m = c.get_device_memory(0).await.unwrap();
+    assert_eq!(
+        (m.free, m.total),
+        (100 << 20, 100 << 20),
+        "the session's answer"
+    );
+    assert!(
+        s.log().contains("MiB per connection, 100 MiB in total"),
+        "{}",
+        s.log()
+    );
+    // Over the total it bounds: refused, the connection lives.
+    assert!(
+        c.alloc_buffer(0, 200 << 20).await.unwrap().is_none(),
+        "an allocation over -m's bound fails"
+    );
 }

@@ -23,6 +23,8 @@ pub struct Device {
     name: String,
     description: String,
     kind: DeviceKind,
+    /// The memory this device reports instead of ggml's figure (`-m/--mem`), in bytes.
+    reported: Option<u64>,
 }
 
 // SAFETY: ggml device handles are process-global registry entries, never freed, and their
@@ -86,6 +88,7 @@ impl Device {
             name,
             description,
             kind,
+            reported: None,
         })
     }
 
@@ -106,8 +109,26 @@ impl Device {
         self.kind
     }
 
-    /// `(free, total)` memory in bytes.
+    /// `(free, total)` memory in bytes, as the device reports it to clients (GET_DEVICE_MEMORY):
+    /// the stock `-m/--mem` figure for both when one was set ([`Device::reporting`]), else
+    /// ggml's.
     pub fn memory(&self) -> (u64, u64) {
+        match self.reported {
+            Some(m) => (m, m),
+            None => self.actual_memory(),
+        }
+    }
+
+    /// This device reporting `bytes` as its free and total memory (the stock `-m/--mem`).
+    pub fn reporting(self, bytes: Option<u64>) -> Device {
+        Device {
+            reported: bytes,
+            ..self
+        }
+    }
+
+    /// `(free, total)` memory in bytes as ggml sees it, whatever the device reports.
+    pub fn actual_memory(&self) -> (u64, u64) {
         let mut free = 0usize;
         let mut total = 0usize;
         // SAFETY: valid device, both out-pointers point to live locals.
