@@ -394,9 +394,9 @@ mod tests {
         assert_eq!(a.max_connections, lib.max_connections);
     }
 
-    /// `ggml-rpc-server --help` of the stock builds: 7.0.0 (llama-cpp-python 0.3.36, as printed
-    /// by the cached build), 8.0.0 (xllamacpp 2026.10.11549: the same `print_usage` in its
-    /// `tools/rpc/rpc-server.cpp`), and the older single-device tool that had `-m/--mem`
+    /// `ggml-rpc-server --help` of the stock builds: 7.0.0 (llama-cpp-python 0.3.36) and 8.0.0
+    /// (xllamacpp 2026.10.11549) print the same options (run on the cached builds), and the
+    /// older single-device tool that had `-m/--mem`
     /// (upstream's `rpc-server.cpp` before its device list; `MEM` in MB, reported by
     /// GET_DEVICE_MEMORY as the device's free and total memory).
     const STOCK_USAGE_7_AND_8: &str = "\
