@@ -22,46 +22,19 @@ stdlib only. Prints the load average before each round and after: quote it with 
 
 import argparse
 import os
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
-from e2e_common import free_port, request, resolve_ours  # noqa: E402
+from e2e_common import first_command_ms, free_port, resolve_ours, wait_port  # noqa: E402
 
-HELLO, ALLOC_BUFFER = 14, 0
 
 
 def loadavg():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
-
-
-def first_command_ms(port):
-    """ALLOC_BUFFER's round trip on a fresh connection after HELLO, in ms."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        request(s, HELLO, bytes(24))
-        t = time.perf_counter()
-        ptr, _ = struct.unpack("<QQ", request(s, ALLOC_BUFFER, struct.pack("<IQ", 0, 1 << 20)))
-        dt = (time.perf_counter() - t) * 1e3
-        assert ptr != 0, "ALLOC_BUFFER failed"
-        return dt
-
-
-def wait_port(port, proc):
-    for _ in range(400):
-        if proc.poll() is not None:
-            raise RuntimeError("server exited: %s" % proc.args)
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("server did not listen: %s" % proc.args)
 
 
 def summary(v):

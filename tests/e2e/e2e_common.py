@@ -36,6 +36,30 @@ def request(s, cmd, payload):
     return recv_exact(s, n)
 
 
+# Command bytes of the two raw requests the benches send (rpc-proto's `Command`: ALLOC_BUFFER 0,
+# HELLO 14, the same in both majors).
+ALLOC_BUFFER, HELLO = 0, 14
+
+
+def first_command_ms(port):
+    """ALLOC_BUFFER's round trip (1 MiB on device 0) on a fresh connection after its HELLO, in ms:
+    what a client waits for its first stateful command (a contained server's session start)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        request(s, HELLO, bytes(24))
+        t = time.perf_counter()
+        ptr, _ = struct.unpack("<QQ", request(s, ALLOC_BUFFER, struct.pack("<IQ", 0, 1 << 20)))
+        dt = (time.perf_counter() - t) * 1e3
+        assert ptr != 0, "ALLOC_BUFFER failed"
+        return dt
+
+
+def wait_port(port, proc, timeout=20):
+    """Waits until 127.0.0.1:port listens; raises if `proc` exits or it does not within `timeout` s."""
+    if not wait_listening("127.0.0.1", port, timeout, proc):
+        raise RuntimeError("server did not listen on %d: %s" % (port, proc.args))
+
+
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
