@@ -440,9 +440,17 @@ fn graceful_shutdown_on_sigterm_and_sigint() {
     }
 }
 
-/// Resident memory of a process, from /proc (Linux).
+/// Resident memory of a process in KiB: `ps -o rss=` (the same on Linux and macOS, which has no
+/// `/proc`); panics when it cannot be read, so a memory check never passes on a zero.
 fn rss_kib(pid: u32) -> u64 {
-    proc_status(pid, "VmRSS:")
+    let out = std::process::Command::new("ps")
+        .args(["-o", "rss=", "-p", &pid.to_string()])
+        .output()
+        .expect("ps");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no resident size for pid {pid}"))
 }
 
 /// RSS split (anonymous / file), heap-ish data size and threads, for diagnosing growth.
