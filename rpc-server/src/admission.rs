@@ -3,8 +3,10 @@
 //! the `--max-connections` slots themselves ([`Slots`]), where a new client takes the slot of the
 //! oldest connection that holds nothing when all are taken.
 //!
-//! Loopback peers (this machine's own processes, e.g. a local `rpc-shim`) are not held to a
-//! share by default: they could exhaust the machine in other ways anyway.
+//! Every peer is held to its share, loopback included (a client on this machine is no more
+//! trusted than one elsewhere); only the blocks the operator names with `--peer-share-exempt`
+//! (e.g. a local `rpc-shim` relaying many clients) are not. A connection keeps its place in the
+//! share for its whole life, also once it is handed to a session process (`Admitted`).
 //!
 //! A peer is an IPv4 address or an IPv6 /64 (the smallest block a host is usually given, so one
 //! machine cannot claim more shares by using more of its own addresses). IPv4-mapped IPv6
@@ -340,7 +342,7 @@ impl Drop for Admitted {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cidr::{loopback, AllowList, Cidr, CidrError};
+    use crate::cidr::{AllowList, Cidr, CidrError};
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -405,8 +407,8 @@ mod tests {
     }
 
     #[test]
-    fn loopback_is_loopback() {
-        let l = loopback();
+    fn loopback_blocks_hold_loopback() {
+        let l: Vec<Cidr> = vec!["127.0.0.0/8".parse().unwrap(), "::1".parse().unwrap()];
         for a in ["127.0.0.1", "127.1.2.3", "::1", "::ffff:127.0.0.1"] {
             assert!(l.iter().any(|c| c.contains(ip(a))), "{a}");
         }

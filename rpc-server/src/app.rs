@@ -213,8 +213,18 @@ fn session_config(o: &SessionOptions, in_child: bool) -> anyhow::Result<SessionC
                 true => WeightCache::open_read_only(dir, o.cache_max_size),
                 false => WeightCache::open(dir, o.cache_max_size),
             };
+            // Only this process (the front) must reach the directory: a session process has its
+            // entries opened by the front (Linux) or shares its uid (macOS).
             let cache = opened
-                .with_context(|| format!("cannot open cache directory {}", dir.display()))?
+                .with_context(|| match in_child {
+                    true => format!("cannot open cache directory {}", dir.display()),
+                    false => format!(
+                        "cannot open cache directory {}: the server creates, reads and writes it \
+                         as the user it runs as; give that user access to it (its owner or mode, \
+                         and search permission on its parents), or name another with --cache-dir",
+                        dir.display()
+                    ),
+                })?
                 .verify_every_load(o.verify_loads);
             Some(match o.trusted_seeded_before {
                 Some(t) => cache.trusted_only(i128::from(t)),
@@ -284,14 +294,22 @@ fn session_main(probe: bool, pooled: bool) -> anyhow::Result<()> {
 
 fn real_main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // The front limits what each peer can make it log (`peer_log.rs`); a session process's log
+    // is limited where the front relays it (and a session process may start no thread here).
+    let limiter = (!(args.session_child || args.sandbox_probe))
+        .then(|| crate::peer_log::PeerLimiter::new(ansi));
+    let log = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RPC_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_ansi(ansi)
+        .finish();
+    tracing_subscriber::util::SubscriberInitExt::init(
+        tracing_subscriber::layer::SubscriberExt::with(log, limiter.clone()),
+    );
     #[cfg(unix)]
     if args.session_child || args.sandbox_probe {
         return session_main(args.sandbox_probe, args.session_wait);
@@ -421,9 +439,16 @@ fn real_main() -> anyhow::Result<()> {
             println!("  WARNING        : RDMA devices are in exclusive network-namespace mode: contained sessions see none and stay on TCP (`rdma system set netns shared`, the kernel's default, or --no-sandbox)");
         }
         println!(
-            "  connections    : up to {} at once, {} per peer; from {}",
+            "  connections    : up to {} at once, {} per peer{}; from {}",
             opts.max_connections,
             opts.peer_share(),
+            match opts.share_exempt.is_empty() {
+                true => String::new(),
+                false => format!(
+                    " (none for {})",
+                    crate::cidr::AllowList(opts.share_exempt.clone()).describe()
+                ),
+            },
             opts.allow_list().describe()
         );
         #[cfg(unix)]
@@ -473,6 +498,10 @@ fn real_main() -> anyhow::Result<()> {
             tokio::spawn(crate::metrics::serve(m, src));
         }
         server::serve(listeners, config, opts, stats, rdma, shutdown_signal()).await;
+        // What was dropped since the last summary.
+        if let Some(l) = &limiter {
+            l.report();
+        }
         Ok(())
     })
 }

@@ -20,6 +20,16 @@
 //! handle opened once at start, never following a symbolic link, temp files created exclusively
 //! (`O_CREAT|O_EXCL|O_NOFOLLOW`), entries renamed into place without replacing one.
 //!
+//! Who reads (Linux): a session process reads no cache directory, whatever its mode. It runs
+//! as a uid of its own, which a private (0700) directory does not let search, so it asks its
+//! keeper (the front) for each entry it looks up ([`CacheKeeper::open`], `O <hash>` on the
+//! control line): the front opens the entry, named by the hash (16 hex digits), read-only
+//! relative to its directory handle (a regular file, never through a link) and passes the
+//! descriptor down, saying whether it has that file recorded as verified
+//! ([`WeightCache::open_for_session`]); the session reads no `verified-entries` of its own. On
+//! macOS (one uid, a Seatbelt profile that allows reading the directory) a session still
+//! opens the directory itself.
+//!
 //! `--trusted-weights-only` ([`WeightCache::trusted_only`]): nothing is stored, and only entries
 //! whose status-change time is before the server's start (seeded by the operator) are served.
 
@@ -52,7 +62,23 @@ pub trait CacheKeeper: Send + Sync {
     /// This process hashed the entry for `hash` (and found it right or not): check it again
     /// and record it as verified, or delete it.
     fn check(&self, hash: u64);
+    /// Opens the entry for `hash` for reading (a session process, which cannot read the
+    /// directory: the front opens it). `None`: no such entry, or no answer.
+    fn open(&self, hash: u64) -> Option<OpenedEntry>;
 }
+
+/// A cache entry opened read-only by the process that may read the directory (the front), for
+/// one that may not (a session process: [`CacheKeeper::open`]).
+#[derive(Debug)]
+pub struct OpenedEntry {
+    pub file: File,
+    /// The opener has this file recorded as verified (hashing right with its current stamp).
+    pub verified: bool,
+}
+
+/// Whether a read-only cache (a session process's) reads its entries through its keeper
+/// rather than from the directory: on Linux, where a session runs as a uid of its own.
+const ENTRIES_FROM_KEEPER: bool = cfg!(any(target_os = "linux", target_os = "android"));
 
 /// What [`WeightCache::check_entry`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +112,12 @@ pub struct WeightCache {
     /// `--trusted-weights-only`: serve only entries whose status-change time (ns since the
     /// epoch) is before this, store nothing.
     seeded_before: Option<i128>,
+    /// A session process on Linux: entries come from the keeper ([`CacheKeeper::open`]), and
+    /// `dirfd` is a path handle that reads nothing.
+    entries_from_keeper: bool,
+    /// The entry [`WeightCache::entry_len`] last had opened by the keeper, for the
+    /// [`WeightCache::load_into`] that follows it (one round trip per lookup).
+    opened: Mutex<Option<(u64, OpenedEntry)>>,
 }
 
 impl std::fmt::Debug for WeightCache {
@@ -165,6 +197,19 @@ pub fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?)
+}
+
+/// A handle on a directory that grants nothing (Linux: `O_PATH`, which needs no permission on
+/// the directory itself); elsewhere, [`open_dir`].
+fn path_handle(dir: &Path) -> io::Result<OwnedFd> {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    return Ok(rustix::fs::open(
+        dir,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?);
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    open_dir(dir)
 }
 
 /// Opens `name` in `dirfd` for reading, never through a symbolic link.
@@ -308,7 +353,9 @@ impl WeightCache {
     }
 
     /// Opens the cache directory of a session process: read only; stores and verification
-    /// records go to the [`CacheKeeper`] given to [`WeightCache::delegate`].
+    /// records go to the [`CacheKeeper`] given to [`WeightCache::delegate`], and on Linux every
+    /// entry is opened by it too: the directory is not read here (it may be private to the
+    /// front's uid), and nothing is looked up before the keeper is set.
     pub fn open_read_only(dir: &Path, max_size: Option<u64>) -> io::Result<WeightCache> {
         WeightCache::open_with(dir, max_size, false, Some(OnceLock::new()))
     }
@@ -321,8 +368,17 @@ impl WeightCache {
         compact: bool,
         keeper: Option<OnceLock<Box<dyn CacheKeeper>>>,
     ) -> io::Result<WeightCache> {
-        let dirfd = open_dir(dir)?;
-        let verified = read_verified(dir, &dirfd, compact);
+        let entries_from_keeper = ENTRIES_FROM_KEEPER && keeper.is_some();
+        let (dirfd, verified) = match entries_from_keeper {
+            // A handle on the directory that grants nothing (no read, no lookup): it needs no
+            // permission on the directory itself.
+            true => (path_handle(dir)?, HashMap::new()),
+            false => {
+                let dirfd = open_dir(dir)?;
+                let verified = read_verified(dir, &dirfd, compact);
+                (dirfd, verified)
+            }
+        };
         Ok(WeightCache {
             dir: dir.to_path_buf(),
             dirfd,
@@ -333,6 +389,8 @@ impl WeightCache {
             verify_always: false,
             keeper,
             seeded_before: None,
+            entries_from_keeper,
+            opened: Mutex::new(None),
         })
     }
 
@@ -378,10 +436,64 @@ impl WeightCache {
         m.is_file() && self.seeded_before.is_none_or(|t| ctime_ns(m) < t)
     }
 
-    /// Size of the entry for `hash`, if there is one (a regular file, not a link).
+    /// Size of the entry for `hash`, if there is one (a regular file, not a link). A session
+    /// on Linux has the keeper open it, and keeps it for the [`WeightCache::load_into`] after.
     pub fn entry_len(&self, hash: u64) -> Option<u64> {
+        if self.entries_from_keeper {
+            let e = self.keeper_open(hash)?;
+            let m = e.file.metadata().ok()?;
+            if !self.servable(&m) {
+                return None;
+            }
+            *self.lock_opened() = Some((hash, e));
+            return Some(m.len());
+        }
         let m = fs::symlink_metadata(self.dir.join(entry_name(hash))).ok()?;
         self.servable(&m).then_some(m.len())
+    }
+
+    /// The entry for `hash` opened by the keeper (a session process on Linux).
+    fn keeper_open(&self, hash: u64) -> Option<OpenedEntry> {
+        self.keeper.as_ref()?.get()?.open(hash)
+    }
+
+    fn lock_opened(&self) -> std::sync::MutexGuard<'_, Option<(u64, OpenedEntry)>> {
+        self.opened.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The front: opens the entry for `hash` for a session process, which cannot read the
+    /// directory (`O` on the control line). Only a name of the entries' form (the hash's 16
+    /// hex digits), relative to the directory handle, read-only, never through a link, never
+    /// blocking, and only a regular file that may be served; `verified` when it is recorded
+    /// with this file's stamp. Marked as used for eviction, as a hit here marks it.
+    pub fn open_for_session(&self, hash: u64) -> Option<OpenedEntry> {
+        if self.keeper.is_some() {
+            return None;
+        }
+        let name = entry_name(hash);
+        // Not even opened unless it is a regular file (a device node's open may act).
+        let st = rustix::fs::statat(&self.dirfd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return None;
+        }
+        let fd = rustix::fs::openat(
+            &self.dirfd,
+            name.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let file = File::from(fd);
+        let meta = file.metadata().ok()?;
+        if !self.servable(&meta) {
+            return None;
+        }
+        let verified = self.lock_verified().get(&hash) == Some(&Stamp::of(&meta));
+        if self.seeded_before.is_none() {
+            let now = fs::FileTimes::new().set_accessed(SystemTime::now());
+            let _ = file.set_times(now);
+        }
+        Some(OpenedEntry { file, verified })
     }
 
     /// Counters since start.
@@ -417,8 +529,19 @@ impl WeightCache {
         stage: impl FnOnce(u64) -> Option<G>,
     ) -> bool {
         let name = entry_name(hash);
-        let Ok(file) = open_in(&self.dirfd, &name) else {
-            return false;
+        // A session on Linux: the entry its keeper opened (for `entry_len`, or now).
+        let (file, opener_verified) = match self.entries_from_keeper {
+            true => {
+                let kept = self.lock_opened().take().filter(|(h, _)| *h == hash);
+                match kept.map(|(_, e)| e).or_else(|| self.keeper_open(hash)) {
+                    Some(e) => (e.file, e.verified),
+                    None => return false,
+                }
+            }
+            false => match open_in(&self.dirfd, &name) {
+                Ok(f) => (f, false),
+                Err(_) => return false,
+            },
         };
         let Ok(meta) = file.metadata() else {
             return false;
@@ -427,7 +550,8 @@ impl WeightCache {
             return false;
         }
         let stamp = Stamp::of(&meta);
-        let trusted = !self.verify_always && self.lock_verified().get(&hash) == Some(&stamp);
+        let trusted = !self.verify_always
+            && (opener_verified || self.lock_verified().get(&hash) == Some(&stamp));
         let mut h = Fnv1a::new();
         let hasher = (!trusted).then_some(&mut h);
         if let Err(e) = read_into(&file, 0, len, dst, offset, stage, hasher) {
@@ -460,8 +584,9 @@ impl WeightCache {
             }
         }
         // Mark as recently used for LRU eviction: the access time, so the stamp stays. (Not
-        // with --trusted-weights-only: it would move the status-change time past the start.)
-        if self.seeded_before.is_none() {
+        // with --trusted-weights-only: it would move the status-change time past the start.
+        // Not by a session that had the entry opened for it: the opener marked it.)
+        if self.seeded_before.is_none() && !self.entries_from_keeper {
             let now = fs::FileTimes::new().set_accessed(SystemTime::now());
             let _ = file.set_times(now);
         }
@@ -649,8 +774,10 @@ impl WeightCache {
     }
 
     /// The front: a fresh anonymous file of `len` bytes that a session process writes a store
-    /// into (a memfd on Linux, sealed against growing and shrinking; elsewhere an unlinked
-    /// exclusive temp file in the cache directory).
+    /// into (a memfd on Linux, sealed against growing; elsewhere an unlinked exclusive temp file
+    /// in the cache directory). Not sealed against shrinking: the front empties it when the
+    /// store is done ([`WeightCache::revoke_staging`]), so that a session that keeps its
+    /// descriptor keeps no memory.
     pub fn staging_file(&self, len: u64) -> io::Result<File> {
         #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
         {
@@ -660,7 +787,7 @@ impl WeightCache {
                 MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
             )?;
             rustix::fs::ftruncate(&fd, len)?;
-            rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK)?;
+            rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW)?;
             Ok(File::from(fd))
         }
         #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
@@ -696,21 +823,39 @@ impl WeightCache {
 
     /// The front, once the session says its store is written: no more writes to `file`
     /// (`F_SEAL_WRITE`, which fails while a writable shared mapping of it exists: the store is
-    /// then refused). Elsewhere than Linux there is no seal; the copy is hashed as it is read,
-    /// so the entry still holds the bytes its name is the hash of.
+    /// then refused) and no more seals (`F_SEAL_SEAL`), so that nothing can keep the front from
+    /// emptying it later. A file someone sealed against shrinking (only a session that means to
+    /// keep the memory does) is `PermissionDenied`. Elsewhere than Linux there is no seal; the
+    /// copy is hashed as it is read, so the entry still holds the bytes its name is the hash of.
     pub fn seal_staging(file: &File) -> io::Result<()> {
         #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
         {
             use rustix::fs::SealFlags;
-            rustix::fs::fcntl_add_seals(file, SealFlags::WRITE)?;
+            let write = rustix::fs::fcntl_add_seals(file, SealFlags::WRITE);
             let _ = rustix::fs::fcntl_add_seals(file, SealFlags::SEAL);
-            Ok(())
+            // After F_SEAL_SEAL (ours, or the session's) the seals cannot change any more.
+            let seals = rustix::fs::fcntl_get_seals(file)?;
+            if seals.contains(SealFlags::SHRINK) || !seals.contains(SealFlags::SEAL) {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "the staging file was sealed against shrinking",
+                ));
+            }
+            Ok(write?)
         }
         #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
         {
             let _ = file;
             Ok(())
         }
+    }
+
+    /// The front, when a store is done (stored or refused): empties the staging file, which
+    /// frees its memory whatever the session does with its descriptor (a mapping of it loses
+    /// its pages; it cannot grow again).
+    pub fn revoke_staging(file: &File) -> io::Result<()> {
+        rustix::fs::ftruncate(file, 0)?;
+        Ok(())
     }
 
     /// Deletes least recently used entries until the cache fits `max_size`.
@@ -912,11 +1057,14 @@ mod tests {
         assert!(c.entry_len(fnv1a64(&e)).is_some());
         let _ = fs::remove_dir_all(&d);
     }
-    /// A keeper that records what a read-only cache handed it.
+    /// A keeper that records what a read-only cache handed it, and opens entries as the front
+    /// does (through `front`, a writer of the same directory).
     #[derive(Default)]
     struct Recorder {
         stored: Mutex<Vec<Vec<u8>>>,
         checked: Mutex<Vec<u64>>,
+        opened: Mutex<Vec<u64>>,
+        front: OnceLock<WeightCache>,
     }
 
     impl CacheKeeper for std::sync::Arc<Recorder> {
@@ -925,6 +1073,10 @@ mod tests {
         }
         fn check(&self, hash: u64) {
             self.checked.lock().unwrap().push(hash);
+        }
+        fn open(&self, hash: u64) -> Option<OpenedEntry> {
+            self.opened.lock().unwrap().push(hash);
+            self.front.get()?.open_for_session(hash)
         }
     }
 
@@ -940,6 +1092,7 @@ mod tests {
         let c = WeightCache::open_read_only(&d, None).unwrap();
         assert!(!c.writes());
         let rec = std::sync::Arc::new(Recorder::default());
+        assert!(rec.front.set(WeightCache::open(&d, None).unwrap()).is_ok());
         assert!(c.delegate(Box::new(rec.clone())));
         assert!(!c.delegate(Box::new(rec.clone())), "one keeper");
         c.store(&[1, 2, 3]);
@@ -957,14 +1110,72 @@ mod tests {
         );
         let names: Vec<_> = fs::read_dir(&d).unwrap().collect();
         assert_eq!(names.len(), 2, "nothing written: {names:?}");
+        // On Linux every entry was opened by the keeper (the front): one lookup each.
+        if ENTRIES_FROM_KEEPER {
+            assert_eq!(*rec.opened.lock().unwrap(), vec![h, bad_h]);
+        }
         // The writer checks again before recording or deleting.
-        let w = WeightCache::open(&d, None).unwrap();
+        let w = rec.front.get().unwrap();
         assert_eq!(w.check_entry(h), Checked::Verified);
         assert_eq!(w.check_entry(h), Checked::AlreadyVerified);
         assert_eq!(w.check_entry(bad_h), Checked::Deleted);
         assert!(!d.join(entry_name(bad_h)).exists());
         assert_eq!(w.check_entry(bad_h), Checked::Missing);
+        // A new session is told the entry is verified (Linux) or reads the record (macOS): it
+        // does not hash it again, so it reports nothing.
+        let c2 = WeightCache::open_read_only(&d, None).unwrap();
+        assert!(c2.delegate(Box::new(rec.clone())));
+        assert_eq!(load(&c2, h).unwrap(), good);
+        assert_eq!(
+            *rec.checked.lock().unwrap(),
+            vec![h, bad_h],
+            "not hashed again"
+        );
+        assert!(load(&c2, bad_h).is_none(), "deleted: not found");
         let _ = fs::remove_dir_all(&d);
+    }
+
+    /// The front opens an entry for a session only as a regular file of the entries' form,
+    /// never through a link, and says whether its stamp is recorded as verified.
+    #[test]
+    fn the_front_opens_only_regular_entries_for_a_session() {
+        let d = tmpdir("open-for-session");
+        let outside = tmpdir("open-for-session-outside");
+        fs::create_dir_all(&d).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        let w = WeightCache::open(&d, None).unwrap();
+        let data = vec![2u8; 2048];
+        w.store(&data);
+        let h = fnv1a64(&data);
+        let e = w.open_for_session(h).expect("a stored entry");
+        assert!(e.verified, "stored here: recorded");
+        assert_eq!(e.file.metadata().unwrap().len(), 2048);
+        assert!(
+            std::io::Write::write_all(&mut &e.file, b"x").is_err(),
+            "read-only"
+        );
+        // Another tool's entry: opened, to be hashed.
+        let other = vec![3u8; 100];
+        let ho = fnv1a64(&other);
+        fs::write(d.join(entry_name(ho)), &other).unwrap();
+        assert!(!w.open_for_session(ho).unwrap().verified);
+        // A link, a directory, a FIFO at an entry's name: nothing opened (and nothing blocks).
+        fs::write(outside.join("victim"), b"secret").unwrap();
+        let (hl, hd, hf) = (1u64, 2u64, 3u64);
+        std::os::unix::fs::symlink(outside.join("victim"), d.join(entry_name(hl))).unwrap();
+        fs::create_dir(d.join(entry_name(hd))).unwrap();
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(d.join(entry_name(hf)))
+            .status();
+        assert!(fifo.is_ok_and(|s| s.success()), "mkfifo");
+        for x in [hl, hd, hf, 4] {
+            assert!(w.open_for_session(x).is_none(), "{x:016x}");
+        }
+        // A session's cache never opens for itself.
+        let r = WeightCache::open_read_only(&d, None).unwrap();
+        assert!(r.open_for_session(h).is_none());
+        let _ = fs::remove_dir_all(&d);
+        let _ = fs::remove_dir_all(&outside);
     }
 
     #[test]
@@ -981,7 +1192,7 @@ mod tests {
                 std::os::unix::fs::FileExt::write_all_at(&f, b"x", 0).is_err(),
                 "sealed against writes"
             );
-            assert!(f.set_len(10).is_err(), "sealed against shrinking");
+            assert!(f.set_len(data.len() as u64 + 1).is_err(), "sealed against growing");
         }
         let h = c.store_file(&f, data.len() as u64).unwrap();
         assert_eq!(h, fnv1a64(&data));
@@ -1008,6 +1219,14 @@ mod tests {
         let f = c.staging_file(16).unwrap();
         rustix::fs::fcntl_add_seals(&f, rustix::fs::SealFlags::SEAL).unwrap();
         assert!(WeightCache::seal_staging(&f).is_err(), "sealing refused");
+        // Emptied all the same: its memory goes back.
+        WeightCache::revoke_staging(&f).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 0);
+        // One sealed against shrinking cannot be emptied: refused as a session that keeps it.
+        let f = c.staging_file(16).unwrap();
+        rustix::fs::fcntl_add_seals(&f, rustix::fs::SealFlags::SHRINK).unwrap();
+        let e = WeightCache::seal_staging(&f).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
         let _ = fs::remove_dir_all(&d);
     }
 

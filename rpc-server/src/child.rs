@@ -1,7 +1,7 @@
 //! A session process (`--session-child`): serves one client whose connection its front handed
 //! over (`handoff.rs`), on the socket that is its stdin, reporting to the front on the control
 //! line that is its stdout (`control.rs`): memory reservations, counters, links and the weight
-//! cache's writes go to the front. Its configuration is one message from the front,
+//! cache's writes go to the front, and (Linux) the cache entries it reads come from it. Its configuration is one message from the front,
 //! [`SessionStart`]; nothing is rebuilt from flags. A pooled one (`--session-wait`) gets it, and
 //! the client's socket, on the control line once a client arrives ([`await_connection`]).
 
@@ -33,6 +33,12 @@ struct Front {
     links: Mutex<mpsc::Receiver<Option<OwnedFd>>>,
     /// Answers to `W` lines: the staging file, or `None` (`X`). Held for a whole store.
     staging: Mutex<mpsc::Receiver<Option<OwnedFd>>>,
+    /// Answers to `O` lines: the cache entry and whether the front has it verified, or `None`
+    /// (`U`).
+    entries: Mutex<mpsc::Receiver<Option<(OwnedFd, bool)>>>,
+    /// Set when an `O` went unanswered: a late answer would be taken for the next one's, so no
+    /// entry is asked for again.
+    entries_lost: std::sync::atomic::AtomicBool,
 }
 
 /// Where the front's answers go, in a session process (`read_front_lines`' side of [`Front`]).
@@ -40,6 +46,7 @@ struct Answers {
     replies: mpsc::Sender<bool>,
     links: mpsc::Sender<Option<OwnedFd>>,
     staging: mpsc::Sender<Option<OwnedFd>>,
+    entries: mpsc::Sender<Option<(OwnedFd, bool)>>,
     stop: watch::Sender<bool>,
 }
 
@@ -48,20 +55,49 @@ impl Front {
         let (reply_tx, reply_rx) = mpsc::channel();
         let (link_tx, link_rx) = mpsc::channel();
         let (staging_tx, staging_rx) = mpsc::channel();
+        let (entry_tx, entry_rx) = mpsc::channel();
         (
             Front {
                 wr: Mutex::new(ctl),
                 replies: Mutex::new(reply_rx),
                 links: Mutex::new(link_rx),
                 staging: Mutex::new(staging_rx),
+                entries: Mutex::new(entry_rx),
+                entries_lost: Default::default(),
             },
             Answers {
                 replies: reply_tx,
                 links: link_tx,
                 staging: staging_tx,
+                entries: entry_tx,
                 stop,
             },
         )
+    }
+
+    /// A cache entry, opened by the front (this process cannot read a private cache
+    /// directory): one `O` line and its answer.
+    fn open_entry(&self, hash: u64) -> Option<crate::cache::OpenedEntry> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.entries_lost.load(Relaxed) || !self.send(&ToFront::Open(hash)) {
+            return None;
+        }
+        // The front answers at once (a few metadata calls), unless it is busy with a link.
+        let wait = crate::comm::SETUP_TIMEOUT + Duration::from_secs(5);
+        match entries.recv_timeout(wait) {
+            Ok(Some((fd, verified))) => Some(crate::cache::OpenedEntry {
+                file: std::fs::File::from(fd),
+                verified,
+            }),
+            Ok(None) => None,
+            Err(_) => {
+                self.entries_lost.store(true, Relaxed);
+                tracing::warn!(
+                    "no answer from the front to a cache lookup; the cache is off for this session"
+                );
+                None
+            }
+        }
     }
 
     /// A client's upload for the weight cache: written into a staging file the front created,
@@ -99,6 +135,8 @@ impl Answers {
             ToSession::NoLink => drop(self.links.send(None)),
             ToSession::Staging => drop(self.staging.send(fd)),
             ToSession::NoStaging => drop(self.staging.send(None)),
+            ToSession::Entry { verified } => drop(self.entries.send(fd.map(|f| (f, verified)))),
+            ToSession::NoEntry => drop(self.entries.send(None)),
             ToSession::Quit => drop(self.stop.send(true)),
         }
     }
@@ -115,6 +153,10 @@ impl crate::cache::CacheKeeper for FrontKeeper {
     fn check(&self, hash: u64) {
         self.0.send(&ToFront::Check(hash));
     }
+
+    fn open(&self, hash: u64) -> Option<crate::cache::OpenedEntry> {
+        self.0.open_entry(hash)
+    }
 }
 
 /// COMM_INIT in a session process: the front sets the link up (a sandboxed process opens no
@@ -122,7 +164,11 @@ impl crate::cache::CacheKeeper for FrontKeeper {
 #[derive(Debug)]
 struct FrontConnector {
     front: Arc<Front>,
-    io_timeout: Duration,
+    /// The policy the front enforces: a request outside it is not sent (the front would take
+    /// it for a compromised session's and end this process).
+    policy: crate::comm::CommPolicy,
+    /// This session's devices.
+    devices: usize,
 }
 
 impl std::fmt::Debug for Front {
@@ -136,6 +182,11 @@ impl crate::comm::Connector for FrontConnector {
         &self,
         init: &rpc_proto::CommInit,
     ) -> std::io::Result<Box<dyn crate::comm::PeerLink>> {
+        // Checked here as the front checks it (a host name is checked by the front, once
+        // resolved).
+        self.policy
+            .check(init, self.devices)
+            .map_err(crate::comm::refused)?;
         let links = self
             .front
             .links
@@ -153,7 +204,11 @@ impl crate::comm::Connector for FrontConnector {
         let wait = crate::comm::SETUP_TIMEOUT + Duration::from_secs(5);
         match links.recv_timeout(wait) {
             Ok(Some(fd)) => {
-                crate::comm::link(std::net::TcpStream::from(fd), init.rank, self.io_timeout)
+                crate::comm::link(
+                    std::net::TcpStream::from(fd),
+                    init.rank,
+                    self.policy.io_timeout,
+                )
             }
             Ok(None) => Err(std::io::Error::other("the front could not set up the link")),
             Err(_) => Err(std::io::Error::new(
@@ -166,7 +221,7 @@ impl crate::comm::Connector for FrontConnector {
 
 /// Reads the front's messages, with the descriptors sent along (`SCM_RIGHTS`), until the line
 /// closes (or carries something that is no message): `on_msg` gets each message and, for one
-/// that carries a descriptor (`K`, `M`), the descriptor that came with it.
+/// that carries a descriptor (`K`, `M`, `H`, `G`), the descriptor that came with it.
 /// `early`: bytes of the line already read (after a pooled process's assignment).
 fn read_front_lines(
     sock: UnixStream,
@@ -511,9 +566,17 @@ pub fn child_main(start: SessionStart, config: Arc<SessionConfig>, handed: Hande
         },
         Box::new(ArcFront(front.clone())),
     ));
+    let local = match stream.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the client's socket");
+            return 2;
+        }
+    };
     let comm = Arc::new(FrontConnector {
         front: front.clone(),
-        io_timeout: options.request_timeout,
+        policy: options.comm_policy(local),
+        devices: config.devices.len(),
     });
     let rdma = match start.tcp_only {
         true => Arc::new(RdmaConfig::new(
@@ -555,13 +618,7 @@ pub fn child_main(start: SessionStart, config: Arc<SessionConfig>, handed: Hande
             return 2;
         }
     };
-    let local_ip = match stream.local_addr() {
-        Ok(a) => a.ip(),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot use the client's socket");
-            return 2;
-        }
-    };
+    let local_ip = local.ip();
     let tcp = rpc_transport::BlockingTcpTransport::new(
         stream,
         Some(stop_rx.clone()),

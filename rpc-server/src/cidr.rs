@@ -1,7 +1,8 @@
-//! Address blocks (`--allow`, the peers exempt from a share): `ADDR/PREFIX` or a bare address,
-//! IPv4-mapped IPv6 addresses matched as the IPv4 address they carry.
+//! Address blocks (`--allow`, `--comm-peers`, `--peer-share-exempt`): `ADDR/PREFIX` or a
+//! bare address, IPv4-mapped IPv6 addresses matched as the IPv4 address they carry; and port
+//! ranges (`--comm-peer-ports`): `LO-HI` or one port.
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::str::FromStr;
 
 /// An address block, `ADDR/PREFIX` or a bare address (one host).
@@ -121,16 +122,65 @@ impl AllowList {
     }
 }
 
-/// The peers not held to a share by default: loopback (`127.0.0.0/8`, `::1`).
-pub fn loopback() -> Vec<Cidr> {
-    vec![
-        Cidr {
-            net: IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 0)),
-            prefix: 8,
-        },
-        Cidr {
-            net: IpAddr::V6(Ipv6Addr::LOCALHOST),
-            prefix: 128,
-        },
-    ]
+/// A range of TCP ports, `LO-HI` (both included) or one port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange {
+    pub lo: u16,
+    pub hi: u16,
+}
+
+/// Why a port range does not parse.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PortRangeError {
+    #[error("`{0}` is not a port (1-65535)")]
+    Port(String),
+    #[error("`{0}`: the range's first port is above its last")]
+    Reversed(String),
+}
+
+impl PortRange {
+    pub fn contains(&self, port: u16) -> bool {
+        (self.lo..=self.hi).contains(&port)
+    }
+
+    /// The ports within `width` of `port` (clamped to 1-65535).
+    pub fn around(port: u16, width: u16) -> PortRange {
+        PortRange {
+            lo: port.saturating_sub(width).max(1),
+            hi: port.saturating_add(width),
+        }
+    }
+}
+
+impl FromStr for PortRange {
+    type Err = PortRangeError;
+
+    fn from_str(s: &str) -> Result<PortRange, PortRangeError> {
+        let s = s.trim();
+        let port = |p: &str| {
+            p.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| PortRangeError::Port(p.trim().to_string()))
+        };
+        let (lo, hi) = match s.split_once('-') {
+            Some((a, b)) => (port(a)?, port(b)?),
+            None => (port(s)?, port(s)?),
+        };
+        if lo > hi {
+            return Err(PortRangeError::Reversed(s.to_string()));
+        }
+        Ok(PortRange { lo, hi })
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.lo == self.hi {
+            write!(f, "{}", self.lo)
+        } else {
+            write!(f, "{}-{}", self.lo, self.hi)
+        }
+    }
 }

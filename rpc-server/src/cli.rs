@@ -137,16 +137,37 @@ pub struct Args {
     pub max_connections: usize,
 
     /// Connections one peer may have at once (an IPv4 address, an IPv6 /64; connections waiting
-    /// for their HELLO included); more are closed unread. Loopback peers are exempt. Default:
-    /// half of --max-connections.
+    /// for their HELLO and those handed to a session process included); more are closed unread.
+    /// Every peer, loopback included, unless named by --peer-share-exempt. Default: half of
+    /// --max-connections.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections_per_peer: Option<u64>,
+
+    /// Peers not held to --max-connections-per-peer (comma-separated CIDRs; a bare address is
+    /// one host), e.g. `127.0.0.1` for an rpc-shim on this machine that relays many clients.
+    /// They can still take every slot. Default: none.
+    #[arg(long, value_name = "CIDR", value_delimiter = ',')]
+    pub peer_share_exempt: Vec<crate::cidr::Cidr>,
 
     /// Serve only these networks, e.g. `--allow 169.254.0.0/16` for a Thunderbolt bridge, or
     /// `--allow 192.168.2.0/24,fe80::/10` (comma-separated; a bare address is one host). Other
     /// peers are closed before a byte is read. Default: anyone who can reach the port.
     #[arg(long, value_name = "CIDR", value_delimiter = ',')]
     pub allow: Vec<crate::cidr::Cidr>,
+
+    /// Servers this one may pair with for tensor split's collectives (8.0's COMM_INIT): as rank 1
+    /// it dials only these, as rank 0 it accepts only these (comma-separated CIDRs, e.g.
+    /// `169.254.0.0/16`). Default: what --allow permits. A host name in a COMM_INIT is resolved
+    /// once and each of its addresses checked.
+    #[arg(long, value_name = "CIDR", value_delimiter = ',')]
+    pub comm_peers: Vec<crate::cidr::Cidr>,
+
+    /// The RPC ports (their -p) of the servers this one may pair with; the link goes to that
+    /// port + 1000, as the stock client asks (comma-separated, `50052` or `50000-50100`).
+    /// Default: within 100 of this server's own -p (a rack's workers share one port; two
+    /// servers on one machine use neighbouring ones).
+    #[arg(long, value_name = "PORTS", value_delimiter = ',')]
+    pub comm_peer_ports: Vec<crate::cidr::PortRange>,
 
     /// A new connection must send its whole HELLO within this many seconds (stock clients send
     /// it at once); until then it holds no connection slot.
@@ -310,7 +331,10 @@ impl Args {
             max_per_peer: self
                 .max_connections_per_peer
                 .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            share_exempt: self.peer_share_exempt.clone(),
             allow: self.allow.clone(),
+            comm_peers: self.comm_peers.clone(),
+            comm_peer_ports: self.comm_peer_ports.clone(),
             hello_timeout: secs(self.hello_timeout),
             request_timeout: secs(self.request_timeout),
             idle_timeout: (self.idle_timeout > 0).then(|| secs(self.idle_timeout)),

@@ -97,16 +97,11 @@ async fn read_exact_by<R: Transport>(
 /// A session of this connection: its major, the shared budget, and the collectives link set up
 /// from the address the client reached us at (`comm.rs`), unless the context brings its own way
 /// (a session process asks its front).
-fn new_session(ctx: &ConnectionContext, local_ip: std::net::IpAddr) -> Session {
+fn new_session(ctx: &ConnectionContext, local: std::net::SocketAddr) -> Session {
     let mut s = Session::new(ctx.config.clone(), ctx.major, ctx.budget.clone());
     s.set_connector(match &ctx.comm {
         Some(c) => c.clone(),
-        None => Arc::new(crate::comm::TcpConnector {
-            bind_ip: local_ip,
-            allow: ctx.options.allow_list(),
-            setup_timeout: crate::comm::SETUP_TIMEOUT,
-            io_timeout: ctx.options.request_timeout,
-        }),
+        None => Arc::new(ctx.options.comm_policy(local)),
     });
     s
 }
@@ -175,7 +170,7 @@ pub struct ConnectionContext {
     pub rdma: Arc<RdmaConfig>,
     /// The memory account the session's buffers count against.
     pub budget: Arc<MemoryBudget>,
-    /// How COMM_INIT sets up links; `None`: straight from this process (`comm::TcpConnector`
+    /// How COMM_INIT sets up links; `None`: straight from this process (`comm::CommPolicy`
     /// at the connection's address). A session process asks its front (`child.rs`).
     pub comm: Option<Arc<dyn crate::comm::Connector>>,
     pub shutdown: watch::Receiver<bool>,
@@ -213,7 +208,7 @@ pub(crate) async fn serve_hello_in<F: FnOnce()>(
     }
     // Blocking (queue-pair setup): fine, this thread serves only this connection.
     let (reply_caps, activated) = crate::rdma::negotiate(&ctx.rdma, local_ip, &caps);
-    let session = new_session(&ctx, local_ip);
+    let session = new_session(&ctx, tcp.local_addr()?);
     send_hello(&mut tcp, session.hello(reply_caps), &ctx.stats).await?;
     ready();
     let (stats, rdma, shutdown) = (ctx.stats, ctx.rdma, ctx.shutdown);
@@ -304,8 +299,7 @@ pub async fn serve_commands<F: FnOnce()>(
     ready: F,
 ) -> Result<(), ConnectionError> {
     ready();
-    let local_ip = tcp.local_addr()?.ip();
-    let session = new_session(&ctx, local_ip);
+    let session = new_session(&ctx, tcp.local_addr()?);
     let (limits, deadlines) = (ctx.options.limits(), ctx.options.deadlines());
     run(
         &mut tcp,

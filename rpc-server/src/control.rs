@@ -13,9 +13,11 @@
 //! | session | `W <bytes>` | [`ToFront::Store`]: an upload of `bytes` for the weight cache: a staging file for it, please |
 //! | session | `D` | [`ToFront::Stored`]: the staging file holds the upload |
 //! | session | `V <16 hex>` | [`ToFront::Check`]: I hashed the cache entry of this hash: check it (record or delete) |
+//! | session | `O <16 hex>` | [`ToFront::Open`]: open the cache entry of this hash for me (Linux: a session reads no cache directory) |
 //! | front | `Y` / `N` | [`ToSession::Yes`] / [`ToSession::No`]: the answer to `R` |
 //! | front | `K` + a socket (`SCM_RIGHTS`) / `E` | [`ToSession::Link`] / [`ToSession::NoLink`]: the answer to `C` |
 //! | front | `M` + a memfd (`SCM_RIGHTS`) / `X` | [`ToSession::Staging`] / [`ToSession::NoStaging`]: the answer to `W` |
+//! | front | `H` or `G` + the entry (`SCM_RIGHTS`) / `U` | [`ToSession::Entry`] (`H`: recorded as verified with this file's stamp; `G`: to be hashed) / [`ToSession::NoEntry`]: the answer to `O` |
 //! | front | `Q` | [`ToSession::Quit`]: the server is shutting down: finish the running command and exit |
 //!
 //! A pooled session process (`--session-pool`) is started before its connection exists: it
@@ -119,9 +121,10 @@ pub enum ToFront {
     Store(u64),
     Stored,
     Check(u64),
+    Open(u64),
 }
 
-/// Front → session (`Link` and `Staging` travel with a descriptor).
+/// Front → session (`Link`, `Staging` and `Entry` travel with a descriptor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToSession {
     Yes,
@@ -130,6 +133,12 @@ pub enum ToSession {
     NoLink,
     Staging,
     NoStaging,
+    /// A cache entry, opened read-only; `verified`: the front has it recorded as hashing right
+    /// with the stamp of this very file.
+    Entry {
+        verified: bool,
+    },
+    NoEntry,
     Quit,
 }
 
@@ -148,6 +157,10 @@ pub enum ControlError {
     FieldCount { got: usize, want: usize },
     #[error("out of order: {0}")]
     OutOfOrder(&'static str),
+    #[error("a link it may not have: {0}")]
+    Link(String),
+    #[error("a staging file it may not keep: {0}")]
+    Staging(&'static str),
 }
 
 fn hex(b: &[u8]) -> String {
@@ -193,6 +206,7 @@ impl ToFront {
             ToFront::Store(n) => format!("W {n}"),
             ToFront::Stored => "D".to_string(),
             ToFront::Check(h) => format!("V {h:016x}"),
+            ToFront::Open(h) => format!("O {h:016x}"),
         };
         let mut v = s.into_bytes();
         v.push(b'\n');
@@ -237,6 +251,9 @@ impl ToFront {
             "V" => Ok(ToFront::Check(u64::from_be_bytes(hex_bytes(
                 rest.ok_or(ControlError::Malformed("missing argument"))?,
             )?))),
+            "O" => Ok(ToFront::Open(u64::from_be_bytes(hex_bytes(
+                rest.ok_or(ControlError::Malformed("missing argument"))?,
+            )?))),
             "D" if rest.is_none() => Ok(ToFront::Stored),
             "D" => Err(ControlError::Malformed("D takes no argument")),
             _ => Err(ControlError::Unknown(tag.chars().take(16).collect())),
@@ -254,6 +271,9 @@ impl ToSession {
             ToSession::NoLink => b"E\n",
             ToSession::Staging => b"M\n",
             ToSession::NoStaging => b"X\n",
+            ToSession::Entry { verified: true } => b"H\n",
+            ToSession::Entry { verified: false } => b"G\n",
+            ToSession::NoEntry => b"U\n",
             ToSession::Quit => b"Q\n",
         }
     }
@@ -267,6 +287,9 @@ impl ToSession {
             b"E" => ToSession::NoLink,
             b"M" => ToSession::Staging,
             b"X" => ToSession::NoStaging,
+            b"H" => ToSession::Entry { verified: true },
+            b"G" => ToSession::Entry { verified: false },
+            b"U" => ToSession::NoEntry,
             b"Q" => ToSession::Quit,
             _ if line.len() >= MAX_LINE => return Err(ControlError::TooLong),
             other => {
@@ -279,7 +302,10 @@ impl ToSession {
 
     /// Whether a descriptor travels with this message.
     pub fn carries_fd(self) -> bool {
-        matches!(self, ToSession::Link | ToSession::Staging)
+        matches!(
+            self,
+            ToSession::Link | ToSession::Staging | ToSession::Entry { .. }
+        )
     }
 }
 
@@ -454,6 +480,8 @@ mod tests {
             ToFront::Stored,
             ToFront::Check(0x0123_4567_89ab_cdef),
             ToFront::Check(u64::MAX),
+            ToFront::Open(0),
+            ToFront::Open(0xfedc_ba98_7654_3210),
         ]
     }
 
@@ -472,6 +500,9 @@ mod tests {
             ToSession::NoLink,
             ToSession::Staging,
             ToSession::NoStaging,
+            ToSession::Entry { verified: true },
+            ToSession::Entry { verified: false },
+            ToSession::NoEntry,
             ToSession::Quit,
         ] {
             let line = m.encode();
@@ -537,6 +568,13 @@ mod tests {
             b"V 123",
             b"V 0123456789abcdefg",
             b"V 0123456789abcdeg",
+            b"O",
+            b"O ",
+            b"O 123",
+            b"O 0123456789abcdef0",
+            b"O 0123456789abcdeg",
+            b"O ../../etc/passwd",
+            b"O 0123456789abcdef ",
             b"D 1",
             b"D ",
             b"Q",
@@ -563,7 +601,7 @@ mod tests {
             ToFront::decode(&vec![b'R'; MAX_LINE]),
             Err(ControlError::TooLong)
         ));
-        for l in [&b""[..], b"y", b"YY", b"K \x01", b"Z"] {
+        for l in [&b""[..], b"y", b"YY", b"K \x01", b"Z", b"H 1", b"h", b"U "] {
             assert!(ToSession::decode(l).is_err());
         }
     }

@@ -75,6 +75,7 @@ use crate::control::{
 };
 use crate::options::ServerOptions;
 use crate::rdma::Fallback;
+use crate::session::MemoryBudget;
 use crate::stats::reported_counters;
 
 /// How a front process starts session processes: this executable (or `exe`), configured by
@@ -389,12 +390,11 @@ pub async fn hand_off(
     } else {
         None
     };
-    let comm = crate::comm::TcpConnector {
-        bind_ip: stream.local_addr()?.ip(),
-        allow: ctx.options.allow_list(),
-        setup_timeout: crate::comm::SETUP_TIMEOUT,
-        io_timeout: ctx.options.request_timeout,
-    };
+    let comm = ctx.options.comm_policy(stream.local_addr()?);
+    // The front keeps a handle on the socket for the session's whole life, never read: a
+    // session process that does not end when its client leaves is ended by the front. None is
+    // handed over unwatched.
+    let mut watch = ClientWatch::start(stream.try_clone()?, peer)?;
     let start = SessionStart {
         options: iso.options.clone(),
         caps: *caps,
@@ -439,7 +439,15 @@ pub async fn hand_off(
     };
     let pid = child.id();
 
-    let held = serve_control(front_end, ctx, peer, pid, &comm, &mut shutdown).await;
+    let serve = serve_control(front_end, ctx, peer, pid, &comm, &mut shutdown);
+    tokio::pin!(serve);
+    let (held, gone) = tokio::select! {
+        biased;
+        held = &mut serve => (held, None),
+        how = watch.enforce(peer, pid) => (serve.await, Some(how)),
+    };
+    // The front's handle on the socket goes with the session: the client sees it close.
+    drop(watch);
     budget.release(held);
     drop(rdma_place);
     // The control line closed: the process has ended or is about to.
@@ -450,6 +458,12 @@ pub async fn hand_off(
         .code()
         .filter(|c| (129..160).contains(c))
         .map(|c| c - 128));
+    if let (Some(how), Some(9)) = (gone, signal) {
+        tracing::warn!(%peer, pid, "session process killed: its client is gone ({how}) and it did not end");
+        return Err(child_error(format!(
+            "client gone ({how}); session process {pid} did not end and was killed"
+        )));
+    }
     match (status.code(), signal) {
         (Some(0), _) => Ok(()),
         (Some(SANDBOX_REFUSED), _) => Err(child_error(format!(
@@ -477,6 +491,113 @@ pub async fn hand_off(
     }
 }
 
+/// How long a session process whose client left may take to end by itself before the front
+/// shuts the client's socket down, and then again before it kills the process.
+pub const HANGUP_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The front's own handle on a handed-off connection's socket, which it never reads, and a
+/// thread of its own asleep in `poll` on it until the client is gone: its FIN (`POLLRDHUP`; a
+/// client that half-closes is gone too, as a read of the end of stream tells a session), a
+/// reset, or the kernel giving up on a peer that vanished (keepalive, `TCP_USER_TIMEOUT`:
+/// `POLLERR`/`POLLHUP`). Neither a request nor a reply wakes it. A session process may not
+/// notice its client leave (one that never reads: compromised, stopped), so the front ends it
+/// ([`ClientWatch::enforce`]): the slot, the peer share and the process never outlive the
+/// client by more than `2 × HANGUP_GRACE` past the moment the kernel knows it is gone.
+struct ClientWatch {
+    socket: Arc<std::net::TcpStream>,
+    /// How the client left, once it did.
+    hangup: tokio::sync::oneshot::Receiver<&'static str>,
+    /// Dropped with the watch: the thread's `poll` wakes and the thread ends.
+    _stop: UnixStream,
+}
+
+impl ClientWatch {
+    fn start(socket: std::net::TcpStream, peer: SocketAddr) -> std::io::Result<ClientWatch> {
+        let socket = Arc::new(socket);
+        let (stop, stopped) = UnixStream::pair()?;
+        let (tx, hangup) = tokio::sync::oneshot::channel();
+        let watched = socket.clone();
+        std::thread::Builder::new()
+            .name("client-watch".into())
+            .stack_size(64 << 10)
+            .spawn(move || match wait_for_hangup(&watched, &stopped) {
+                Ok(Some(how)) => drop(tx.send(how)),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(%peer, error = %e, "cannot watch a session's client any more")
+                }
+            })?;
+        Ok(ClientWatch {
+            socket,
+            hangup,
+            _stop: stop,
+        })
+    }
+
+    /// Resolves only once the client is gone and its session process `pid` did not end by
+    /// itself: [`HANGUP_GRACE`] after the client left the front shuts the socket down (which
+    /// wakes a session blocked reading or writing it), another [`HANGUP_GRACE`] later it kills
+    /// the process. Returns how the client left.
+    async fn enforce(&mut self, peer: SocketAddr, pid: u32) -> &'static str {
+        let Ok(how) = (&mut self.hangup).await else {
+            return std::future::pending().await;
+        };
+        tracing::debug!(%peer, pid, "client gone ({how}): its session process has {HANGUP_GRACE:?} to end");
+        tokio::time::sleep(HANGUP_GRACE).await;
+        tracing::info!(%peer, pid, "client gone ({how}) and its session process still runs: shutting the connection down");
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        tokio::time::sleep(HANGUP_GRACE).await;
+        if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+        how
+    }
+}
+
+/// Sleeps in `poll` until the client of `socket` is gone (how, in words) or `stop` stirs
+/// (`None`). Linux wakes it only for those (`POLLRDHUP`, `POLLHUP`, `POLLERR`); elsewhere there
+/// is no `POLLRDHUP` and it looks every 200 ms for `POLLHUP` (a FIN or a dead connection).
+fn wait_for_hangup(
+    socket: &std::net::TcpStream,
+    stop: &UnixStream,
+) -> std::io::Result<Option<&'static str>> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let (watched, tick): (PollFlags, Option<Timespec>) = (PollFlags::RDHUP, None);
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let (watched, tick) = (
+        PollFlags::HUP,
+        Some(Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        }),
+    );
+    loop {
+        let mut fds = [
+            PollFd::new(socket, watched),
+            PollFd::new(stop, PollFlags::IN),
+        ];
+        match poll(&mut fds, tick.as_ref()) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        let [client, stopped] = fds.map(|f| f.revents());
+        if !stopped.is_empty() {
+            return Ok(None);
+        }
+        if client.contains(PollFlags::ERR) {
+            return Ok(Some("its connection failed: reset, or found dead by keepalive"));
+        }
+        if client.intersects(PollFlags::HUP | watched) {
+            return Ok(Some("it closed the connection"));
+        }
+        if tick.is_some() {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}
+
 /// Serves a session process's control line until it closes; returns the bytes it still held.
 /// A message the front cannot accept (`control.rs`: malformed, unknown, over-long, out of
 /// order, too many) ends the session: its process is killed and the reason logged.
@@ -485,7 +606,7 @@ async fn serve_control(
     ctx: &ConnectionContext,
     peer: SocketAddr,
     pid: u32,
-    comm: &crate::comm::TcpConnector,
+    comm: &crate::comm::CommPolicy,
     shutdown: &mut watch::Receiver<bool>,
 ) -> u64 {
     let (budget, stats, rdma, config) = (&ctx.budget, &*ctx.stats, &*ctx.rdma, &ctx.config);
@@ -509,9 +630,14 @@ async fn serve_control(
     // Reservations the session holds; bytes charged for its store (staging file) in progress.
     let (mut held, mut store_charge) = (0u64, 0u64);
     let mut staging: Option<std::fs::File> = None;
+    // The links handed to the session, one per device (the front's copy of each socket).
+    let devices = config.devices.len();
+    let mut links: std::collections::HashMap<u32, std::net::TcpStream> = Default::default();
     // The store or check running off the runtime's thread (one per session): it sends its
     // charge back when done.
-    let (job_tx, mut job_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    // (charge, whether the staging file was emptied: if not, the charge stays, `kept`).
+    let (job_tx, mut job_rx) = tokio::sync::mpsc::unbounded_channel::<(u64, bool)>();
+    let mut kept = 0u64;
     let mut job_running = false;
     let mut clamp_noted = false;
     let mut stopping = false;
@@ -526,9 +652,8 @@ async fn serve_control(
             };
             // W and V wait for the job in flight: one per session.
             if matches!(msg, ToFront::Store(_) | ToFront::Check(_)) && job_running {
-                if let Some(n) = job_rx.recv().await {
-                    budget.release(n);
-                    store_charge -= n;
+                if let Some(done) = job_rx.recv().await {
+                    settle(budget, &mut store_charge, &mut kept, done);
                 }
                 job_running = false;
             }
@@ -559,21 +684,34 @@ async fn serve_control(
                     }
                     Err(e) => break 'serve Some(e),
                 },
-                ToFront::CommInit(bytes) => match broker_link(&bytes, comm).await {
-                    Ok(stream) => {
-                        if send_fd(&wr, ToSession::Link.encode(), &stream)
-                            .await
-                            .is_err()
-                        {
-                            break 'serve None;
+                ToFront::CommInit(bytes) => {
+                    // Outside the policy the session process checked before asking: not a
+                    // request a sound session makes.
+                    let (device, target) = match link_request(&bytes, comm, devices) {
+                        Ok(t) => t,
+                        Err(e) => break 'serve Some(e),
+                    };
+                    match broker_link(target, comm).await {
+                        Ok(stream) => {
+                            if send_fd(&wr, ToSession::Link.encode(), &stream)
+                                .await
+                                .is_err()
+                            {
+                                break 'serve None;
+                            }
+                            // One link per device: the one it replaces stops working, whatever
+                            // the session does with its descriptor.
+                            if let Some(old) = links.insert(device, stream) {
+                                let _ = old.shutdown(std::net::Shutdown::Both);
+                            }
+                            None
                         }
-                        None
+                        Err(e) => {
+                            tracing::warn!(%peer, pid, "COMM_INIT of a session: no link ({e})");
+                            Some(ToSession::NoLink)
+                        }
                     }
-                    Err(e) => {
-                        tracing::warn!("COMM_INIT of a session process: no link ({e})");
-                        Some(ToSession::NoLink)
-                    }
-                },
+                }
                 ToFront::Store(n) => {
                     if staging.is_some() {
                         break 'serve Some(ControlError::OutOfOrder("W before the last D"));
@@ -605,22 +743,32 @@ async fn serve_control(
                         break 'serve Some(ControlError::OutOfOrder("D without W"));
                     };
                     let n = file.metadata().map_or(0, |m| m.len()).min(store_charge);
+                    let charge = store_charge;
                     match crate::cache::WeightCache::seal_staging(&file) {
+                        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                            // It would keep the memory past the store: not what a sound
+                            // session does. Charged until the process is gone.
+                            break 'serve Some(ControlError::Staging(
+                                "sealed its staging file against being emptied",
+                            ));
+                        }
                         Err(e) => {
                             tracing::warn!(%peer, pid, error = %e, "a session's cache store refused: its staging file cannot be sealed");
-                            budget.release(store_charge);
-                            store_charge = 0;
+                            let revoked = crate::cache::WeightCache::revoke_staging(&file).is_ok();
+                            settle(budget, &mut store_charge, &mut kept, (charge, revoked));
                         }
                         Ok(()) => {
                             let (config, tx) = (config.clone(), job_tx.clone());
-                            let charge = store_charge;
                             job_running = true;
                             tokio::task::spawn_blocking(move || {
                                 if let Some(c) = &config.cache {
                                     c.store_file(&file, n);
                                 }
+                                // Emptied: the session's copy of the descriptor holds nothing.
+                                let revoked =
+                                    crate::cache::WeightCache::revoke_staging(&file).is_ok();
                                 drop(file);
-                                let _ = tx.send(charge);
+                                let _ = tx.send((charge, revoked));
                             });
                         }
                     }
@@ -630,20 +778,40 @@ async fn serve_control(
                     if cache.is_some() {
                         let (config, tx) = (config.clone(), job_tx.clone());
                         job_running = true;
+                        // What the check logs is charged to this connection's peer.
+                        let span = tracing::Span::current();
                         tokio::task::spawn_blocking(move || {
+                            let _in = span.enter();
                             if let Some(c) = &config.cache {
                                 let r = c.check_entry(hash);
                                 tracing::debug!(
+                                    %peer,
+                                    pid,
                                     hash = format!("{hash:016x}"),
                                     ?r,
                                     "cache entry checked for a session"
                                 );
                             }
-                            let _ = tx.send(0);
+                            let _ = tx.send((0, true));
                         });
                     }
                     None
                 }
+                // A cache lookup: the session cannot read the directory (a uid of its own, a
+                // private directory), so the front opens the entry, by its hash's name only,
+                // read-only, a regular file, and passes it down (`cache::open_for_session`).
+                ToFront::Open(hash) => match cache.and_then(|c| c.open_for_session(hash)) {
+                    Some(e) => {
+                        let msg = ToSession::Entry {
+                            verified: e.verified,
+                        };
+                        if send_fd(&wr, msg.encode(), &e.file).await.is_err() {
+                            break 'serve None;
+                        }
+                        None
+                    }
+                    None => Some(ToSession::NoEntry),
+                },
             };
             if let Some(r) = reply {
                 if wr.write_all(r.encode()).await.is_err() {
@@ -660,27 +828,39 @@ async fn serve_control(
                 stopping = true;
                 let _ = wr.write_all(ToSession::Quit.encode()).await;
             }
-            Some(n) = job_rx.recv(), if job_running => {
-                budget.release(n);
-                store_charge -= n;
+            Some(done) = job_rx.recv(), if job_running => {
+                settle(budget, &mut store_charge, &mut kept, done);
                 job_running = false;
             }
         }
     };
     if let Some(why) = violation {
+        stats.sessions_killed.fetch_add(1, Relaxed);
         tracing::warn!(%peer, pid, "session process killed: {why} on its control line");
         if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
             let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
         }
     }
-    drop(staging);
+    if let Some(f) = staging.take() {
+        // A store the session never finished: emptied now, its charge returned by the caller.
+        let _ = crate::cache::WeightCache::revoke_staging(&f);
+    }
     if job_running {
-        if let Some(n) = job_rx.recv().await {
-            budget.release(n);
-            store_charge -= n;
+        if let Some(done) = job_rx.recv().await {
+            settle(budget, &mut store_charge, &mut kept, done);
         }
     }
-    held + store_charge
+    held + store_charge + kept
+}
+
+/// A finished store's charge: given back when its staging file was emptied, else kept
+/// (`kept`) until the session ends.
+fn settle(budget: &MemoryBudget, store_charge: &mut u64, kept: &mut u64, (n, revoked): (u64, bool)) {
+    *store_charge -= n;
+    match revoked {
+        true => budget.release(n),
+        false => *kept += n,
+    }
 }
 
 /// Longest line of a session's stderr the front logs (the rest of it is dropped).
@@ -807,25 +987,37 @@ fn tidy_session_line(raw: &[u8], truncated: bool) -> (Option<&'static str>, Stri
     (level, rest.to_string())
 }
 
-/// Front side of a session's `C` line: the COMM_INIT it carries, set up with the front's
-/// connector (the connection's address, `--allow`, deadlines) off the runtime's thread.
-async fn broker_link(
+/// A session's `C` line checked against the link policy and what the front knows of the
+/// session (its devices): the device and where the link goes, or the violation.
+fn link_request(
     bytes: &[u8; rpc_proto::COMM_INIT_SIZE],
-    comm: &crate::comm::TcpConnector,
-) -> std::io::Result<std::net::TcpStream> {
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_string());
+    comm: &crate::comm::CommPolicy,
+    devices: usize,
+) -> Result<(u32, crate::comm::Target), ControlError> {
     let req = rpc_proto::Request::decode(
         rpc_proto::Major::V8,
         rpc_proto::Command::CommInit,
         bytes,
         &Limits::default(),
     )
-    .map_err(|e| bad(&e.to_string()))?;
+    .map_err(|_| ControlError::Malformed("not a COMM_INIT"))?;
     let rpc_proto::Request::CommInit(init) = req else {
-        return Err(bad("not a COMM_INIT"));
+        return Err(ControlError::Malformed("not a COMM_INIT"));
     };
+    let target = comm
+        .check(&init, devices)
+        .map_err(|r| ControlError::Link(r.to_string()))?;
+    Ok((init.device, target))
+}
+
+/// Front side of a session's checked `C` line: the link set up with the connection's policy
+/// (its caps exchanged) off the runtime's thread.
+async fn broker_link(
+    target: crate::comm::Target,
+    comm: &crate::comm::CommPolicy,
+) -> std::io::Result<std::net::TcpStream> {
     let comm = comm.clone();
-    tokio::task::spawn_blocking(move || comm.establish(&init))
+    tokio::task::spawn_blocking(move || comm.establish(&target))
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))?
 }
@@ -866,7 +1058,7 @@ async fn send_fd(
 mod tests {
     use super::*;
     use crate::rdma::{RdmaConfig, TransportMode};
-    use crate::session::{MemoryBudget, SessionConfig};
+    use crate::session::SessionConfig;
     use crate::stats::Stats;
     use std::io::Write;
     use std::os::unix::fs::FileExt;
@@ -916,13 +1108,14 @@ mod tests {
         (ctx, tx)
     }
 
-    fn connector() -> crate::comm::TcpConnector {
-        crate::comm::TcpConnector {
-            bind_ip: std::net::Ipv4Addr::LOCALHOST.into(),
-            allow: Default::default(),
-            setup_timeout: Duration::from_secs(1),
-            io_timeout: Duration::from_secs(1),
-        }
+    fn connector() -> crate::comm::CommPolicy {
+        crate::comm::CommPolicy::new(
+            "127.0.0.1:50052".parse().unwrap(),
+            Default::default(),
+            Vec::new(),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        )
     }
 
     fn tmpdir(name: &str) -> std::path::PathBuf {
@@ -1038,7 +1231,10 @@ mod tests {
                 .expect("a staging file");
             assert_eq!(budget.used(), data.len() as u64, "charged while it lives");
             let f = std::fs::File::from(fd);
-            assert!(f.set_len(10).is_err(), "sealed against shrinking");
+            assert!(
+                f.set_len(data.len() as u64 + 1).is_err(),
+                "sealed against growing"
+            );
             f.write_all_at(&data, 0).unwrap();
             s.write_all(&ToFront::Stored.encode()).unwrap();
             // Done: a second store of nothing is refused (X), then the line closes.
@@ -1050,11 +1246,265 @@ mod tests {
                 f.write_all_at(b"x", 0).is_err(),
                 "sealed against writes once stored"
             );
+            assert_eq!(f.metadata().unwrap().len(), 0, "emptied once stored");
         });
         assert_eq!(signal, None, "a well-behaved session lives");
         assert_eq!(held, 0);
         assert_eq!(ctx.budget.used(), 0, "the staging charge is given back");
         assert!(d.join(format!("{expect:016x}")).is_file());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Receives a staging file (`M` + a memfd) or `X`.
+    fn staging_reply(s: &UnixStream) -> Option<std::fs::File> {
+        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        let mut buf = [0u8; 2];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let r = recvmsg(
+            s,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+        .unwrap();
+        let fd = control.drain().find_map(|m| match m {
+            RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+            _ => None,
+        });
+        match &buf[..r.bytes] {
+            b"M\n" => Some(std::fs::File::from(fd.expect("a staging file"))),
+            other => {
+                assert_eq!(other, ToSession::NoStaging.encode());
+                None
+            }
+        }
+    }
+
+    /// A compromised session that asks for staging files, fills them, says it is done and keeps
+    /// every descriptor, again and again: the memory it can still reach stays within its budget
+    /// (each file is emptied once stored), and one that seals its file against being emptied is
+    /// killed.
+    #[test]
+    fn a_session_that_keeps_its_staging_files_keeps_no_memory() {
+        let d = tmpdir("keep");
+        let (ctx, _stop) = front_ctx(&d);
+        let budget = ctx.budget.clone();
+        let per = 600 * 1024u64; // of a 1 MiB budget
+        let (held, signal) = serve_against(&ctx, move |mut s| {
+            let mut kept = Vec::new();
+            for i in 0..16u32 {
+                s.write_all(&ToFront::Store(per).encode()).unwrap();
+                let f = staging_reply(&s).expect("a staging file while within the budget");
+                let data = vec![(i % 251) as u8 + 1; per as usize];
+                f.write_all_at(&data, 0).unwrap();
+                s.write_all(&ToFront::Stored.encode()).unwrap();
+                kept.push(f);
+                let reachable: u64 = kept.iter().map(|f| f.metadata().unwrap().len()).sum();
+                assert!(reachable <= 2 * (1 << 20), "round {i}: {reachable} bytes reachable");
+            }
+            // The next W waits for the last store: then every kept file is empty.
+            s.write_all(&ToFront::Store(per).encode()).unwrap();
+            let last = staging_reply(&s).expect("a staging file");
+            let reachable: u64 = kept.iter().map(|f| f.metadata().unwrap().len()).sum();
+            assert_eq!(reachable, 0, "every stored file emptied");
+            assert!(budget.used() <= 1 << 20);
+            // Sealed against shrinking: the front would have to keep the charge; killed.
+            rustix::fs::fcntl_add_seals(&last, rustix::fs::SealFlags::SHRINK).unwrap();
+            s.write_all(&ToFront::Stored.encode()).unwrap();
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut s, &mut sink);
+        });
+        assert_eq!(signal, Some(9), "killed for keeping its staging file");
+        assert_eq!(held, per, "the last file's charge is given back by the caller");
+        ctx.budget.release(held);
+        assert_eq!(ctx.budget.used(), 0);
+        assert_eq!(ctx.stats.sessions_killed.load(Relaxed), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A `C` line for `init`.
+    fn comm_line(rank: u32, device: u32, host: &str, port: u16) -> Vec<u8> {
+        let init = rpc_proto::CommInit {
+            device,
+            rank,
+            world: 2,
+            port: u32::from(port),
+            host: rpc_proto::CommInit::host_field(host).unwrap(),
+        };
+        let mut bytes = Vec::new();
+        rpc_proto::Request::CommInit(init).encode_payload(&mut bytes);
+        ToFront::CommInit(bytes.try_into().unwrap()).encode()
+    }
+
+    /// A listener on 127.0.0.1 on a port `connector()`'s policy lets rank 1 dial (an RPC port
+    /// within 100 of 50052, + 1000).
+    fn allowed_listener() -> std::net::TcpListener {
+        (50952..=51152)
+            .find_map(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
+            .expect("a free port in 50952-51152")
+    }
+
+    /// Receives `K` + a socket, or `E`.
+    fn link_reply(s: &UnixStream) -> Option<std::net::TcpStream> {
+        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        let mut buf = [0u8; 2];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let r = recvmsg(
+            s,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+        .unwrap();
+        let fd = control.drain().find_map(|m| match m {
+            RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+            _ => None,
+        });
+        match &buf[..r.bytes] {
+            b"K\n" => Some(std::net::TcpStream::from(fd.expect("a socket"))),
+            other => {
+                assert_eq!(other, ToSession::NoLink.encode());
+                None
+            }
+        }
+    }
+
+    /// The front as a link broker answers from what it holds: a service that is no RPC server
+    /// gets the session no socket; a real peer does, one link per device (a second request
+    /// for the device shuts the first link down); a request outside the policy (rank 0 on
+    /// another port than the server's + 1000, a device the session does not have, world 3)
+    /// kills the session.
+    #[test]
+    fn link_requests_are_answered_from_what_the_front_holds() {
+        use std::io::Read;
+        let d = tmpdir("links");
+        let (mut ctx, _stop) = front_ctx(&d);
+        let cpu = crate::ggml::Device::all().into_iter().next().expect("a CPU device");
+        ctx.config = Arc::new(SessionConfig {
+            devices: vec![cpu],
+            n_threads: 1,
+            cache: None,
+            local: None,
+        });
+        // A loopback service that greets first (SSH): no socket for the session.
+        let ssh = allowed_listener();
+        let ssh_port = ssh.local_addr().unwrap().port();
+        let greeter = std::thread::spawn(move || {
+            let (mut c, _) = ssh.accept().unwrap();
+            c.write_all(b"SSH-2.0-OpenSSH_9.2p1\r\n").unwrap();
+            let mut rest = Vec::new();
+            c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let _ = c.read_to_end(&mut rest);
+            rest
+        });
+        // A peer that answers like a ggml RPC rank 0, three times.
+        let rpc = allowed_listener();
+        let rpc_port = rpc.local_addr().unwrap().port();
+        let peer = std::thread::spawn(move || {
+            let mut conns = Vec::new();
+            for _ in 0..3 {
+                let (mut c, _) = rpc.accept().unwrap();
+                let mut caps = [0u8; 24];
+                c.read_exact(&mut caps).unwrap();
+                c.write_all(&[0u8; 24]).unwrap();
+                conns.push(c);
+            }
+            conns
+        });
+        let (held, signal) = serve_against(&ctx, move |mut s| {
+            s.write_all(&comm_line(1, 0, "127.0.0.1", ssh_port)).unwrap();
+            assert!(link_reply(&s).is_none(), "no socket to a service that greets first");
+            let mut got = Vec::new();
+            for _ in 0..3 {
+                s.write_all(&comm_line(1, 0, "127.0.0.1", rpc_port)).unwrap();
+                got.push(link_reply(&s).expect("a link to an RPC peer"));
+            }
+            // The first two were replaced: shut down, whatever this end does with them.
+            for (i, l) in got.iter_mut().enumerate() {
+                l.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+                let mut b = [0u8; 1];
+                let r = l.read(&mut b);
+                assert_eq!(i < 2, matches!(r, Ok(0)), "link {i}: {r:?}");
+            }
+            // Rank 0 on a port the session chose: killed.
+            s.write_all(&comm_line(0, 0, "", 51053)).unwrap();
+            let mut sink = Vec::new();
+            let _ = s.read_to_end(&mut sink);
+        });
+        assert_eq!(signal, Some(9), "rank 0 on another port than 50052 + 1000");
+        assert_eq!(held, 0);
+        assert!(greeter.join().unwrap().is_empty(), "the service got no partial");
+        drop(peer.join().unwrap());
+        for (what, line) in [
+            ("device 1 of 1", comm_line(1, 1, "127.0.0.1", rpc_port)),
+            ("a port that is no RPC port + 1000", comm_line(1, 0, "127.0.0.1", 6379)),
+        ] {
+            let (_, signal) = serve_against(&ctx, move |mut s| {
+                s.write_all(&line).unwrap();
+                let mut sink = Vec::new();
+                let _ = s.read_to_end(&mut sink);
+            });
+            assert_eq!(signal, Some(9), "{what}");
+        }
+        assert_eq!(ctx.stats.sessions_killed.load(Relaxed), 3);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A session's `O <hash>`: the front opens the entry (read-only) and passes it down, `H`
+    /// when it has it recorded as verified, `G` when the session must hash it; `U` for no entry
+    /// or anything at an entry's name that is no regular file.
+    #[test]
+    fn an_entry_is_opened_for_the_session_and_passed_down() {
+        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        let d = tmpdir("open");
+        let (ctx, _stop) = front_ctx(&d);
+        let stored = vec![5u8; 70_000];
+        let hs = rpc_proto::fnv1a64(&stored);
+        ctx.config.cache.as_ref().unwrap().store(&stored);
+        let foreign = vec![6u8; 1000];
+        let hf = rpc_proto::fnv1a64(&foreign);
+        std::fs::write(d.join(format!("{hf:016x}")), &foreign).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d.join(format!("{:016x}", 7u64))).unwrap();
+        let (held, signal) = serve_against(&ctx, move |mut s| {
+            let mut ask = |hash: u64| -> (Vec<u8>, Option<OwnedFd>) {
+                s.write_all(&ToFront::Open(hash).encode()).unwrap();
+                let mut buf = [0u8; 2];
+                let mut space =
+                    [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                let mut control = RecvAncillaryBuffer::new(&mut space);
+                let r = recvmsg(
+                    &s,
+                    &mut [std::io::IoSliceMut::new(&mut buf)],
+                    &mut control,
+                    RecvFlags::CMSG_CLOEXEC,
+                )
+                .unwrap();
+                let fd = control.drain().find_map(|m| match m {
+                    RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+                    _ => None,
+                });
+                (buf[..r.bytes].to_vec(), fd)
+            };
+            let (line, fd) = ask(hs);
+            assert_eq!(line, ToSession::Entry { verified: true }.encode());
+            let f = std::fs::File::from(fd.expect("the entry"));
+            let mut got = vec![0u8; stored.len()];
+            f.read_exact_at(&mut got, 0).unwrap();
+            assert_eq!(got, stored);
+            assert!(f.write_all_at(b"x", 0).is_err(), "read-only");
+            let (line, fd) = ask(hf);
+            assert_eq!(line, ToSession::Entry { verified: false }.encode());
+            assert!(fd.is_some());
+            for missing in [7u64, 8] {
+                let (line, fd) = ask(missing);
+                assert_eq!(line, ToSession::NoEntry.encode(), "{missing}");
+                assert!(fd.is_none());
+            }
+        });
+        assert_eq!(signal, None, "a well-behaved session lives");
+        assert_eq!(held, 0);
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -45,6 +45,7 @@ pub mod metrics;
 #[cfg(target_os = "linux")]
 pub mod namespaces;
 pub mod options;
+pub mod peer_log;
 pub mod rdma;
 #[cfg(target_os = "linux")]
 pub mod sandbox;

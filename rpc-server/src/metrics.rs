@@ -163,6 +163,13 @@ pub fn render(src: &Sources) -> String {
         st.closed_with_error.load(Relaxed),
     );
     o.one(
+        "rpc_sessions_killed_total",
+        "counter",
+        "Session processes the front killed for a control-line violation (a malformed, \
+         out-of-order or flooding message, a link request outside the comm policy).",
+        st.sessions_killed.load(Relaxed),
+    );
+    o.one(
         "rpc_connections_evicted_total",
         "counter",
         "Connections that held nothing (no buffer, graph or RDMA queue pair), closed to admit a \

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cidr::{AllowList, Cidr};
+use crate::cidr::{AllowList, Cidr, PortRange};
+use crate::comm::CommPolicy;
 use crate::rdma::{RdmaConfig, TransportMode};
 use crate::session::MemoryLimits;
 
@@ -49,12 +50,21 @@ pub struct ServerOptions {
     pub max_connections: usize,
     /// Connections one peer may have at once; `None`: half of `max_connections`.
     pub max_per_peer: Option<usize>,
-    /// Peers not held to a share (loopback).
+    /// Peers not held to a share (`--peer-share-exempt`; empty, the default: every peer is).
     #[serde(with = "cidrs")]
     pub share_exempt: Vec<Cidr>,
     /// Addresses that may connect (empty: all).
     #[serde(with = "cidrs")]
     pub allow: Vec<Cidr>,
+    /// Comm peers (8.0's server-to-server link) rank 1 may dial and rank 0 accepts
+    /// (`--comm-peers`; empty: what `allow` permits).
+    #[serde(with = "cidrs")]
+    pub comm_peers: Vec<Cidr>,
+    /// The RPC ports of comm peers rank 1 may dial, the link being on that port + 1000
+    /// (`--comm-peer-ports`; empty: within `comm::DEFAULT_PEER_PORT_WINDOW` of the port the
+    /// client reached this server at).
+    #[serde(with = "ports")]
+    pub comm_peer_ports: Vec<PortRange>,
     /// How long a new connection may take to send its whole HELLO.
     pub hello_timeout: Duration,
     /// The longest a started request may go without progress.
@@ -123,8 +133,10 @@ impl Default for ServerOptions {
             max_graph_size: DEFAULT_MAX_GRAPH_SIZE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_per_peer: None,
-            share_exempt: crate::cidr::loopback(),
+            share_exempt: Vec::new(),
             allow: Vec::new(),
+            comm_peers: Vec::new(),
+            comm_peer_ports: Vec::new(),
             hello_timeout: DEFAULT_HELLO_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
@@ -194,6 +206,25 @@ impl ServerOptions {
         AllowList(self.allow.clone())
     }
 
+    /// The comm peers: `--comm-peers`, else `--allow`.
+    pub fn comm_peer_list(&self) -> AllowList {
+        match self.comm_peers.is_empty() {
+            true => self.allow_list(),
+            false => AllowList(self.comm_peers.clone()),
+        }
+    }
+
+    /// The links a connection that reached this server at `local` may have (`comm.rs`).
+    pub fn comm_policy(&self, local: std::net::SocketAddr) -> CommPolicy {
+        CommPolicy::new(
+            local,
+            self.comm_peer_list(),
+            self.comm_peer_ports.clone(),
+            crate::comm::SETUP_TIMEOUT,
+            self.request_timeout,
+        )
+    }
+
     /// The RDMA settings and counters these options make (one per server).
     pub fn rdma_config(&self) -> Arc<RdmaConfig> {
         // Upstream's switch keeps working.
@@ -261,6 +292,23 @@ mod cidrs {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Cidr>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|s| s.parse().map_err(serde::de::Error::custom))
+            .collect()
+    }
+}
+
+/// Port ranges as their flag text (`50052`, `50000-50100`).
+mod ports {
+    use super::PortRange;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[PortRange], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|c| c.to_string()))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<PortRange>, D::Error> {
         Vec::<String>::deserialize(d)?
             .iter()
             .map(|s| s.parse().map_err(serde::de::Error::custom))

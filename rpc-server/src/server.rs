@@ -25,6 +25,7 @@ use std::time::Duration;
 use rpc_proto::Major;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
+use tracing::Instrument;
 
 use crate::admission::{Admission, PeerShares, Slots};
 use crate::connection::{ConnectionContext, ConnectionError};
@@ -232,7 +233,10 @@ pub async fn serve(
                 Ok(rt) => rt,
                 Err(e) => return tracing::error!(%peer, error = %e, "cannot start the connection's runtime; dropping it"),
             };
-            rt.block_on(handle(stream, peer, admission, keepalive, ctx, isolate.as_deref()));
+            // Everything this connection makes the front log is charged to its peer
+            // (`peer_log.rs`): an error span, so that no log level disables it.
+            let span = tracing::error_span!("conn", %peer);
+            rt.block_on(handle(stream, peer, admission, keepalive, ctx, isolate.as_deref()).instrument(span));
         });
         if let Err(e) = spawned {
             tracing::error!(%peer, error = %e, "cannot start a thread for the connection; dropping it");

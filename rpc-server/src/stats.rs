@@ -93,6 +93,9 @@ pub struct Stats {
     /// Connections that held nothing, closed to give their slot to a new client when every slot
     /// was taken (`admission::Slots`).
     pub evicted: AtomicU64,
+    /// Session processes the front killed for what they asked on their control line (a
+    /// malformed or out-of-order message, a flood, a link outside the policy).
+    pub sessions_killed: AtomicU64,
     /// Connections closed unread, by [`Refusal`].
     refused: [AtomicU64; Refusal::ALL.len()],
     commands: [AtomicU64; NCMD],

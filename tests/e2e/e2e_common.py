@@ -345,37 +345,65 @@ COMMANDS = ["ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", 
 
 class FrameCounter:
     """Splits one connection's client-to-server bytes into `| cmd u8 | size u64 | payload |` frames
-    and counts commands and their wire bytes (header included) per command name."""
+    and counts commands and their wire bytes (header included) per command name. `rewrite`, if
+    given, gets each COMM_INIT payload (80 bytes) and returns the one to forward."""
 
-    def __init__(self, into):
+    def __init__(self, into, rewrite=None):
         self.into = into  # name -> [count, bytes], shared by the proxy's connections
         self.head = b""
         self.left = 0  # payload bytes of the current frame still to come
+        self.rewrite = rewrite
+        self.hold = None  # a COMM_INIT payload being gathered for `rewrite`
 
     def feed(self, data):
+        """Counts `data`; returns the bytes to forward (the same, but for rewritten COMM_INITs)."""
+        out = bytearray()
         i = 0
         while i < len(data):
             if self.left:
                 n = min(self.left, len(data) - i)
+                (out if self.hold is None else self.hold).extend(data[i:i + n])
                 self.left -= n
                 i += n
+                if not self.left and self.hold is not None:
+                    out += self.rewrite(bytes(self.hold))
+                    self.hold = None
                 continue
             need = 9 - len(self.head)
-            self.head += data[i:i + need]
-            i += min(need, len(data) - i)
+            piece = data[i:i + need]
+            self.head += piece
+            out += piece
+            i += len(piece)
             if len(self.head) == 9:
                 cmd, size = self.head[0], int.from_bytes(self.head[1:9], "little")
                 name = COMMANDS[cmd] if cmd < len(COMMANDS) else "UNKNOWN_%d" % cmd
                 c = self.into.setdefault(name, [0, 0])
                 c[0] += 1
                 c[1] += 9 + size
+                if name == "COMM_INIT" and size == 80 and self.rewrite:
+                    self.hold = bytearray()
                 self.head, self.left = b"", size
+        return bytes(out)
+
+
+def comm_init_behind_proxy(payload):
+    """A COMM_INIT as the client would have sent it had it named the server behind a proxy: the
+    stock client asks for rank 0's endpoint port + 1000, which is the proxy's, but a server's rank
+    0 listens only on its own port + 1000 (as rpc-shim rewrites it, rpc-shim/src/comm.rs)."""
+    port = int.from_bytes(payload[12:16], "little")
+    target = CountingProxy.behind.get(port - COMM_OFFSET)
+    if target is None:
+        return payload
+    return payload[:12] + (target + COMM_OFFSET).to_bytes(4, "little") + payload[16:]
 
 
 class CountingProxy:
     """Threaded TCP proxy 127.0.0.1:port -> 127.0.0.1:target that counts bytes and connections
     (used to see e.g. that a warm server cache saves the big SET_TENSORs) and, per command name,
     the client's requests and their bytes (`commands`: name -> [count, bytes])."""
+
+    # proxy port -> the port of the server behind it, for every proxy of this process
+    behind = {}
 
     def __init__(self, target_port, exclude=(), port=0):  # port 0: any free one
         import threading
@@ -389,6 +417,7 @@ class CountingProxy:
         self.sock.bind(("127.0.0.1", port))
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
+        CountingProxy.behind[self.port] = target_port
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -417,7 +446,7 @@ class CountingProxy:
                 x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self.lock:
                 self.conns += 1
-            state = {"open": 2, "frames": FrameCounter(self.commands)}
+            state = {"open": 2, "frames": FrameCounter(self.commands, rewrite=comm_init_behind_proxy)}
             self._threading.Thread(target=self._pump, args=(c, s, "up", state), daemon=True).start()
             self._threading.Thread(target=self._pump, args=(s, c, "down", state), daemon=True).start()
 
@@ -430,7 +459,7 @@ class CountingProxy:
                 with self.lock:
                     setattr(self, attr, getattr(self, attr) + len(data))
                     if attr == "up":
-                        state["frames"].feed(data)
+                        data = state["frames"].feed(data)
                 dst.sendall(data)
         except OSError:
             pass

@@ -84,6 +84,9 @@ MISMATCH_MODES = [
 OTHER = {"stock7": "stock 7.0 server", "stockA": "stock 8.0 server"}
 MISMATCH_ATTEMPTS = 10
 GROUPS = ("layer", "tensor", "both", "mismatch", "http")
+# Our servers listen on random ports here (a rack's share one, inside the default window of
+# --comm-peer-ports): each may pair with any.
+COMM_PEERS = ["--comm-peer-ports", "1-64535"]
 
 
 class Suite:
@@ -107,9 +110,9 @@ class Suite:
         for name in ("stockA", "stockB"):
             self.add(Server(name, stock8, free_port(), self.workdir, threads=1, proto=8))
         self.port7 = free_port()
-        extra = ["--proto7-port", str(self.port7)] if self.dual else []
+        extra = (["--proto7-port", str(self.port7)] if self.dual else []) + COMM_PEERS
         self.add(Server("oursA", self.ours, free_port(), self.workdir, threads=1, proto=8, extra=extra))
-        self.add(Server("oursB", self.ours, free_port(), self.workdir, threads=1, proto=8))
+        self.add(Server("oursB", self.ours, free_port(), self.workdir, threads=1, proto=8, extra=COMM_PEERS))
         if self.dual and not wait_listening("127.0.0.1", self.port7, 30, self.srv["oursA"].proc):
             raise RuntimeError("oursA does not listen on --proto7-port %d:\n%s"
                                % (self.port7, tail(self.srv["oursA"].log_path)))
@@ -234,7 +237,7 @@ class Suite:
         """Two of ours on 127.0.0.2 (another address than the client's), rpc-shim on 127.0.0.1."""
         for name in ("C", "D"):
             self.add(Server("ours" + name, self.ours, free_port(), self.workdir, threads=1, proto=8,
-                            host="127.0.0.2"))
+                            host="127.0.0.2", extra=COMM_PEERS))
         listen = [free_port(), free_port()]
         cmd = [self.args.shim]
         for name, port in zip(("C", "D"), listen):

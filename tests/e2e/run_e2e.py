@@ -14,7 +14,9 @@ For every model, greedy generation with stock `llama-completion` must print byte
   stock+ours   --rpc <stock A>,<ours A>       (mixed)                      [full]
   stock -c / ours -c   server file cache (-c, LLAMA_CACHE=<workdir>/cache-*): a cold and a warm run,
                then the cache directories of stock and ours must hold the same file names and sizes
-               [full; only models with a tensor > 10 MiB, i.e. gemma]
+               [full; only models with a tensor > 10 MiB, i.e. gemma]; ours' directory is private
+               (0700, as `mktemp -d` makes it): its contained sessions, which run as a uid of their
+               own when the suite runs as root, are served the entries by the front
 
 plus `llama-bench -m gemma --rpc <ours> -ngl 99 -p 16 -n 8 -r 1 -t 1` (exit 0, pp16 and tg8 rows).
 
@@ -215,6 +217,9 @@ def main():
                 d = os.path.join(workdir, "cache-" + who)
                 os.makedirs(d, exist_ok=True)
                 cache_dirs[who] = os.path.join(d, "rpc")
+                if who == "ours":
+                    os.makedirs(cache_dirs[who], exist_ok=True)
+                    os.chmod(cache_dirs[who], 0o700)
                 srv[who + "C"] = new(who + "C", binary, env={"LLAMA_CACHE": d}, extra=["-c"])
                 proxies[who + "C"] = CountingProxy(srv[who + "C"].port)
 

@@ -88,6 +88,8 @@ impl TestServer {
     pub fn options() -> ServerOptions {
         ServerOptions {
             isolate: false,
+            // Test servers listen on random ports: any may be a comm peer's.
+            comm_peer_ports: vec!["1-64535".parse().expect("a port range")],
             ..ServerOptions::default()
         }
     }
@@ -95,6 +97,12 @@ impl TestServer {
     /// A server with these listener options (idle timeout, limits, ...).
     pub fn start_with_options(opts: ServerOptions) -> TestServer {
         Self::start_full(None, None, opts)
+    }
+
+    /// A server with these options listening on `host` (an address of this machine, e.g. the
+    /// host end of a veth pair) instead of 127.0.0.1.
+    pub fn start_on(host: &str, opts: ServerOptions) -> TestServer {
+        Self::start_at(host, None, None, opts)
     }
 
     fn start_with(cache: Option<WeightCache>) -> TestServer {
@@ -106,7 +114,17 @@ impl TestServer {
         local: Option<LocalWeights>,
         opts: ServerOptions,
     ) -> TestServer {
+        Self::start_at("127.0.0.1", cache, local, opts)
+    }
+
+    fn start_at(
+        host: &str,
+        cache: Option<WeightCache>,
+        local: Option<LocalWeights>,
+        opts: ServerOptions,
+    ) -> TestServer {
         init_logging();
+        let host = host.to_string();
         let config = Arc::new(SessionConfig {
             devices: vec![cpu_device()],
             n_threads: 1,
@@ -129,9 +147,7 @@ impl TestServer {
                 rt.block_on(async move {
                     let mut listeners = Vec::new();
                     for major in [Major::V7, Major::V8] {
-                        let socket = server::bind("127.0.0.1", 0)
-                            .await
-                            .expect("bind 127.0.0.1:0");
+                        let socket = server::bind(&host, 0).await.expect("bind the test port");
                         listeners.push(server::Listener::new(socket, major));
                     }
                     let addrs: Vec<SocketAddr> = listeners
@@ -220,15 +236,16 @@ pub fn free_port() -> u16 {
         .expect("no free port")
 }
 
-/// COMM_INIT on `c0` (rank 0, listening on `port`) and `c1` (rank 1, dialing 127.0.0.1:`port`)
-/// as the stock client sends them: both requests out before either answer (rank 0 waits in
-/// accept for rank 1). Whether each joined.
-pub async fn join_pair(c0: &mut Client, c1: &mut Client, port: u16) -> (bool, bool) {
+/// COMM_INIT on `c0` (rank 0, a client of the server on 127.0.0.1:`rank0_port`) and `c1`
+/// (rank 1) as the stock client sends them: the link on `rank0_port` + 1000, both requests out
+/// before either answer (rank 0 waits in accept for rank 1). Whether each joined.
+pub async fn join_pair(c0: &mut Client, c1: &mut Client, rank0_port: u16) -> (bool, bool) {
+    let port = u32::from(rank0_port) + u32::from(rpc_proto::COMM_PORT_OFFSET);
     let init = |rank, host: &str| rpc_client::CommInit {
         device: 0,
         rank,
         world: 2,
-        port: u32::from(port),
+        port,
         host: rpc_client::CommInit::host_field(host).expect("host fits"),
     };
     let (ok0, ok1) = tokio::join!(
@@ -246,6 +263,33 @@ pub async fn connect(addr: SocketAddr) -> Client {
     within("connect", Client::connect(addr))
         .await
         .expect("connect + HELLO")
+}
+
+/// A TCP connection to `addr` from the local address `from` (on Linux every 127/8 address is
+/// this machine's, and each is a peer of its own to the server's per-peer share), with a
+/// receive buffer of `rcvbuf` bytes if given.
+pub async fn tcp_from(
+    addr: SocketAddr,
+    from: std::net::IpAddr,
+    rcvbuf: Option<u32>,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let s = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    if let Some(n) = rcvbuf {
+        s.set_recv_buffer_size(n)?;
+    }
+    s.bind(SocketAddr::new(from, 0))?;
+    within("connect", s.connect(addr)).await
+}
+
+/// Connects from the local address `from` (see [`tcp_from`]) and performs HELLO.
+pub async fn connect_from(addr: SocketAddr, from: std::net::IpAddr) -> Client {
+    let s = tcp_from(addr, from, None).await.expect("connect");
+    let mut c = Client::new(rpc_transport::TcpTransport::new(s).expect("TCP transport"));
+    within("HELLO", c.hello()).await.expect("HELLO");
+    c
 }
 
 /// A server buffer with its base address.

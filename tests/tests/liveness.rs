@@ -1,7 +1,9 @@
 //! Liveness rules of a connection (`connection.rs`): the idle timeout ends only a connection that
 //! holds nothing; one that holds a buffer or a stored graph stays open however long it is silent
 //! (a long-running `llama-server` keeps its model on the worker between requests); a request
-//! whose header arrived must keep arriving.
+//! whose header arrived must keep arriving. Contained (Linux): a session process that does not
+//! end when its client leaves, by closing or by vanishing without a FIN, is ended by the front
+//! (`handoff::ClientWatch`), and its slot and peer share come back.
 
 use std::time::Duration;
 
@@ -122,4 +124,400 @@ async fn shutdown_closes_waiting_connections_without_using_the_grace_period() {
     );
     expect_closed(&mut holding, "a connection holding a buffer at shutdown").await;
     expect_closed(&mut querying, "a query-only connection at shutdown").await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Contained: a session process that outlives its client
+// ---------------------------------------------------------------------------------------------
+
+/// A contained server's options (sessions in processes of the release binary): `max_connections`
+/// slots, an idle timeout of 3 s, keepalive `keepalive`.
+#[cfg(target_os = "linux")]
+fn contained(max_connections: usize, keepalive: Duration) -> ServerOptions {
+    let mut o = ServerOptions {
+        isolate: true,
+        session_exe: Some(release_server_bin(BuildServer::IfMissing)),
+        max_connections,
+        idle_timeout: Some(Duration::from_secs(3)),
+        keepalive: Some(keepalive),
+        ..TestServer::options()
+    };
+    o.session.threads = 1;
+    o
+}
+
+/// Processes that are not zombies and whose command line has `needle` (NUL-separated), from
+/// `/proc`: a contained session is two, its outer stage and its inner one.
+#[cfg(target_os = "linux")]
+fn processes_with(needle: &[u8]) -> Vec<u32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(") ")
+            .is_none_or(|(_, rest)| rest.starts_with(['Z', 'X']));
+        if !zombie && cmd.windows(needle.len()).any(|w| w == needle) {
+            found.push(pid);
+        }
+    }
+    found.sort_unstable();
+    found
+}
+
+/// The session processes serving the client at `client` (`--session-peer`).
+#[cfg(target_os = "linux")]
+fn sessions_of(client: std::net::SocketAddr) -> Vec<u32> {
+    processes_with(format!("--session-peer\0{client}\0").as_bytes())
+}
+
+/// Waits (at most 10 s) until `f` returns something non-empty.
+#[cfg(target_os = "linux")]
+fn wait_some(what: &str, f: impl Fn() -> Vec<u32>) -> Vec<u32> {
+    let t = std::time::Instant::now();
+    loop {
+        let v = f();
+        if !v.is_empty() {
+            return v;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until none of `pids` runs; how long that took, or `None` past `limit`.
+#[cfg(target_os = "linux")]
+async fn gone_within(pids: &[u32], limit: Duration) -> Option<Duration> {
+    let t = std::time::Instant::now();
+    while pids
+        .iter()
+        .any(|p| std::path::Path::new(&format!("/proc/{p}/cmdline")).exists() && !zombie(*p))
+    {
+        if t.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Some(t.elapsed())
+}
+
+#[cfg(target_os = "linux")]
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with(['Z', 'X'])))
+        .unwrap_or(true)
+}
+
+/// Stops `pids` (SIGSTOP): a session process that never reads or ends again, as compromised
+/// code in it would.
+#[cfg(target_os = "linux")]
+fn stop(pids: &[u32]) {
+    let st = std::process::Command::new("kill")
+        .arg("-STOP")
+        .args(pids.iter().map(u32::to_string))
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill -STOP {pids:?}");
+}
+
+/// The bound the README states for a client that closed: the front shuts the socket down
+/// `HANGUP_GRACE` after the client left and kills the process `HANGUP_GRACE` later; the rest is
+/// slack for a loaded machine.
+#[cfg(target_os = "linux")]
+const CLOSED_BOUND: Duration =
+    Duration::from_secs(2 * rpc_server::handoff::HANGUP_GRACE.as_secs() + 2);
+
+/// A client from `from` that holds a 16 MiB buffer (so its connection is handed to a session
+/// process), with a 4 KiB receive buffer; its local address.
+#[cfg(target_os = "linux")]
+async fn handed_off(
+    addr: std::net::SocketAddr,
+    from: &str,
+) -> (rpc_client::Client, Buf, std::net::SocketAddr) {
+    let s = tcp_from(addr, from.parse().unwrap(), Some(4096))
+        .await
+        .expect("connect");
+    let local = s.local_addr().unwrap();
+    let mut c = rpc_client::Client::new(rpc_transport::TcpTransport::new(s).unwrap());
+    within("HELLO", c.hello()).await.expect("HELLO");
+    let buf = alloc(&mut c, 16 << 20).await;
+    (c, buf, local)
+}
+
+/// The case: with `--max-connections 2`, two clients whose session processes stop
+/// reading (one of them blocked writing a 16 MiB GET_TENSOR reply its client never reads) and
+/// which then close (one with that reply unread: a reset; the other a FIN). Before, both
+/// session processes ran on past every timeout and a new client waited for a slot for ever;
+/// now the front ends them and the new client is served, within `CLOSED_BOUND`.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_outlives_its_closed_client_is_ended_by_the_front() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = TestServer::start_with_options(contained(2, Duration::from_secs(2)));
+    let mut clients = Vec::new();
+    let mut pids = Vec::new();
+    for (i, from) in ["127.0.0.2", "127.0.0.3"].into_iter().enumerate() {
+        let (mut c, buf, local) = handed_off(s.addr8, from).await;
+        let session = wait_some("session process", || sessions_of(local));
+        if i == 0 {
+            let t = buf.f32(1, &[4 << 20], 0).build();
+            let mut f = Vec::new();
+            rpc_proto::Request::GetTensor {
+                tensor: t,
+                offset: 0,
+                size: 16 << 20,
+            }
+            .encode(&mut f);
+            c.send_bytes(&f).await.expect("GET_TENSOR");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        stop(&session);
+        pids.extend(session);
+        clients.push(c);
+    }
+    drop(clients);
+    let took = gone_within(&pids, Duration::from_secs(20))
+        .await
+        .expect("the session processes of two clients that closed still run 20 s later");
+    let (mut c, _buf, _) = within("a new client", handed_off(s.addr8, "127.0.0.4")).await;
+    assert_eq!(c.device_count().await.expect("DEVICE_COUNT"), 1);
+    eprintln!("sessions of closed clients ended {took:?} after the close");
+    assert!(
+        took < CLOSED_BOUND,
+        "ended after {took:?} (bound {CLOSED_BOUND:?})"
+    );
+    assert!(s.stats.closed_with_error.load(Relaxed) >= 2);
+}
+
+/// The same with `--session-pool 1`: the connection goes to a process started ahead
+/// (`handoff::assign`).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_session_that_outlives_its_client_is_ended_by_the_front() {
+    let s = TestServer::start_with_options(ServerOptions {
+        session_pool: 1,
+        ..contained(1, Duration::from_secs(2))
+    });
+    // The pooled process of this server: a child of this process, `--session-wait`.
+    let waiting = || {
+        let mine = children(std::process::id());
+        processes_with(b"--session-wait\0")
+            .into_iter()
+            .filter(|p| mine.contains(p))
+            .collect::<Vec<u32>>()
+    };
+    let ready = wait_some("pooled session process", waiting);
+    let (c, _buf, _) = handed_off(s.addr8, "127.0.0.2").await;
+    // The one that took the connection (its replacement starts 50 ms later), and its inner
+    // stage.
+    let mut session: Vec<u32> = ready.into_iter().filter(|p| !zombie(*p)).collect();
+    let inner: Vec<u32> = session.iter().flat_map(|p| children(*p)).collect();
+    session.extend(inner);
+    assert!(!session.is_empty(), "the pooled session process is gone");
+    stop(&session);
+    let closed = std::time::Instant::now();
+    drop(c);
+    let took = gone_within(&session, Duration::from_secs(20))
+        .await
+        .expect("a pooled session process whose client closed still runs 20 s later");
+    let (mut c, _buf, _) = within("a new client", handed_off(s.addr8, "127.0.0.3")).await;
+    assert_eq!(c.device_count().await.expect("DEVICE_COUNT"), 1);
+    eprintln!(
+        "pooled session ended {took:?} after the close ({:?} until a new client held a buffer)",
+        closed.elapsed()
+    );
+    assert!(
+        took < CLOSED_BOUND,
+        "ended after {took:?} (bound {CLOSED_BOUND:?})"
+    );
+}
+
+/// The children of `pid` (`/proc/<pid>/task/*/children`).
+#[cfg(target_os = "linux")]
+fn children(pid: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let c = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        v.extend(c.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    v
+}
+
+/// Environment variable that turns [`vanishing_client_helper`] into a client of this address.
+#[cfg(target_os = "linux")]
+const VANISH_ENV: &str = "RPC_TESTS_VANISHING_CLIENT";
+
+/// Not a test: run by [`a_session_whose_client_vanished_is_ended_by_the_front`] in a network
+/// namespace of its own (with [`VANISH_ENV`]). Connects, holds a buffer (its connection goes to a
+/// session process), prints its local address and waits to be killed.
+#[cfg(target_os = "linux")]
+#[test]
+#[ignore]
+fn vanishing_client_helper() {
+    let Ok(addr) = std::env::var(VANISH_ENV) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let s = tokio::net::TcpStream::connect(addr.as_str())
+            .await
+            .expect("connect");
+        let local = s.local_addr().expect("local address");
+        let mut c = rpc_client::Client::new(rpc_transport::TcpTransport::new(s).unwrap());
+        c.hello().await.expect("HELLO");
+        let _buf = alloc(&mut c, 1 << 20).await;
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "\nRPC_TESTS_CLIENT={local}");
+            let _ = out.flush();
+        }
+        std::future::pending::<()>().await;
+    });
+}
+
+/// A network namespace behind a veth pair (`ip`, as root), deleted when dropped: the server
+/// listens on the host end, a client runs in the namespace and vanishes when its end goes down.
+#[cfg(target_os = "linux")]
+struct Netns {
+    name: String,
+    host_if: String,
+    ns_if: String,
+    host_ip: String,
+}
+
+#[cfg(target_os = "linux")]
+impl Netns {
+    /// `None` where it cannot be made (not root, no iproute2).
+    fn new() -> Option<Netns> {
+        let id = std::process::id() % 100_000;
+        let net = format!("10.231.{}", 80 + id % 100);
+        let n = Netns {
+            name: format!("rpclive{id}"),
+            host_if: format!("rl{id}h"),
+            ns_if: format!("rl{id}n"),
+            host_ip: format!("{net}.1"),
+        };
+        let ns_ip = format!("{net}.2");
+        let ok = [
+            vec!["netns", "add", &n.name],
+            vec![
+                "link", "add", &n.host_if, "type", "veth", "peer", "name", &n.ns_if,
+            ],
+            vec!["link", "set", &n.ns_if, "netns", &n.name],
+            vec![
+                "addr",
+                "add",
+                &format!("{}/30", n.host_ip),
+                "dev",
+                &n.host_if,
+            ],
+            vec!["link", "set", &n.host_if, "up"],
+            vec![
+                "-n",
+                &n.name,
+                "addr",
+                "add",
+                &format!("{ns_ip}/30"),
+                "dev",
+                &n.ns_if,
+            ],
+            vec!["-n", &n.name, "link", "set", &n.ns_if, "up"],
+            vec!["-n", &n.name, "link", "set", "lo", "up"],
+        ]
+        .iter()
+        .all(|args| ip(args));
+        ok.then_some(n)
+    }
+
+    /// The client's end of the link goes down: nothing it sends arrives any more.
+    fn cut(&self) {
+        assert!(ip(&["-n", &self.name, "link", "set", &self.ns_if, "down"]));
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for Netns {
+    fn drop(&mut self) {
+        ip(&["link", "del", &self.host_if]);
+        ip(&["netns", "del", &self.name]);
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn ip(args: &[&str]) -> bool {
+    std::process::Command::new("ip")
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A client that vanishes without a FIN (its namespace's link goes down, then it is killed)
+/// while its session process never reads (stopped): the kernel gives up on the peer after the
+/// keepalive bound (`--keepalive 1`: 1 s of silence, 6 probes 1 s apart), and the front ends the
+/// process within `HANGUP_GRACE` × 2 of that. Before, the process ran on and held its slot.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_client_vanished_is_ended_by_the_front() {
+    use std::io::BufRead;
+    let Some(net) = Netns::new() else {
+        eprintln!("skip: a network namespace needs root and iproute2");
+        return;
+    };
+    let keepalive = Duration::from_secs(1);
+    let s = TestServer::start_on(&net.host_ip, contained(1, keepalive));
+    let mut client = std::process::Command::new("ip")
+        .args(["netns", "exec", &net.name])
+        .arg(std::env::current_exe().expect("this test binary"))
+        .args([
+            "vanishing_client_helper",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(VANISH_ENV, s.addr8.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the namespaced client");
+    let out = std::io::BufReader::new(client.stdout.take().expect("stdout"));
+    let local: std::net::SocketAddr = out
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.split("RPC_TESTS_CLIENT=")
+                .nth(1)
+                .map(|a| a.trim().to_string())
+        })
+        .expect("the namespaced client did not get a buffer")
+        .parse()
+        .expect("an address");
+    let session = wait_some("session process", || sessions_of(local));
+    stop(&session);
+    net.cut();
+    let _ = client.kill();
+    let _ = client.wait();
+    let bound = rpc_server::server::keepalive_deadline(keepalive) + CLOSED_BOUND;
+    let took = gone_within(&session, bound + Duration::from_secs(10))
+        .await
+        .expect("the session process of a client that vanished still runs");
+    let mut c = within("a new client", connect(s.addr8)).await;
+    let _buf = alloc(&mut c, 4096).await;
+    eprintln!("session of a vanished client ended {took:?} after it vanished");
+    assert!(took < bound, "ended after {took:?} (bound {bound:?})");
 }

@@ -430,7 +430,7 @@ async fn unselected_branches_are_not_run() {
 async fn comm_pair(n: u32) -> (TestServer, TestServer, [(Client, RpcTensor); 2]) {
     let (s0, s1) = (TestServer::start(), TestServer::start());
     let (mut c0, mut c1) = (connect(s0.addr8).await, connect(s1.addr8).await);
-    let (ok0, ok1) = join_pair(&mut c0, &mut c1, free_port()).await;
+    let (ok0, ok1) = join_pair(&mut c0, &mut c1, s0.addr8.port()).await;
     assert!(ok0 && ok1, "both ranks joined");
     let side = |c: Client| async move {
         let mut c = c;
@@ -496,7 +496,7 @@ async fn allreduce_between_two_servers() {
 async fn a_peer_that_never_dials() {
     within("lonely rank 0", async {
         let s = TestServer::start();
-        let port = free_port();
+        let port = s.addr8.port() + rpc_proto::COMM_PORT_OFFSET;
         let mut c = connect(s.addr8).await;
         let t = std::time::Instant::now();
         let ok = c
@@ -512,6 +512,93 @@ async fn a_peer_that_never_dials() {
         assert!(!ok);
         assert!(t.elapsed() < std::time::Duration::from_secs(15));
         assert_eq!(c.device_count().await.unwrap(), 1);
+    })
+    .await;
+}
+
+/// The server-side request forgery of a COMM_INIT (issue 31): a plain client names, as rank 0,
+/// a loopback service on an allowed port, then allreduces a zeroed tensor to read the service's
+/// bytes back. A service that greets first (SSH), one that answers our caps with an error line
+/// (HTTP) and one that answers 24 bytes of text: COMM_INIT answers 0 before any partial
+/// crosses, and the allreduce finds no communicator (the connection closes). The service got at
+/// most our 24 zero caps bytes. With the default comm ports (within 100 of the server's own,
+/// + 1000), a service elsewhere is never even dialed.
+#[tokio::test]
+async fn a_comm_init_naming_a_local_service_reads_nothing() {
+    use std::io::{Read, Write};
+    within("ssrf", async {
+        let services: [(&str, &[u8], &[u8]); 3] = [
+            ("ssh", b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3\r\n", b""),
+            ("http", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"),
+            ("24 bytes of text", b"", b"-ERR unknown command zz\n"),
+        ];
+        for (what, greeting, answer) in services {
+            let s = TestServer::start();
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            let (greeting, answer) = (greeting.to_vec(), answer.to_vec());
+            let service = std::thread::spawn(move || {
+                let (mut c, _) = l.accept().unwrap();
+                let _ = c.write_all(&greeting);
+                c.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+                let mut got = Vec::new();
+                let mut chunk = [0u8; 256];
+                while let Ok(n) = c.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&chunk[..n]);
+                    if got.len() >= 24 {
+                        let _ = c.write_all(&answer);
+                        // A secret the attacker wants to read back.
+                        let _ = c.write_all(&[0x5a; 64]);
+                    }
+                }
+                got
+            });
+            let mut c = connect(s.addr8).await;
+            let buf = alloc(&mut c, 64).await;
+            let t = buf.f32(1, &[16], 0).build();
+            let ok = c
+                .comm_init(CommInit {
+                    device: 0,
+                    rank: 1,
+                    world: 2,
+                    port: u32::from(port),
+                    host: CommInit::host_field("127.0.0.1").unwrap(),
+                })
+                .await
+                .unwrap();
+            assert!(!ok, "{what}: COMM_INIT answered 0");
+            c.comm_allreduce(0, &t).await.unwrap();
+            assert_closed(c.get_tensor(&t, 0, 64).await.map(|_| ()), "COMM_ALLREDUCE without a link");
+            let got = service.join().unwrap();
+            assert!(got.iter().all(|&b| b == 0) && got.len() <= 24, "{what}: the service got {got:?}");
+        }
+        // Default comm ports: a service far from the server's own port + 1000 is not dialed.
+        let s = TestServer::start_with_options(rpc_server::options::ServerOptions {
+            isolate: false,
+            ..rpc_server::options::ServerOptions::default()
+        });
+        let far = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let far_port = far.local_addr().unwrap().port();
+        if far_port.abs_diff(s.addr8.port() + rpc_proto::COMM_PORT_OFFSET) > 100 {
+            far.set_nonblocking(true).unwrap();
+            let mut c = connect(s.addr8).await;
+            let ok = c
+                .comm_init(CommInit {
+                    device: 0,
+                    rank: 1,
+                    world: 2,
+                    port: u32::from(far_port),
+                    host: CommInit::host_field("127.0.0.1").unwrap(),
+                })
+                .await
+                .unwrap();
+            assert!(!ok);
+            assert!(far.accept().is_err(), "the service was never dialed");
+            assert_eq!(c.device_count().await.unwrap(), 1);
+        }
     })
     .await;
 }
