@@ -451,6 +451,17 @@ fn real_main() -> anyhow::Result<()> {
             },
             opts.allow_list().describe()
         );
+        if let Some(l) = listeners.iter().find(|l| l.major == rpc_proto::Major::V8) {
+            let comm = opts.comm_policy(l.socket.local_addr()?);
+            let ports: Vec<String> = comm.peer_ports.iter().map(|r| r.to_string()).collect();
+            println!(
+                "  tensor split   : as rank 0 listens on port {} for {}; as rank 1 dials those on RPC ports {} + {} (--comm-peers, --comm-peer-ports)",
+                comm.rank0_port().map_or_else(|| "none".to_string(), |p| p.to_string()),
+                comm.peers.describe(),
+                ports.join(","),
+                rpc_proto::COMM_PORT_OFFSET
+            );
+        }
         #[cfg(unix)]
         println!(
             "  sessions       : {}",

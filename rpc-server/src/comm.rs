@@ -642,16 +642,40 @@ mod tests {
 
     #[test]
     fn port_ranges_parse_and_the_default_window() {
-        assert_eq!("50052".parse(), Ok(PortRange { lo: 50052, hi: 50052 }));
-        assert_eq!(" 50000-50100".parse(), Ok(PortRange { lo: 50000, hi: 50100 }));
+        assert_eq!(
+            "50052".parse(),
+            Ok(PortRange {
+                lo: 50052,
+                hi: 50052
+            })
+        );
+        assert_eq!(
+            " 50000-50100".parse(),
+            Ok(PortRange {
+                lo: 50000,
+                hi: 50100
+            })
+        );
         assert!("0".parse::<PortRange>().is_err());
         assert!("70000".parse::<PortRange>().is_err());
         assert!("9-8".parse::<PortRange>().is_err());
         assert!("a-b".parse::<PortRange>().is_err());
         assert_eq!(PortRange::around(50, 100), PortRange { lo: 1, hi: 150 });
-        assert_eq!(PortRange::around(65500, 100), PortRange { lo: 65400, hi: 65535 });
+        assert_eq!(
+            PortRange::around(65500, 100),
+            PortRange {
+                lo: 65400,
+                hi: 65535
+            }
+        );
         let p = policy(50052, vec![]);
-        assert_eq!(p.peer_ports, vec![PortRange { lo: 49952, hi: 50152 }]);
+        assert_eq!(
+            p.peer_ports,
+            vec![PortRange {
+                lo: 49952,
+                hi: 50152
+            }]
+        );
     }
 
     /// What a COMM_INIT may ask, decided before any socket: the shape, rank 0 only on its own
@@ -665,7 +689,10 @@ mod tests {
         assert_eq!(p.check(&init(0, "", 51052), 1), Ok(Target::Listen(51052)));
         assert_eq!(
             p.check(&init(0, "", 51053), 1),
-            Err(Refusal::Rank0Port { asked: 51053, own: 51052 })
+            Err(Refusal::Rank0Port {
+                asked: 51053,
+                own: 51052
+            })
         );
         assert_eq!(
             p.check(&init(1, "10.1.2.3", 51060), 1),
@@ -703,7 +730,10 @@ mod tests {
         i.device = 1;
         assert_eq!(
             p.check(&i, 1),
-            Err(Refusal::Device { device: 1, devices: 1 })
+            Err(Refusal::Device {
+                device: 1,
+                devices: 1
+            })
         );
         // A name that resolves outside --comm-peers is refused at dial time.
         let e = p
@@ -764,12 +794,34 @@ mod tests {
     /// any partial crosses; a real rank 0 (24 zero bytes back, nothing more) passes.
     #[test]
     fn a_service_that_is_no_rpc_server_fails_the_link() {
-        let cases: [(&str, Option<&[u8]>, &[u8], bool); 7] = [
-            ("ssh", Some(b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3\r\n"), b"", false),
+        // (what, its greeting, its answer to our caps, whether it is an RPC server)
+        type Service<'a> = (&'a str, Option<&'a [u8]>, &'a [u8], bool);
+        let cases: [Service; 7] = [
+            (
+                "ssh",
+                Some(b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3\r\n"),
+                b"",
+                false,
+            ),
             ("mysql", Some(b"\x4a\0\0\0\x0a8.0.33\0"), b"", false),
-            ("http", None, b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", false),
-            ("redis", None, b"-ERR unknown command '\x00\x00', with args beginning with: \r\n", false),
-            ("24 bytes of text", None, b"ERROR: bad request here\n", false),
+            (
+                "http",
+                None,
+                b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+                false,
+            ),
+            (
+                "redis",
+                None,
+                b"-ERR unknown command '\x00\x00', with args beginning with: \r\n",
+                false,
+            ),
+            (
+                "24 bytes of text",
+                None,
+                b"ERROR: bad request here\n",
+                false,
+            ),
             ("caps and more", None, &[0u8; 40], false),
             ("rpc server", None, &[0u8; 24], true),
         ];
@@ -808,7 +860,11 @@ mod tests {
                 Err(e) => assert!(!ok, "{what}: {e}"),
             }
             let rest = service.join().unwrap();
-            assert_eq!(rest.is_empty(), !ok, "{what}: a partial crossed only to an RPC server");
+            assert_eq!(
+                rest.is_empty(),
+                !ok,
+                "{what}: a partial crossed only to an RPC server"
+            );
         }
     }
 
@@ -828,7 +884,8 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(10));
             };
             let mut junk = junk;
-            junk.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            junk.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
             std::thread::sleep(Duration::from_millis(100));
             let mut l = c1.connect(&init(1, "127.0.0.1", port)).unwrap();
             let mut v = f32s(&[1.0]);

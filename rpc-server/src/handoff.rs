@@ -21,12 +21,14 @@
 //! | session | `R <bytes>` | may I hold `bytes` more? answered `Y` or `N` |
 //! | session | `F <bytes>` | I freed `bytes` |
 //! | session | `S <n> <n> ...` | counters since the last `S` (the order of [`counters`]; clamped, `control::StatsGate`) |
-//! | session | `C <hex>` | COMM_INIT (its 80 bytes): set up the link to the peer server for me |
+//! | session | `C <hex>` | COMM_INIT (its 80 bytes): set up the link to the peer server for me (checked, see below) |
 //! | session | `W <bytes>` | an upload for the weight cache: a staging file of `bytes`, please |
 //! | session | `D` | the staging file holds the upload |
 //! | session | `V <hash>` | I hashed the cache entry `hash`: check it (record it as verified, or delete it) |
+//! | session | `O <hash>` | open the cache entry `hash` for me (Linux: a session reads no cache directory) |
 //! | front | `K` + a socket (`SCM_RIGHTS`) / `E` | the link's connected socket / no link |
 //! | front | `M` + a memfd (`SCM_RIGHTS`) / `X` | the staging file / no store |
+//! | front | `H` or `G` + the entry (`SCM_RIGHTS`) / `U` | the entry, read-only (`H`: recorded as verified with this file's stamp; `G`: hash it as you read it) / no such entry |
 //! | front | `Q` | the server is shutting down: finish the running command and exit |
 //!
 //! With `--session-pool N` the front keeps N session processes started ahead (`Pool`): each set
@@ -37,18 +39,31 @@
 //! started for it.
 //!
 //! Only the front writes the weight cache. A session's upload with the cache flag goes into a
-//! memfd the front created, sized and sealed against growing and shrinking, charged to the
-//! session's memory account while it lives; the session writes it with `pwrite` and says `D`;
-//! the front seals it against writes (a store whose seal fails is refused), hashes the sealed
-//! bytes itself off the runtime's thread and stores them under the hash it computed
-//! (`WeightCache::store_file`). One store or check is in flight per session. A session's
+//! memfd the front created, sized and sealed against growing, charged to the session's memory
+//! account while the session may write it; the session writes it with `pwrite` and says `D`;
+//! the front seals it against writes and further seals (a store whose seal fails is refused; one
+//! the session sealed against shrinking kills it), hashes the sealed bytes itself off the
+//! runtime's thread, stores them under the hash it computed (`WeightCache::store_file`) and
+//! empties the file (`WeightCache::revoke_staging`), so a session that kept the descriptor keeps
+//! no memory; only then is the charge given back. One store or check is in flight per session. A session's
 //! verified or corrupt entry is a `V`: the front hashes the file again before it records or
-//! deletes anything (`WeightCache::check_entry`). The session's stderr is a pipe the front reads
-//! (bounded lines and bytes per second) and logs through `tracing`, tagged with the session.
+//! deletes anything (`WeightCache::check_entry`). Nor does a session read the cache directory
+//! (Linux): it runs as a uid of its own, which a private (0700) directory does not let search,
+//! so each SET_TENSOR_HASH lookup is an `O`, and the front opens the entry named by the hash
+//! (16 hex digits) relative to its directory handle, read-only, never through a link, a regular
+//! file only, and passes the descriptor down (`WeightCache::open_for_session`); the session's
+//! read then goes straight from it into tensor memory. The session's stderr is a pipe the
+//! front reads (bounded lines and bytes per second) and logs through `tracing`, tagged with the
+//! session.
 //!
 //! A session process may not open sockets (its sandbox), so the front sets up 8.0's
-//! server-to-server link (`comm.rs`, with the connection's address and `--allow`) and passes the
-//! connected socket down; the session process does the exchange on it directly.
+//! server-to-server link (`comm.rs`: the connection's `CommPolicy`, caps exchanged) and passes the
+//! connected socket down; the session process does the exchange on it directly. The front answers
+//! a `C` from what it holds: the session checked the request against the same policy before
+//! asking, so one outside it (a device the session does not have, world ≠ 2, rank 0 elsewhere
+//! than the server's port + 1000, rank 1 to a port or numeric address the policy refuses) kills
+//! the session (`rpc_sessions_killed_total`); one link per device at a time (a new one shuts the
+//! old one down: the front keeps its own copy of each socket).
 //!
 //! When the session process ends, however it ends, the front gives back whatever it held in the
 //! memory account and its RDMA place; a process killed by a signal is logged and counted as a
@@ -587,7 +602,9 @@ fn wait_for_hangup(
             return Ok(None);
         }
         if client.contains(PollFlags::ERR) {
-            return Ok(Some("its connection failed: reset, or found dead by keepalive"));
+            return Ok(Some(
+                "its connection failed: reset, or found dead by keepalive",
+            ));
         }
         if client.intersects(PollFlags::HUP | watched) {
             return Ok(Some("it closed the connection"));
@@ -855,7 +872,12 @@ async fn serve_control(
 
 /// A finished store's charge: given back when its staging file was emptied, else kept
 /// (`kept`) until the session ends.
-fn settle(budget: &MemoryBudget, store_charge: &mut u64, kept: &mut u64, (n, revoked): (u64, bool)) {
+fn settle(
+    budget: &MemoryBudget,
+    store_charge: &mut u64,
+    kept: &mut u64,
+    (n, revoked): (u64, bool),
+) {
     *store_charge -= n;
     match revoked {
         true => budget.release(n),
@@ -1301,7 +1323,10 @@ mod tests {
                 s.write_all(&ToFront::Stored.encode()).unwrap();
                 kept.push(f);
                 let reachable: u64 = kept.iter().map(|f| f.metadata().unwrap().len()).sum();
-                assert!(reachable <= 2 * (1 << 20), "round {i}: {reachable} bytes reachable");
+                assert!(
+                    reachable <= 2 * (1 << 20),
+                    "round {i}: {reachable} bytes reachable"
+                );
             }
             // The next W waits for the last store: then every kept file is empty.
             s.write_all(&ToFront::Store(per).encode()).unwrap();
@@ -1316,7 +1341,10 @@ mod tests {
             let _ = std::io::Read::read_to_end(&mut s, &mut sink);
         });
         assert_eq!(signal, Some(9), "killed for keeping its staging file");
-        assert_eq!(held, per, "the last file's charge is given back by the caller");
+        assert_eq!(
+            held, per,
+            "the last file's charge is given back by the caller"
+        );
         ctx.budget.release(held);
         assert_eq!(ctx.budget.used(), 0);
         assert_eq!(ctx.stats.sessions_killed.load(Relaxed), 1);
@@ -1381,7 +1409,10 @@ mod tests {
         use std::io::Read;
         let d = tmpdir("links");
         let (mut ctx, _stop) = front_ctx(&d);
-        let cpu = crate::ggml::Device::all().into_iter().next().expect("a CPU device");
+        let cpu = crate::ggml::Device::all()
+            .into_iter()
+            .next()
+            .expect("a CPU device");
         ctx.config = Arc::new(SessionConfig {
             devices: vec![cpu],
             n_threads: 1,
@@ -1414,16 +1445,22 @@ mod tests {
             conns
         });
         let (held, signal) = serve_against(&ctx, move |mut s| {
-            s.write_all(&comm_line(1, 0, "127.0.0.1", ssh_port)).unwrap();
-            assert!(link_reply(&s).is_none(), "no socket to a service that greets first");
+            s.write_all(&comm_line(1, 0, "127.0.0.1", ssh_port))
+                .unwrap();
+            assert!(
+                link_reply(&s).is_none(),
+                "no socket to a service that greets first"
+            );
             let mut got = Vec::new();
             for _ in 0..3 {
-                s.write_all(&comm_line(1, 0, "127.0.0.1", rpc_port)).unwrap();
+                s.write_all(&comm_line(1, 0, "127.0.0.1", rpc_port))
+                    .unwrap();
                 got.push(link_reply(&s).expect("a link to an RPC peer"));
             }
             // The first two were replaced: shut down, whatever this end does with them.
             for (i, l) in got.iter_mut().enumerate() {
-                l.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+                l.set_read_timeout(Some(Duration::from_millis(300)))
+                    .unwrap();
                 let mut b = [0u8; 1];
                 let r = l.read(&mut b);
                 assert_eq!(i < 2, matches!(r, Ok(0)), "link {i}: {r:?}");
@@ -1435,11 +1472,17 @@ mod tests {
         });
         assert_eq!(signal, Some(9), "rank 0 on another port than 50052 + 1000");
         assert_eq!(held, 0);
-        assert!(greeter.join().unwrap().is_empty(), "the service got no partial");
+        assert!(
+            greeter.join().unwrap().is_empty(),
+            "the service got no partial"
+        );
         drop(peer.join().unwrap());
         for (what, line) in [
             ("device 1 of 1", comm_line(1, 1, "127.0.0.1", rpc_port)),
-            ("a port that is no RPC port + 1000", comm_line(1, 0, "127.0.0.1", 6379)),
+            (
+                "a port that is no RPC port + 1000",
+                comm_line(1, 0, "127.0.0.1", 6379),
+            ),
         ] {
             let (_, signal) = serve_against(&ctx, move |mut s| {
                 s.write_all(&line).unwrap();

@@ -26,7 +26,27 @@ Each case runs against a fresh server (`-c --cache-dir D`, `--max-alloc-per-conn
      the cache (content, mode, owner, times, xattrs), the front's peak RSS (VmHWM) and log growth
      (flood), a restart of the front with --gguf over the planted cache directory (symlink).
 
-Cases: signal cache symlink terminal chmod flood thread memory devices net (see payload.c).
+Cases: signal cache symlink terminal chmod flood thread memory devices net links staging (see
+payload.c). links and staging speak the session's control line themselves (request lines on fd 1;
+what the front passes down lands in the process's descriptor table whoever asked):
+  links (issue 31: the front's link broker), two variants, each its own server (with --metrics on
+    a port outside the link policy) and ending in a request the front must answer by killing the
+    process: "main": (a) rank 1 to a loopback service the harness runs that greets first (an SSH
+    banner) on a port inside the policy (the attacker's port + 1000 + k): BLOCKED if no socket
+    came (or it reads no banner byte): the peer must prove to be a ggml RPC server; (b) --links (40)
+    requests for device 0 to a fake ggml rank 0 the harness runs (reads 24 bytes, answers 24 zero
+    bytes, keeps the connection): BLOCKED if at most one of the sockets it got still works (one link
+    per device: the front shuts the old one down); (c) rank 0 on a port the session chose (not its
+    port + 1000); "metrics": rank 1 to the server's own --metrics port (outside --comm-peer-ports).
+    (c) and "metrics" are BLOCKED only if the process dies (ATTACK-TRY, no outcome line); the
+    harness also checks the front's log line ("session process killed: a link it may not have")
+    and rpc_sessions_killed_total on --metrics.
+  staging (issue 31: staging memory): --staging-rounds (20) rounds of `W n` (n = a third of
+    --per-connection), the memfd filled with pwrite, `D`, the descriptor kept: BLOCKED if the kept
+    files' bytes (sum of sizes, and of what they pin: st_blocks) are at most 2x the budget (a front
+    that never empties them leaves 20n); then F_SEAL_SHRINK on a fresh staging file before `D`,
+    which the front must answer by killing the process (checked in its log if the seal was made;
+    the session's filter refuses F_ADD_SEALS with EPERM first, so the front never sees one).
 Bounds: flood: the front's VmHWM may grow by --rss-bound MiB (64), its log by --log-bound MiB (16),
 it may accept --line-rate-bound control lines/s (10000); memory: the session may make resident at
 most --mem-limit bytes (default: --per-connection + 2 GiB, the rlimit allowance of sandbox.rs) by
@@ -34,6 +54,7 @@ any one method (the payload tries 256 MiB more).
 
   python3 tests/compromise/compromise_e2e.py [--ours target/release/rpc-server] [--stock-bin DIR]
       [--model M] [--cases signal,cache,...] [--report-only | --expect-fail] [--markdown FILE]
+      [--links N] [--staging-rounds N]
 
 Exit status: 0 iff every step was BLOCKED and every bystander/front check held (--report-only:
 0 whenever the harness itself ran; --expect-fail: 0 iff something failed). Linux only.
@@ -59,7 +80,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 from e2e_common import REPO, clean_env, log, request, resolve_ours, resolve_stock_bin, run, script_output, tail  # noqa: E402
 
-CASES = ["signal", "cache", "symlink", "terminal", "chmod", "flood", "thread", "memory", "devices", "net"]
+CASES = ["signal", "cache", "symlink", "terminal", "chmod", "flood", "thread", "memory", "devices", "net", "links",
+         "staging"]
 PROMPT = "The capital of France is"
 ATTACKER_IP = "127.0.0.2"
 MIB = 1 << 20
@@ -376,6 +398,126 @@ def canary_diff(a, b):
                      if a.get(k) != b.get(k) and k != "data") + (" content changed" if a.get("data") != b.get("data") else "")
 
 
+# --- the links case's peers ---
+
+class LinkPeers:
+    """Loopback peers for the links case, on ports inside the attacker's link policy (the port its
+    client reached + 1000 + k, k small: an allowed RPC port + 1000): a service that greets first (an
+    SSH banner) and a fake ggml rank 0 (reads 24 bytes, answers 24 zero bytes, keeps the connection);
+    and two ports outside it: a rank-0 port of the session's choosing (free: a front that obeys
+    listens there) and the server's --metrics port."""
+
+    BANNER = b"SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13.5\r\n"  # longer than a caps block (24 bytes)
+
+    def __init__(self, port):
+        self.base = port + 1000
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.conns = []
+        self.greeted = self.accepted = self.exchanged = 0
+        taken = set()
+        self.banner_sock, self.banner_port = self._listen(taken)
+        self.fake_sock, self.fake_port = self._listen(taken)
+        s, self.chosen_port = self._listen(taken)
+        s.close()
+        for _ in range(50):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+            s.close()
+            if abs(p - self.base) > 200:
+                self.metrics_port = p
+                break
+        else:
+            raise RuntimeError("no free port for --metrics outside the link policy")
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._banner, self._fake)]
+        for t in self.threads:
+            t.start()
+
+    def _listen(self, taken):
+        for k in range(3, 90):
+            p = self.base + k
+            if p in taken:
+                continue
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", p))
+                s.listen(64)
+            except OSError:
+                s.close()
+                continue
+            s.settimeout(0.2)
+            taken.add(p)
+            return s, p
+        raise RuntimeError("no free port in %d..%d" % (self.base + 3, self.base + 89))
+
+    def _accept(self, sock):
+        try:
+            c, _ = sock.accept()
+        except (socket.timeout, OSError):
+            return None
+        with self.lock:
+            self.conns.append(c)
+        return c
+
+    def _banner(self):
+        while not self.stop.is_set():
+            c = self._accept(self.banner_sock)
+            if c:
+                try:
+                    c.sendall(self.BANNER)
+                    with self.lock:
+                        self.greeted += 1
+                except OSError:
+                    pass
+
+    def _fake(self):
+        def serve(c):
+            c.settimeout(5)
+            got = b""
+            try:
+                while len(got) < 24:
+                    b = c.recv(24 - len(got))
+                    if not b:
+                        return
+                    got += b
+                c.sendall(bytes(24))
+                with self.lock:
+                    self.exchanged += 1
+            except OSError:
+                pass
+        while not self.stop.is_set():
+            c = self._accept(self.fake_sock)
+            if c:
+                with self.lock:
+                    self.accepted += 1
+                threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+    def env(self):
+        return {"RPC_ATTACK_BANNER_PORT": str(self.banner_port), "RPC_ATTACK_FAKE_RANK0_PORT": str(self.fake_port),
+                "RPC_ATTACK_CHOSEN_PORT": str(self.chosen_port), "RPC_ATTACK_METRICS_PORT": str(self.metrics_port)}
+
+    def close(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=2)
+        with self.lock:
+            for c in self.conns + [self.banner_sock, self.fake_sock]:
+                c.close()
+
+
+def metric(port, name):
+    """A counter's value on --metrics (None: not served or not there)."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
+            text = r.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    m = re.search(r"^%s(?:\{[^}]*\})? (\d+)" % re.escape(name), text, re.M)
+    return int(m.group(1)) if m else None
+
+
 # --- one case ---
 
 class Row:
@@ -383,9 +525,10 @@ class Row:
         self.case, self.step, self.outcome, self.detail = case, step, outcome, detail
 
 
-# Cases run as several variants, each against its own server (RPC_ATTACK_FLOOD_STEP): a front that
-# ends the session at the first flood step would otherwise hide the others.
-VARIANTS = {"flood": ["line", "rate", "junk"]}
+# Cases run as several variants, each against its own server (RPC_ATTACK_FLOOD_STEP, RPC_ATTACK_STEP): a
+# front that ends the session at the first flood step would otherwise hide the others; each links
+# variant ends with a request that must get the session process killed.
+VARIANTS = {"flood": ["line", "rate", "junk"], "links": ["main", "metrics"]}
 TAG_RE = re.compile(r"(\s+[\w.]+=\S+)+\s*$")  # key=value fields a front may append when re-logging
 
 
@@ -416,8 +559,17 @@ def run_case(case, a, ctx, variant=None):
         "RPC_ATTACK_LINE_RATE": str(a.line_rate_bound),
         "RPC_ATTACK_SHM_KEY": str(shm_key),
         "RPC_ATTACK_FLOOD_STEP": variant or "",
+        "RPC_ATTACK_STEP": variant or "",
+        "RPC_ATTACK_LINKS": str(a.links),
+        "RPC_ATTACK_BUDGET": str(parse_size(a.per_connection)),
+        "RPC_ATTACK_STAGING_ROUNDS": str(a.staging_rounds),
     }
     extra = ["--cache-dir", cache_dir, "--max-alloc-per-connection", a.per_connection]
+    peers = None
+    if case == "links":
+        peers = LinkPeers(port)
+        env.update(peers.env())
+        extra += ["--metrics", "127.0.0.1:%d" % peers.metrics_port]
     srv = AttackServer(ctx["ours"], port, extra, env, log_path, tty=(case == "terminal"))
     rows = []
     notes = []
@@ -554,6 +706,20 @@ def run_case(case, a, ctx, variant=None):
             rows.append(Row(case, "check: no SysV segment of the session outlives the server",
                             "SUCCEEDED" if left else "BLOCKED",
                             "key 0x%x: %d bytes still there (removed now)" % (shm_key, left) if left else ""))
+        if case == "links":
+            # each variant ends with a request outside the policy: the front kills and says so
+            killed = re.search(r"session process killed: a link it may not have", text)
+            rows.append(Row(case, "check: the front killed the session: a link it may not have" + suffix,
+                            "BLOCKED" if killed else "SUCCEEDED", "" if killed else "no such line in its log"))
+            n = metric(peers.metrics_port, "rpc_sessions_killed_total")
+            rows.append(Row(case, "check: rpc_sessions_killed_total counts it" + suffix,
+                            "BLOCKED" if n else "SUCCEEDED", "not served" if n is None else "%d" % n))
+            log("  peers: greeting service greeted %d; fake rank 0 accepted %d, answered %d caps blocks"
+                % (peers.greeted, peers.accepted, peers.exchanged))
+        if case == "staging" and "ATTACK-INFO staging sealed" in text:
+            killed = re.search(r"session process killed: a staging file it may not keep", text)
+            rows.append(Row(case, "check: the front killed the session: a staging file it may not keep",
+                            "BLOCKED" if killed else "SUCCEEDED", "" if killed else "no such line in its log"))
         if case in ("symlink", "chmod", "thread", "cache"):
             c1 = canary_state(canary)
             rows.append(Row(case, "check: the canary outside the cache is unchanged",
@@ -567,6 +733,8 @@ def run_case(case, a, ctx, variant=None):
         if victim is not None:
             victim.close()
         srv.stop()
+        if peers is not None:
+            peers.close()
 
 
 def build_payload(out_dir):
@@ -622,6 +790,8 @@ def main():
     ap.add_argument("--rss-bound", type=int, default=64, help="flood: front VmHWM growth bound, MiB (default 64)")
     ap.add_argument("--log-bound", type=int, default=16, help="flood: server log growth bound, MiB (default 16)")
     ap.add_argument("--line-rate-bound", type=int, default=10000, help="flood: control lines/s bound (default 10000)")
+    ap.add_argument("--links", type=int, default=40, help="links: link requests for device 0 (default 40)")
+    ap.add_argument("--staging-rounds", type=int, default=20, help="staging: W/fill/D rounds kept (default 20)")
     ap.add_argument("--attack-timeout", type=float, default=180, help="per case, seconds")
     ap.add_argument("--port-base", type=int, default=39000, help="ports are taken from [base, base+1000)")
     ap.add_argument("--workdir", help="default: a fresh temp dir (kept on failure or with --keep)")

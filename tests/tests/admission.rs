@@ -113,8 +113,6 @@ async fn a_peer_gets_its_share_of_the_slots_and_no_more() {
     let s = TestServer::start_with_options(ServerOptions {
         max_connections: 8,
         max_per_peer: Some(2),
-        // Loopback is exempt by default; these connections come from 127.0.0.1.
-        share_exempt: vec![],
         hello_timeout: Duration::from_secs(2),
         ..TestServer::options()
     });
@@ -300,10 +298,20 @@ enum Mode {
 }
 
 fn server(mode: Mode, max_connections: usize) -> TestServer {
-    let opts = ServerOptions {
-        max_connections,
-        ..TestServer::options()
-    };
+    server_with(
+        mode,
+        ServerOptions {
+            max_connections,
+            // These tests fill every slot from 127.0.0.1: it is exempt from the per-peer share
+            // here (`--peer-share-exempt`); the share's own tests are below.
+            share_exempt: vec!["127.0.0.1".parse().unwrap()],
+            ..TestServer::options()
+        },
+    )
+}
+
+/// A server with `opts`, its sessions run as `mode` says.
+fn server_with(mode: Mode, opts: ServerOptions) -> TestServer {
     let opts = match mode {
         Mode::InProcess => opts,
         #[cfg(unix)]
@@ -556,4 +564,108 @@ async fn a_command_racing_an_eviction_is_served_or_never_acted_on_no_isolate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_racing_an_eviction_is_served_or_never_acted_on_contained() {
     a_command_racing_an_eviction_is_served_or_never_acted_on(Mode::Contained).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The per-peer share at its default, loopback included
+// ---------------------------------------------------------------------------------------------
+
+/// The case: with `--max-connections 8` one address opened 8 connections that each hold
+/// a 4 KiB buffer, and a client from another address found no slot (loopback was exempt from the
+/// share by default). Now every peer gets at most its default share, half the slots, and keeps it
+/// counted for each connection's whole life (handed to a session process included): from
+/// 127.0.0.2 the `max / 2 + 1`th connection is closed unread, a client from 127.0.0.1 is served,
+/// and once one of the held connections ends, its place comes back.
+async fn one_address_gets_its_default_share_and_no_more(mode: Mode, max: usize) {
+    let s = server_with(
+        mode,
+        ServerOptions {
+            max_connections: max,
+            ..TestServer::options()
+        },
+    );
+    let share = max / 2;
+    let from: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let mut held = Vec::with_capacity(share);
+    for _ in 0..share {
+        let mut c = connect_from(s.addr, from).await;
+        let buf = alloc(&mut c, 4096).await;
+        held.push((c, buf));
+    }
+    let mut over = tcp_from(s.addr, from, None).await.expect("connect");
+    assert!(
+        closed_after(&mut over, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "{mode:?}, {max} slots: connection {} from one address was kept",
+        share + 1
+    );
+    refused(&s, Refusal::PeerShare, 1).await;
+    let (mut other, obuf) = within("a client from another address", loaded_client(s.addr, 1)).await;
+    assert!(still_loaded(&mut other, &obuf, 1).await);
+    // Every connection at its share is still served.
+    for (i, (c, buf)) in held.iter_mut().enumerate() {
+        let t = buf.f32(1, &[16], 0).build();
+        assert!(
+            c.get_tensor(&t, 0, 64).await.is_ok(),
+            "{mode:?}: connection {i} within the share"
+        );
+    }
+    // One leaves (a contained one: once its session process ended): its place comes back.
+    let open = |s: &TestServer| s.stats.active.load(Relaxed);
+    let before = open(&s);
+    drop(held.pop());
+    let t = Instant::now();
+    while open(&s) >= before {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{mode:?}: a connection that left is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut again = connect_from(s.addr, from).await;
+    assert_eq!(again.device_count().await.expect("DEVICE_COUNT"), 1);
+    assert_eq!(s.stats.refused(Refusal::PeerShare), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_gets_its_default_share_of_8_slots_no_isolate() {
+    one_address_gets_its_default_share_and_no_more(Mode::InProcess, 8).await;
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_gets_its_default_share_of_8_slots_contained() {
+    one_address_gets_its_default_share_and_no_more(Mode::Contained, 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_gets_its_default_share_of_128_slots_no_isolate() {
+    one_address_gets_its_default_share_and_no_more(Mode::InProcess, 128).await;
+}
+
+/// `--peer-share-exempt` lifts the share for the blocks it names, and only for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exempt_address_is_not_held_to_the_share() {
+    let s = TestServer::start_with_options(ServerOptions {
+        max_connections: 8,
+        share_exempt: vec!["127.0.0.2".parse().unwrap()],
+        ..TestServer::options()
+    });
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        let mut c = connect_from(s.addr, "127.0.0.2".parse().unwrap()).await;
+        assert_eq!(c.device_count().await.expect("DEVICE_COUNT"), 1);
+        held.push(c);
+    }
+    let from3: std::net::IpAddr = "127.0.0.3".parse().unwrap();
+    let mut three = Vec::new();
+    for _ in 0..4 {
+        three.push(tcp_from(s.addr, from3, None).await.expect("connect"));
+    }
+    let mut over = tcp_from(s.addr, from3, None).await.expect("connect");
+    assert!(closed_after(&mut over, Duration::from_secs(2))
+        .await
+        .is_some());
+    refused(&s, Refusal::PeerShare, 1).await;
 }

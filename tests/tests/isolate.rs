@@ -555,68 +555,74 @@ async fn uploads_reach_the_cache_through_the_front() {
 /// which cannot search it, so the front opens each entry the session looks up and passes it
 /// down (`O` on the control line). A first client's upload over 10 MiB (SET_TENSOR_HASH not
 /// found, then SET_TENSOR with the cache flag, as the stock client does) becomes an entry, and
-/// a second client's SET_TENSOR_HASH is a hit whose bytes GET_TENSOR returns. (Not as root, the
-/// session's uid is the server's own, which reads the directory anyway: the same path runs.)
+/// a second client's SET_TENSOR_HASH is a hit whose bytes GET_TENSOR returns; with sessions
+/// started for their client and pooled ones. (Not as root, the session's uid is the server's
+/// own, which reads the directory anyway: the same path runs.)
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_cache_directory_serves_contained_sessions() {
     use std::os::unix::fs::PermissionsExt;
-    let cache = TempDir::new("isolate-private");
-    std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-    let dir = cache.path().to_str().unwrap().to_string();
-    let s = Server::start(&["-c", "--cache-dir", dir.as_str()]);
-    let len = (10 << 20) + (64 << 10); // over the stock client's hashing threshold
-    let data = pattern(len, 21);
-    let hash = rpc_proto::fnv1a64(&data);
-    let mut c = connect(s.addr).await;
-    let buf = alloc(&mut c, len as u64).await;
-    let t = buf.f32(1, &[(len / 4) as u32], 0).build();
-    assert!(
-        !c.set_tensor_hash(&t, 0, hash).await.unwrap(),
-        "not cached yet"
-    );
-    c.set_tensor(&t, 0, &data, true).await.unwrap();
-    assert_eq!(c.get_tensor(&t, 0, 16).await.unwrap(), data[..16].to_vec());
-    let entry = cache.path().join(format!("{hash:016x}"));
-    let t0 = Instant::now();
-    while !entry.is_file() {
+    // Sessions started for their client, and pooled ones (contained before any client).
+    for extra in [&[][..], &["--session-pool", "1"][..]] {
+        let cache = TempDir::new("isolate-private");
+        std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let dir = cache.path().to_str().unwrap().to_string();
+        let mut args = vec!["-c", "--cache-dir", dir.as_str()];
+        args.extend_from_slice(extra);
+        let s = Server::start(&args);
+        let len = (10 << 20) + (64 << 10); // over the stock client's hashing threshold
+        let data = pattern(len, 21);
+        let hash = rpc_proto::fnv1a64(&data);
+        let mut c = connect(s.addr).await;
+        let buf = alloc(&mut c, len as u64).await;
+        let t = buf.f32(1, &[(len / 4) as u32], 0).build();
         assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "no cache entry: {}",
+            !c.set_tensor_hash(&t, 0, hash).await.unwrap(),
+            "not cached yet"
+        );
+        c.set_tensor(&t, 0, &data, true).await.unwrap();
+        assert_eq!(c.get_tensor(&t, 0, 16).await.unwrap(), data[..16].to_vec());
+        let entry = cache.path().join(format!("{hash:016x}"));
+        let t0 = Instant::now();
+        while !entry.is_file() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "no cache entry: {}",
+                s.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut next = connect(s.addr).await;
+        let nb = alloc(&mut next, len as u64).await;
+        let nt = nb.f32(1, &[(len / 4) as u32], 0).build();
+        assert!(
+            next.set_tensor_hash(&nt, 0, hash).await.unwrap(),
+            "a hit from the private directory ({extra:?}): {}",
             s.log()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mut next = connect(s.addr).await;
-    let nb = alloc(&mut next, len as u64).await;
-    let nt = nb.f32(1, &[(len / 4) as u32], 0).build();
-    assert!(
-        next.set_tensor_hash(&nt, 0, hash).await.unwrap(),
-        "a hit from the private directory: {}",
-        s.log()
-    );
-    assert_eq!(next.get_tensor(&nt, 0, len as u64).await.unwrap(), data);
-    let mode = std::fs::metadata(cache.path())
-        .unwrap()
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o700, "the directory stays private");
-    drop(next);
-    drop(c);
-    let t0 = Instant::now();
-    while s.metric("rpc_cache_hits_total") < 1 {
+        assert_eq!(next.get_tensor(&nt, 0, len as u64).await.unwrap(), data);
+        let mode = std::fs::metadata(cache.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "the directory stays private");
+        drop(next);
+        drop(c);
+        let t0 = Instant::now();
+        while s.metric("rpc_cache_hits_total") < 1 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the hit is not counted: {}",
+                s.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the hit is not counted: {}",
+            !s.log().contains("cannot open cache directory"),
+            "{}",
             s.log()
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        !s.log().contains("cannot open cache directory"),
-        "{}",
-        s.log()
-    );
 }
 
 /// `--trusted-weights-only`: an upload is never stored, and an entry written after the start

@@ -529,7 +529,11 @@ async fn a_comm_init_naming_a_local_service_reads_nothing() {
     within("ssrf", async {
         let services: [(&str, &[u8], &[u8]); 3] = [
             ("ssh", b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3\r\n", b""),
-            ("http", b"", b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"),
+            (
+                "http",
+                b"",
+                b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+            ),
             ("24 bytes of text", b"", b"-ERR unknown command zz\n"),
         ];
         for (what, greeting, answer) in services {
@@ -540,7 +544,8 @@ async fn a_comm_init_naming_a_local_service_reads_nothing() {
             let service = std::thread::spawn(move || {
                 let (mut c, _) = l.accept().unwrap();
                 let _ = c.write_all(&greeting);
-                c.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+                c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                    .unwrap();
                 let mut got = Vec::new();
                 let mut chunk = [0u8; 256];
                 while let Ok(n) = c.read(&mut chunk) {
@@ -571,9 +576,15 @@ async fn a_comm_init_naming_a_local_service_reads_nothing() {
                 .unwrap();
             assert!(!ok, "{what}: COMM_INIT answered 0");
             c.comm_allreduce(0, &t).await.unwrap();
-            assert_closed(c.get_tensor(&t, 0, 64).await.map(|_| ()), "COMM_ALLREDUCE without a link");
+            assert_closed(
+                c.get_tensor(&t, 0, 64).await.map(|_| ()),
+                "COMM_ALLREDUCE without a link",
+            );
             let got = service.join().unwrap();
-            assert!(got.iter().all(|&b| b == 0) && got.len() <= 24, "{what}: the service got {got:?}");
+            assert!(
+                got.iter().all(|&b| b == 0) && got.len() <= 24,
+                "{what}: the service got {got:?}"
+            );
         }
         // Default comm ports: a service far from the server's own port + 1000 is not dialed.
         let s = TestServer::start_with_options(rpc_server::options::ServerOptions {
