@@ -1192,7 +1192,10 @@ mod tests {
                 std::os::unix::fs::FileExt::write_all_at(&f, b"x", 0).is_err(),
                 "sealed against writes"
             );
-            assert!(f.set_len(data.len() as u64 + 1).is_err(), "sealed against growing");
+            assert!(
+                f.set_len(data.len() as u64 + 1).is_err(),
+                "sealed against growing"
+            );
         }
         let h = c.store_file(&f, data.len() as u64).unwrap();
         assert_eq!(h, fnv1a64(&data));

@@ -203,13 +203,11 @@ impl crate::comm::Connector for FrontConnector {
         // The front waits up to SETUP_TIMEOUT for the peer; a little more here.
         let wait = crate::comm::SETUP_TIMEOUT + Duration::from_secs(5);
         match links.recv_timeout(wait) {
-            Ok(Some(fd)) => {
-                crate::comm::link(
-                    std::net::TcpStream::from(fd),
-                    init.rank,
-                    self.policy.io_timeout,
-                )
-            }
+            Ok(Some(fd)) => crate::comm::link(
+                std::net::TcpStream::from(fd),
+                init.rank,
+                self.policy.io_timeout,
+            ),
             Ok(None) => Err(std::io::Error::other("the front could not set up the link")),
             Err(_) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,

@@ -342,7 +342,8 @@ impl CommPolicy {
     }
 
     /// Rank 1's side of the caps exchange: a peer that speaks first is no ggml RPC server; ours,
-    /// then the peer's block (well formed, nothing after it).
+    /// then the peer's block (well formed, nothing after it: a client asks rank 0 for an
+    /// allreduce only once both ranks answered COMM_INIT, so no partial can be waiting yet).
     fn greet_rank0(&self, mut s: TcpStream) -> std::io::Result<TcpStream> {
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(SPEAKS_FIRST_WAIT))?;
@@ -754,13 +755,18 @@ mod tests {
         let port = rpc + COMM_PORT_OFFSET;
         let c = policy(rpc, vec![]);
         let c1 = c.clone();
+        // As the stock client does: no allreduce before both ranks answered COMM_INIT.
+        let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let both1 = both.clone();
         let t = std::thread::spawn(move || {
             let mut l = c1.connect(&init(1, "127.0.0.1", port)).unwrap();
+            both1.wait();
             let mut v = f32s(&[1.0, 2.0]);
             allreduce_f32(l.as_mut(), &mut v, &mut Vec::new()).unwrap();
             back(&v)
         });
         let mut l0 = c.connect(&init(0, "", port)).unwrap();
+        both.wait();
         let mut v = f32s(&[10.0, 20.0]);
         allreduce_f32(l0.as_mut(), &mut v, &mut Vec::new()).unwrap();
         assert_eq!(back(&v), [11.0, 22.0]);
@@ -876,6 +882,8 @@ mod tests {
         let port = rpc + COMM_PORT_OFFSET;
         let c = policy(rpc, vec![]);
         let (c0, c1) = (c.clone(), c);
+        let both = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let both1 = both.clone();
         let t = std::thread::spawn(move || {
             let junk = loop {
                 if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
@@ -888,11 +896,13 @@ mod tests {
                 .unwrap();
             std::thread::sleep(Duration::from_millis(100));
             let mut l = c1.connect(&init(1, "127.0.0.1", port)).unwrap();
+            both1.wait();
             let mut v = f32s(&[1.0]);
             allreduce_f32(l.as_mut(), &mut v, &mut Vec::new()).unwrap();
             back(&v)
         });
         let mut l0 = c0.connect(&init(0, "", port)).unwrap();
+        both.wait();
         let mut v = f32s(&[2.0]);
         allreduce_f32(l0.as_mut(), &mut v, &mut Vec::new()).unwrap();
         assert_eq!(back(&v), [3.0]);

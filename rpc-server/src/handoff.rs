@@ -777,7 +777,10 @@ async fn serve_control(
                         Ok(()) => {
                             let (config, tx) = (config.clone(), job_tx.clone());
                             job_running = true;
+                            // Its log lines are the connection's (`peer_log`).
+                            let span = tracing::Span::current();
                             tokio::task::spawn_blocking(move || {
+                                let _in = span.enter();
                                 if let Some(c) = &config.cache {
                                     c.store_file(&file, n);
                                 }

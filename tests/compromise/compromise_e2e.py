@@ -507,7 +507,7 @@ class LinkPeers:
 
 
 def metric(port, name):
-    """A counter's value on --metrics (None: not served or not there)."""
+    """A counter's value on --metrics (None: the page is not served or has no such counter)."""
     import urllib.request
     try:
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
@@ -713,7 +713,7 @@ def run_case(case, a, ctx, variant=None):
                             "BLOCKED" if killed else "SUCCEEDED", "" if killed else "no such line in its log"))
             n = metric(peers.metrics_port, "rpc_sessions_killed_total")
             rows.append(Row(case, "check: rpc_sessions_killed_total counts it" + suffix,
-                            "BLOCKED" if n else "SUCCEEDED", "not served" if n is None else "%d" % n))
+                            "BLOCKED" if n else "SUCCEEDED", "no such counter" if n is None else "%d" % n))
             log("  peers: greeting service greeted %d; fake rank 0 accepted %d, answered %d caps blocks"
                 % (peers.greeted, peers.accepted, peers.exchanged))
         if case == "staging" and "ATTACK-INFO staging sealed" in text:

@@ -470,7 +470,10 @@ async fn a_session_ends_soon_after_its_front_dies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contained_sessions_join_a_pairwise_link() {
     // Random ports: rank 1 may dial any.
-    let (s0, s1) = (Server::start(&[]), Server::start(&["--comm-peer-ports", "1-64535"]));
+    let (s0, s1) = (
+        Server::start(&[]),
+        Server::start(&["--comm-peer-ports", "1-64535"]),
+    );
     let (mut c0, mut c1) = (connect(s0.addr).await, connect(s1.addr).await);
     // A buffer first: the session processes exist (and are sandboxed) before COMM_INIT.
     let (b0, b1) = (alloc(&mut c0, 64).await, alloc(&mut c1, 64).await);

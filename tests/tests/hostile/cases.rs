@@ -110,8 +110,11 @@ pub fn run(case: &Case, addr: SocketAddr) -> io::Result<Verdict> {
                 ));
             };
             let mut held = Vec::new();
+            // From another address than the bystanders' (127.0.0.1): the server's per-peer
+            // share applies to the attacker alone.
+            let attacker = std::net::IpAddr::from([127, 0, 0, 2]);
             for _ in 0..n {
-                let Ok(mut c) = Conn::connect(addr) else {
+                let Ok(mut c) = Conn::connect_from(addr, attacker) else {
                     break;
                 };
                 let _ = c.send_bytes(&bytes());

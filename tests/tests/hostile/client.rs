@@ -66,6 +66,27 @@ impl Conn {
         Ok(Conn { c })
     }
 
+    /// Connects from the local address `from` (on Linux another peer than 127.0.0.1 for the
+    /// server's per-peer share; where it cannot be bound, from the default address), without
+    /// HELLO.
+    pub fn connect_from(addr: SocketAddr, from: std::net::IpAddr) -> io::Result<Conn> {
+        let connect = async {
+            let s = match addr {
+                SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+            };
+            let _ = s.bind(SocketAddr::new(from, 0));
+            let stream = s.connect(addr).await?;
+            Ok::<_, io::Error>(Conn {
+                c: Client::new(rpc_transport::TcpTransport::new(stream)?),
+            })
+        };
+        match runtime().block_on(async { tokio::time::timeout(IO_TIMEOUT, connect).await }) {
+            Ok(r) => r,
+            Err(_) => Err(io::ErrorKind::TimedOut.into()),
+        }
+    }
+
     /// Connects and does the HELLO handshake; the server must speak 7.0.0.
     pub fn open(addr: SocketAddr) -> io::Result<Conn> {
         let mut c = Conn::connect(addr)?;
