@@ -60,7 +60,7 @@
 //! server-to-server link (`comm.rs`: the connection's `CommPolicy`, caps exchanged) and passes the
 //! connected socket down; the session process does the exchange on it directly. The front answers
 //! a `C` from what it holds: the session checked the request against the same policy before
-//! asking, so one outside it (a device the session does not have, world ≠ 2, rank 0 elsewhere
+//! asking, so one outside it (any from a 7.0 session, a device the session does not have, world ≠ 2, rank 0 elsewhere
 //! than the server's port + 1000, rank 1 to a port or numeric address the policy refuses) kills
 //! the session (`rpc_sessions_killed_total`); one link per device at a time (a new one shuts the
 //! old one down: the front keeps its own copy of each socket).
@@ -704,7 +704,7 @@ async fn serve_control(
                 ToFront::CommInit(bytes) => {
                     // Outside the policy the session process checked before asking: not a
                     // request a sound session makes.
-                    let (device, target) = match link_request(&bytes, comm, devices) {
+                    let (device, target) = match link_request(&bytes, comm, devices, ctx.major) {
                         Ok(t) => t,
                         Err(e) => break 'serve Some(e),
                     };
@@ -1018,7 +1018,13 @@ fn link_request(
     bytes: &[u8; rpc_proto::COMM_INIT_SIZE],
     comm: &crate::comm::CommPolicy,
     devices: usize,
+    major: rpc_proto::Major,
 ) -> Result<(u32, crate::comm::Target), ControlError> {
+    if major != rpc_proto::Major::V8 {
+        return Err(ControlError::Link(
+            "a protocol 7.0 session has no collectives".to_string(),
+        ));
+    }
     let req = rpc_proto::Request::decode(
         rpc_proto::Major::V8,
         rpc_proto::Command::CommInit,
@@ -1494,7 +1500,19 @@ mod tests {
             });
             assert_eq!(signal, Some(9), "{what}");
         }
-        assert_eq!(ctx.stats.sessions_killed.load(Relaxed), 3);
+        // A protocol 7.0 session has no COMM_INIT: any `C` from one is a violation.
+        let v7 = ConnectionContext {
+            major: rpc_proto::Major::V7,
+            ..ctx.clone()
+        };
+        let line = comm_line(1, 0, "127.0.0.1", rpc_port);
+        let (_, signal) = serve_against(&v7, move |mut s| {
+            s.write_all(&line).unwrap();
+            let mut sink = Vec::new();
+            let _ = s.read_to_end(&mut sink);
+        });
+        assert_eq!(signal, Some(9), "a C line from a 7.0 session");
+        assert_eq!(ctx.stats.sessions_killed.load(Relaxed), 4);
         let _ = std::fs::remove_dir_all(&d);
     }
 
