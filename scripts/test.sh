@@ -84,7 +84,7 @@ load_bench() {
   target/release/rpc-bench load --model "$m" --bin "$STOCK_BIN" --links none,2.5gbe --no-progress --workdir target/rpc-bench-load
 }
 suite "model load benchmark, small mode (rpc-bench load: stock and ours, cold, warm, --gguf; 58 MB synthetic model over loopback and emulated 2.5 GbE)" -- load_bench
-suite "compromised session: a payload (LD_PRELOAD) attacks from inside one sandboxed session process (signals, cache, symlinks, terminal, chmod, control-line flood, early thread, memory, devices, network); bystander output byte-identical, front serving" "linux:Linux-only: LD_PRELOAD, seccomp and /proc" -- python3 tests/compromise/compromise_e2e.py --ours target/release/rpc-server --stock-bin "$STOCK_BIN"
+suite "compromised session: a payload (LD_PRELOAD) attacks from inside one sandboxed session process (signals, cache, symlinks, terminal, chmod, control-line flood, early thread, memory, devices, network, the link broker, staging memory); bystander output byte-identical, front serving" "linux:Linux-only: LD_PRELOAD, seccomp and /proc" -- python3 tests/compromise/compromise_e2e.py --ours target/release/rpc-server --stock-bin "$STOCK_BIN"
 suite "RDMA end to end in a soft-RoCE VM (stock llama.cpp RDMA clients, both flavors, Apple's verbs)" "linux:$VM" -- \
   tests/vm/test-rdma.sh
 suite "lean RDMA framing in the soft-RoCE VM (per-token SENDs/packets: stock flavors vs rpc-shim lean; fallbacks)" "linux:$VM" -- \

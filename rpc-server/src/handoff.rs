@@ -67,7 +67,9 @@
 //!
 //! When the session process ends, however it ends, the front gives back whatever it held in the
 //! memory account and its RDMA place; a process killed by a signal is logged and counted as a
-//! connection closed with an error. The front then serves on.
+//! connection closed with an error. The front then serves on. It does not wait for a session
+//! process to notice that its client left: it keeps its own handle on the client's socket and
+//! ends the process once the client is gone ([`ClientWatch`]).
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -534,7 +536,7 @@ impl ClientWatch {
         let watched = socket.clone();
         std::thread::Builder::new()
             .name("client-watch".into())
-            .stack_size(64 << 10)
+            .stack_size(256 << 10)
             .spawn(move || match wait_for_hangup(&watched, &stopped) {
                 Ok(Some(how)) => drop(tx.send(how)),
                 Ok(None) => {}

@@ -249,6 +249,13 @@ impl Server {
                 &port.to_string(),
             ]);
             cmd.args(&self.args);
+            // The slowloris case connects from 127.0.0.2 (`Conn::connect_from`), another peer
+            // than the bystanders'. Where that address is not this machine's (macOS has only
+            // 127.0.0.1), its connections share 127.0.0.1's share of the slots and would lock
+            // the bystanders out by design: 127.0.0.1 is exempt there, as loopback once was.
+            if std::net::TcpListener::bind("127.0.0.2:0").is_err() {
+                cmd.args(["--peer-share-exempt", "127.0.0.1"]);
+            }
             cmd.env("RUST_LOG", "warn");
         } else {
             cmd.args(["-p", &port.to_string()]);
