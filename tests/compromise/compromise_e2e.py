@@ -16,7 +16,8 @@ Each case runs against a fresh server (`-c --cache-dir D`, `--max-alloc-per-conn
   1. (cache, symlink) a warm-up run of the bystander client fills the weight cache;
   2. an idle bystander session (raw protocol from 127.0.0.1: HELLO + ALLOC_BUFFER, then silent):
      its pid is written to D/attack-victim-pid for the signal case;
-  3. the attacker's session (raw protocol from 127.0.0.2: HELLO, ALLOC_BUFFER, then GET_ALIGNMENT
+  3. the attacker's session (raw protocol from 127.0.0.2, 7.0 on --proto7-port, 8.0 on -p for the
+     links case: HELLO, ALLOC_BUFFER, then GET_ALIGNMENT
      every 200 ms until the payload says ATTACK-END);
   4. the bystander: stock llama-completion (run_e2e.py's flags, -n 16) from 127.0.0.1, started when
      the attack ends (flood, memory: when it begins, so it runs during it); its stdout must be
@@ -606,7 +607,10 @@ def run_case(case, a, ctx, variant=None):
 
         def attacker():
             try:
-                s = open_session(port, src=ATTACKER_IP, timeout=a.attack_timeout)
+                # The links case speaks 8.0 (-p, the port above --proto7-port): a 7.0 session has
+                # no COMM_INIT, so any link request of one is killed before its checks are reached.
+                attack_port = port + 1 if case == "links" else port
+                s = open_session(attack_port, src=ATTACKER_IP, timeout=a.attack_timeout)
                 try:
                     deadline = time.monotonic() + a.attack_timeout
                     while time.monotonic() < deadline and not attacker_done.is_set():
