@@ -156,6 +156,11 @@ fn contain(start: &SessionStart, probe: bool) {
                 i.landlock
             );
             if probe {
+                if let Err(e) = session_reach(&start.options.session) {
+                    // The front refuses to start with this (its last line).
+                    eprintln!("{e}");
+                    std::process::exit(PROBE_UNREADABLE);
+                }
                 println!("{layers}");
                 std::process::exit(0);
             }
@@ -163,6 +168,57 @@ fn contain(start: &SessionStart, probe: bool) {
         }
         Err(e) => refuse(&e),
     }
+}
+
+/// The containment probe's exit status when a session process could not read what it serves
+/// (`session_reach`): the front's refusal then says only that, and how to fix it.
+#[cfg(target_os = "linux")]
+const PROBE_UNREADABLE: i32 = 4;
+
+/// A probe session process's refusal that is about files, not containment.
+#[cfg(target_os = "linux")]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Unreadable(String);
+
+/// In the containment probe (Linux): whether a session process, with its identity and view,
+/// can read the `--gguf` files and their index. (The weight cache it never reads itself: the
+/// front opens its entries for it.) A `--gguf` file it cannot open would be skipped by every
+/// session without a word, so the front refuses to start instead, saying how to fix it.
+#[cfg(target_os = "linux")]
+fn session_reach(o: &SessionOptions) -> Result<(), String> {
+    let fix = "make it readable by every user (a file: chmod o+r; a directory: chmod o+rx, and \
+               o+r on its files; the directories above it do not matter), or serve with \
+               --no-sandbox";
+    for p in &o.gguf {
+        let r = match p.is_dir() {
+            true => std::fs::read_dir(p).map(drop),
+            false => std::fs::File::open(p).map(drop),
+        };
+        if let Err(e) = r {
+            return Err(format!(
+                "session processes cannot read --gguf {} ({e}): they run as a user of their own; {fix}",
+                p.display()
+            ));
+        }
+    }
+    if let Some(ix) = o.gguf_index.as_deref().filter(|_| !o.gguf.is_empty()) {
+        match std::fs::File::open(ix) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!(
+                    "session processes cannot read the --gguf index {} ({e}): they run as a user \
+                     of their own; it lives in the cache directory: make that searchable and the \
+                     index readable by every user (chmod o+x {}; chmod o+r {}), name another \
+                     with --cache-dir, or serve with --no-sandbox",
+                    ix.display(),
+                    ix.parent().unwrap_or(ix).display(),
+                    ix.display()
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The front's check at start that sessions can be contained here: one probe session process
@@ -195,6 +251,9 @@ fn probe_containment(options: &ServerOptions) -> anyhow::Result<String> {
             .find(|l| !l.trim().is_empty())
             .unwrap_or("no output")
             .to_string();
+        if out.status.code() == Some(PROBE_UNREADABLE) {
+            return Err(Unreadable(why).into());
+        }
         bail!("{why}")
     }
 }
@@ -348,13 +407,19 @@ fn real_main() -> anyhow::Result<()> {
 
     // Every session process will be contained, or the server does not start (fail closed).
     #[cfg(target_os = "linux")]
-    let containment = match (opts.isolate, opts.sandbox) {
-        (true, true) => Some(probe_containment(&opts).context(
-            "session processes cannot be contained on this machine; --no-sandbox serves them in \
-             processes of their own without namespaces, seccomp and Landlock",
-        )?),
-        _ => None,
-    };
+    let containment =
+        match (opts.isolate, opts.sandbox) {
+            (true, true) => Some(probe_containment(&opts).map_err(|e| {
+                match e.is::<Unreadable>() {
+            true => e,
+            false => e.context(
+                "session processes cannot be contained on this machine; --no-sandbox serves them \
+                 in processes of their own without namespaces, seccomp and Landlock",
+            ),
+        }
+            })?),
+            _ => None,
+        };
 
     // The listener's runtime: one thread that accepts and hands each connection to a thread of its
     // own (server.rs); nothing else runs here, so nothing competes with ggml for the cores.

@@ -553,6 +553,76 @@ async fn uploads_reach_the_cache_through_the_front() {
     }
 }
 
+/// A `--gguf` file, or the `--gguf` index in a private cache directory, that a contained session
+/// (a uid of its own, as root) could not read would be skipped by every session without a word:
+/// the front's probe session tries them at start, and the server refuses to start, naming the
+/// path and the fix. (Not as root, sessions share the server's uid: nothing to refuse.)
+#[cfg(target_os = "linux")]
+#[test]
+fn unreadable_gguf_weights_are_refused_at_start() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = TempDir::new("isolate-gguf-private");
+    if std::fs::metadata(dir.path()).unwrap().uid() != 0 {
+        eprintln!("skip: sessions share a non-root server's uid");
+        return;
+    }
+    let model = dir.path().join("m.gguf");
+    std::fs::write(&model, b"not even a GGUF: its readability is what counts").unwrap();
+    let cache = TempDir::new("isolate-gguf-cache");
+    let refused = |args: &[&str]| {
+        let out = Command::new(ours_bin())
+            .args(["-H", "127.0.0.1", "-p", &free_port().to_string(), "-t", "1"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run rpc-server");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let m = model.to_str().unwrap();
+    let c = cache.path().to_str().unwrap();
+    // The file itself private (mode 0600, root's).
+    std::fs::set_permissions(&model, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, err) = refused(&["--gguf", m]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("session processes cannot read --gguf") && err.contains("chmod o+r"),
+        "{err}"
+    );
+    // Readable file, its index in a private (0700) cache directory.
+    std::fs::set_permissions(&model, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (code, err) = refused(&["-c", "--cache-dir", c, "--gguf", m]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("cannot read the --gguf index") && err.contains("chmod o+x"),
+        "{err}"
+    );
+    // Both readable: the server starts (and is stopped here once its banner is out).
+    std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut child = Command::new(ours_bin())
+        .args(["-H", "127.0.0.1", "-p", &free_port().to_string(), "-t", "1"])
+        .args(["-c", "--cache-dir", c, "--gguf", m])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run rpc-server");
+    let mut banner = String::new();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let t = Instant::now();
+    while !banner.contains("containment") && t.elapsed() < Duration::from_secs(30) {
+        if std::io::BufRead::read_line(&mut out, &mut banner).unwrap_or(0) == 0 {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(banner.contains("containment"), "started: {banner}");
+}
+
 /// A private cache directory (mode 0700, as `mktemp -d` makes it, or a cache under a private
 /// home): a contained session runs as a uid of its own (as root, `namespaces::session_uid`),
 /// which cannot search it, so the front opens each entry the session looks up and passes it
