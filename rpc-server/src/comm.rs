@@ -844,8 +844,9 @@ mod tests {
                 s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
                 if s.read_exact(&mut got).is_ok() {
                     let _ = s.write_all(&answer);
-                    // A rank 0's partial, once the client asked for an allreduce.
-                    std::thread::sleep(Duration::from_millis(200));
+                    // A rank 0's partial, once the client asked for an allreduce (well after
+                    // rank 1 checked that nothing followed the caps, even on a loaded machine).
+                    std::thread::sleep(Duration::from_millis(500));
                     let _ = s.write_all(&[0u8; 24]);
                 }
                 // What reaches the service after the caps: a partial, if the link was made.
