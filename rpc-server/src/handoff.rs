@@ -1235,7 +1235,6 @@ mod tests {
 
     #[test]
     fn a_store_goes_through_a_sealed_memfd_the_front_hashes() {
-        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
         let d = tmpdir("store");
         let (ctx, _stop) = front_ctx(&d);
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
@@ -1244,24 +1243,9 @@ mod tests {
         let (held, signal) = serve_against(&ctx, move |mut s| {
             s.write_all(&ToFront::Store(data.len() as u64).encode())
                 .unwrap();
-            let mut buf = [0u8; 16];
-            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-            let mut control = RecvAncillaryBuffer::new(&mut space);
-            let r = recvmsg(
-                &s,
-                &mut [std::io::IoSliceMut::new(&mut buf)],
-                &mut control,
-                RecvFlags::CMSG_CLOEXEC,
-            )
-            .unwrap();
-            assert_eq!(&buf[..r.bytes], ToSession::Staging.encode());
-            let fd = control
-                .drain()
-                .find_map(|m| match m {
-                    RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
-                    _ => None,
-                })
-                .expect("a staging file");
+            let (line, fd) = reply_with_fd(&s);
+            assert_eq!(line, ToSession::Staging.encode());
+            let fd = fd.expect("a staging file");
             assert_eq!(budget.used(), data.len() as u64, "charged while it lives");
             let f = std::fs::File::from(fd);
             assert!(
@@ -1288,8 +1272,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
-    /// Receives a staging file (`M` + a memfd) or `X`.
-    fn staging_reply(s: &UnixStream) -> Option<std::fs::File> {
+    /// One reply line of the front (two bytes) and the descriptor that came with it, if any.
+    fn reply_with_fd(s: &UnixStream) -> (Vec<u8>, Option<OwnedFd>) {
         use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
         let mut buf = [0u8; 2];
         let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -1305,7 +1289,13 @@ mod tests {
             RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
             _ => None,
         });
-        match &buf[..r.bytes] {
+        (buf[..r.bytes].to_vec(), fd)
+    }
+
+    /// Receives a staging file (`M` + a memfd) or `X`.
+    fn staging_reply(s: &UnixStream) -> Option<std::fs::File> {
+        let (line, fd) = reply_with_fd(s);
+        match line.as_slice() {
             b"M\n" => Some(std::fs::File::from(fd.expect("a staging file"))),
             other => {
                 assert_eq!(other, ToSession::NoStaging.encode());
@@ -1386,22 +1376,8 @@ mod tests {
 
     /// Receives `K` + a socket, or `E`.
     fn link_reply(s: &UnixStream) -> Option<std::net::TcpStream> {
-        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-        let mut buf = [0u8; 2];
-        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let r = recvmsg(
-            s,
-            &mut [std::io::IoSliceMut::new(&mut buf)],
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC,
-        )
-        .unwrap();
-        let fd = control.drain().find_map(|m| match m {
-            RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
-            _ => None,
-        });
-        match &buf[..r.bytes] {
+        let (line, fd) = reply_with_fd(s);
+        match line.as_slice() {
             b"K\n" => Some(std::net::TcpStream::from(fd.expect("a socket"))),
             other => {
                 assert_eq!(other, ToSession::NoLink.encode());
@@ -1523,7 +1499,6 @@ mod tests {
     /// or anything at an entry's name that is no regular file.
     #[test]
     fn an_entry_is_opened_for_the_session_and_passed_down() {
-        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
         let d = tmpdir("open");
         let (ctx, _stop) = front_ctx(&d);
         let stored = vec![5u8; 70_000];
@@ -1536,22 +1511,7 @@ mod tests {
         let (held, signal) = serve_against(&ctx, move |mut s| {
             let mut ask = |hash: u64| -> (Vec<u8>, Option<OwnedFd>) {
                 s.write_all(&ToFront::Open(hash).encode()).unwrap();
-                let mut buf = [0u8; 2];
-                let mut space =
-                    [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-                let mut control = RecvAncillaryBuffer::new(&mut space);
-                let r = recvmsg(
-                    &s,
-                    &mut [std::io::IoSliceMut::new(&mut buf)],
-                    &mut control,
-                    RecvFlags::CMSG_CLOEXEC,
-                )
-                .unwrap();
-                let fd = control.drain().find_map(|m| match m {
-                    RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
-                    _ => None,
-                });
-                (buf[..r.bytes].to_vec(), fd)
+                reply_with_fd(&s)
             };
             let (line, fd) = ask(hs);
             assert_eq!(line, ToSession::Entry { verified: true }.encode());

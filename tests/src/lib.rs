@@ -228,6 +228,18 @@ pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     }
 }
 
+/// Waits (up to 20 s) until a server process accepts connections on `addr`; panics otherwise.
+pub fn wait_listening(addr: SocketAddr) {
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "server did not start on {addr}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

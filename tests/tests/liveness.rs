@@ -362,7 +362,7 @@ const VANISH_ENV: &str = "RPC_TESTS_VANISHING_CLIENT";
 /// session process), prints its local address and waits to be killed.
 #[cfg(target_os = "linux")]
 #[test]
-#[ignore]
+#[ignore = "helper: the client that vanishes (run in a network namespace by a_session_whose_client_vanished_is_ended_by_the_front)"]
 fn vanishing_client_helper() {
     let Ok(addr) = std::env::var(VANISH_ENV) else {
         return;

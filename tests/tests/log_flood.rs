@@ -47,14 +47,7 @@ impl Server {
             .spawn()
             .expect("start rpc-server");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let t = Instant::now();
-        while std::net::TcpStream::connect(addr).is_err() {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_listening(addr);
         Server { child, addr, log }
     }
 
