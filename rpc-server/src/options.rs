@@ -51,19 +51,19 @@ pub struct ServerOptions {
     /// Connections one peer may have at once; `None`: half of `max_connections`.
     pub max_per_peer: Option<usize>,
     /// Peers not held to a share (`--peer-share-exempt`; empty, the default: every peer is).
-    #[serde(with = "cidrs")]
+    #[serde(with = "flag_texts")]
     pub share_exempt: Vec<Cidr>,
     /// Addresses that may connect (empty: all).
-    #[serde(with = "cidrs")]
+    #[serde(with = "flag_texts")]
     pub allow: Vec<Cidr>,
     /// Comm peers (8.0's server-to-server link) rank 1 may dial and rank 0 accepts
     /// (`--comm-peers`; empty: what `allow` permits).
-    #[serde(with = "cidrs")]
+    #[serde(with = "flag_texts")]
     pub comm_peers: Vec<Cidr>,
     /// The RPC ports of comm peers rank 1 may dial, the link being on that port + 1000
     /// (`--comm-peer-ports`; empty: within `comm::DEFAULT_PEER_PORT_WINDOW` of the port the
     /// client reached this server at).
-    #[serde(with = "ports")]
+    #[serde(with = "flag_texts")]
     pub comm_peer_ports: Vec<PortRange>,
     /// How long a new connection may take to send its whole HELLO.
     pub hello_timeout: Duration,
@@ -282,33 +282,23 @@ impl Deadlines {
     }
 }
 
-/// CIDR lists as strings.
-mod cidrs {
-    use super::Cidr;
+/// Lists of flag values (address blocks, port ranges) as their flag text (`10.0.0.0/8`,
+/// `50000-50100`).
+mod flag_texts {
     use serde::{Deserialize, Deserializer, Serializer};
+    use std::fmt::Display;
+    use std::str::FromStr;
 
-    pub fn serialize<S: Serializer>(v: &[Cidr], s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer, T: Display>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(v.iter().map(|c| c.to_string()))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Cidr>, D::Error> {
-        Vec::<String>::deserialize(d)?
-            .iter()
-            .map(|s| s.parse().map_err(serde::de::Error::custom))
-            .collect()
-    }
-}
-
-/// Port ranges as their flag text (`50052`, `50000-50100`).
-mod ports {
-    use super::PortRange;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &[PortRange], s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(v.iter().map(|c| c.to_string()))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<PortRange>, D::Error> {
+    pub fn deserialize<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromStr,
+        T::Err: Display,
+    {
         Vec::<String>::deserialize(d)?
             .iter()
             .map(|s| s.parse().map_err(serde::de::Error::custom))
