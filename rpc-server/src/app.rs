@@ -102,6 +102,27 @@ fn session_view(o: &SessionOptions) -> (Vec<std::path::PathBuf>, Vec<std::path::
     (dirs, o.gguf.clone())
 }
 
+/// Whether a session process gets the RDMA device (the verbs ioctl, RDMA netlink, the device
+/// files): a client that offered RDMA and has a place, or a protocol 8.0 session on a machine
+/// with an RDMA device, whose COMM_INIT may put the server-to-server link on RDMA (the link's
+/// queue pair is the session's, `link.rs`). Never with `--transport tcp` or `GGML_RPC_NO_RDMA`.
+#[cfg(target_os = "linux")]
+fn session_needs_rdma(start: &SessionStart) -> bool {
+    let allowed = start.options.transport != TransportMode::Tcp
+        && std::env::var_os("GGML_RPC_NO_RDMA").is_none();
+    let link = start.major == rpc_proto::Major::V8.number() && has_rdma_device();
+    allowed && (!start.tcp_only || link)
+}
+
+/// An RDMA verbs device file exists (`/dev/infiniband/uverbs*`).
+#[cfg(target_os = "linux")]
+fn has_rdma_device() -> bool {
+    std::fs::read_dir("/dev/infiniband").is_ok_and(|d| {
+        d.flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("uverbs"))
+    })
+}
+
 /// Containment of a session process (Linux), the first thing it does: the outer stage makes
 /// the namespaces, forks the inner one into them and waits for it (this never returns there);
 /// the inner stage enters its own root, drops its identity and installs the sandbox, then
@@ -120,9 +141,7 @@ fn contain(start: &SessionStart, probe: bool) {
         Ok(crate::namespaces::Outer::Inner(identity)) => identity,
         Err(e) => refuse(&e),
     };
-    let rdma = !start.tcp_only
-        && start.options.transport != TransportMode::Tcp
-        && std::env::var_os("GGML_RPC_NO_RDMA").is_none();
+    let rdma = session_needs_rdma(start);
     let (dirs, files) = session_view(&start.options.session);
     let view = crate::namespaces::View {
         dirs: dirs.clone(),

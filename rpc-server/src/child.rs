@@ -203,9 +203,10 @@ impl crate::comm::Connector for FrontConnector {
         // The front waits up to SETUP_TIMEOUT for the peer; a little more here.
         let wait = crate::comm::SETUP_TIMEOUT + Duration::from_secs(5);
         match links.recv_timeout(wait) {
-            Ok(Some(fd)) => crate::comm::link(
+            Ok(Some(fd)) => crate::link::finish(
                 std::net::TcpStream::from(fd),
                 init.rank,
+                &self.policy.rdma,
                 self.policy.io_timeout,
             ),
             Ok(None) => Err(std::io::Error::other("the front could not set up the link")),

@@ -37,7 +37,6 @@
 //! The session (sans-IO) sees only [`Connector`] and [`PeerLink`]; [`CommPolicy`] is the real
 //! thing, tests pair two sessions in memory.
 
-use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -46,11 +45,20 @@ use rpc_proto::{CommInit, COMM_BF16_MIN_ELEMENTS, COMM_PORT_OFFSET, CONN_CAPS_SI
 use rpc_transport::rdma::{Caps, Flavor};
 
 use crate::cidr::{AllowList, PortRange};
+pub use crate::link::LinkRdma;
 
 /// One established pairwise link.
 pub trait PeerLink: Send {
     /// Sends `send` and receives exactly `recv.len()` bytes, in the rank's order.
     fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()>;
+    /// What the link runs on (`"TCP"`, `"RDMA/RC+lean"`, …).
+    fn transport(&self) -> &'static str {
+        "TCP"
+    }
+    /// RDMA SENDs posted and receives completed on the link (zero on TCP).
+    fn rdma_counters(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 /// Sets up links for COMM_INIT.
@@ -118,6 +126,8 @@ pub struct CommPolicy {
     pub setup_timeout: Duration,
     /// Deadline of every read and write on the link.
     pub io_timeout: Duration,
+    /// What the link may run on besides TCP ([`CommPolicy::with_rdma`]; TCP only by default).
+    pub rdma: LinkRdma,
 }
 
 impl Connector for CommPolicy {
@@ -127,7 +137,7 @@ impl Connector for CommPolicy {
             .check(init, (init.device as usize).saturating_add(1))
             .map_err(refused)?;
         let stream = self.establish(&target)?;
-        link(stream, init.rank, self.io_timeout)
+        crate::link::finish(stream, init.rank, &self.rdma, self.io_timeout)
     }
 }
 
@@ -135,22 +145,6 @@ impl Connector for CommPolicy {
 pub fn refused(r: Refusal) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::PermissionDenied, r.to_string())
 }
-
-/// The link over an established connection whose caps were exchanged
-/// ([`CommPolicy::establish`]): deadlines on every read and write.
-pub fn link(
-    stream: TcpStream,
-    rank: u32,
-    io_timeout: Duration,
-) -> std::io::Result<Box<dyn PeerLink>> {
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(io_timeout))?;
-    stream.set_write_timeout(Some(io_timeout))?;
-    Ok(Box::new(TcpLink { stream, rank }))
-}
-
-/// Our caps on the link: all zero, the link stays on TCP.
-const OUR_CAPS: [u8; CONN_CAPS_SIZE] = [0; CONN_CAPS_SIZE];
 
 /// Whether `b` is a caps block a ggml RPC server sends: all zero (no RDMA), or an RDMA offer in
 /// one of upstream's two layouts (a queue-pair number of 24 bits, a psn or LID that fits it).
@@ -178,7 +172,13 @@ impl CommPolicy {
             peer_ports,
             setup_timeout,
             io_timeout,
+            rdma: LinkRdma::off(),
         }
+    }
+
+    /// The same policy, the link allowed on RDMA as `rdma` says.
+    pub fn with_rdma(self, rdma: LinkRdma) -> CommPolicy {
+        CommPolicy { rdma, ..self }
     }
 
     /// The port rank 0 listens on: this server's own + 1000.
@@ -280,24 +280,42 @@ impl CommPolicy {
         }
     }
 
-    /// Rank 0's side of the caps exchange: the peer's block first (well formed, nothing after
-    /// it), then ours.
-    fn greet_rank1(&self, mut s: TcpStream, deadline: Instant) -> std::io::Result<TcpStream> {
+    /// Rank 0's check of a peer: a well-formed caps block arrives within the deadline and
+    /// nothing after it. Looked at, not read: the caps exchange is [`crate::link::finish`]'s,
+    /// in the process that will own the link.
+    fn greet_rank1(&self, s: TcpStream, deadline: Instant) -> std::io::Result<TcpStream> {
         s.set_nonblocking(false)?;
         s.set_nodelay(true)?;
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .min(self.io_timeout)
-            .max(Duration::from_millis(100));
-        s.set_read_timeout(Some(left))?;
-        s.set_write_timeout(Some(self.io_timeout))?;
-        let mut caps = [0u8; CONN_CAPS_SIZE];
-        s.read_exact(&mut caps)?;
-        if !caps_well_formed(&caps) {
+        s.set_read_timeout(Some(self.io_timeout.min(Duration::from_millis(100))))?;
+        let deadline = deadline.min(Instant::now() + self.io_timeout);
+        let mut caps = [0u8; CONN_CAPS_SIZE + 1];
+        loop {
+            match s.peek(&mut caps) {
+                Ok(0) => return Err(not_rpc("it closed the connection before its caps")),
+                Ok(n) if n > CONN_CAPS_SIZE => {
+                    return Err(not_rpc("it sent more than a caps block"))
+                }
+                Ok(CONN_CAPS_SIZE) => break,
+                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+            if Instant::now() >= deadline {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the peer sent no caps block in time",
+                ));
+            }
+        }
+        let block: [u8; CONN_CAPS_SIZE] = caps[..CONN_CAPS_SIZE].try_into().unwrap_or_default();
+        if !caps_well_formed(&block) {
             return Err(not_rpc("its caps block is malformed"));
         }
-        nothing_more(&s)?;
-        s.write_all(&OUR_CAPS)?;
+        nothing_more_after(&s, CONN_CAPS_SIZE)?;
         Ok(s)
     }
 
@@ -341,10 +359,10 @@ impl CommPolicy {
         Err(last.unwrap_or_else(|| bad(format!("cannot reach {host}:{port}"))))
     }
 
-    /// Rank 1's side of the caps exchange: a peer that speaks first is no ggml RPC server; ours,
-    /// then the peer's block (well formed, nothing after it: a client asks rank 0 for an
-    /// allreduce only once both ranks answered COMM_INIT, so no partial can be waiting yet).
-    fn greet_rank0(&self, mut s: TcpStream) -> std::io::Result<TcpStream> {
+    /// Rank 1's check of rank 0 before the caps exchange ([`crate::link::finish`], in the
+    /// process that will own the link, checks the answer): a peer that speaks before it is
+    /// spoken to is no ggml RPC server (a stock rank 0 reads our caps first).
+    fn greet_rank0(&self, s: TcpStream) -> std::io::Result<TcpStream> {
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(SPEAKS_FIRST_WAIT))?;
         let mut one = [0u8; 1];
@@ -360,33 +378,32 @@ impl CommPolicy {
         }
         s.set_read_timeout(Some(self.io_timeout))?;
         s.set_write_timeout(Some(self.io_timeout))?;
-        s.write_all(&OUR_CAPS)?;
-        let mut caps = [0u8; CONN_CAPS_SIZE];
-        s.read_exact(&mut caps)?;
-        if !caps_well_formed(&caps) {
-            return Err(not_rpc("its answer is not a caps block"));
-        }
-        nothing_more(&s)?;
         Ok(s)
     }
 }
 
 /// After a caps block, nothing may be waiting (a peer's partial only follows a request, which
 /// has not been made yet; a service answering with an error line has more to say).
-fn nothing_more(s: &TcpStream) -> std::io::Result<()> {
+pub(crate) fn nothing_more(s: &TcpStream) -> std::io::Result<()> {
+    nothing_more_after(s, 0)
+}
+
+/// [`nothing_more`] than the `unread` bytes still waiting on `s`.
+fn nothing_more_after(s: &TcpStream, unread: usize) -> std::io::Result<()> {
     s.set_nonblocking(true)?;
-    let mut one = [0u8; 1];
-    let r = s.peek(&mut one);
+    let mut buf = [0u8; CONN_CAPS_SIZE + 1];
+    let r = s.peek(&mut buf[..unread + 1]);
     s.set_nonblocking(false)?;
     match r {
+        Ok(n) if n > unread => Err(not_rpc("it sent more than a caps block")),
         Ok(0) => Err(not_rpc("it closed the connection after its caps")),
-        Ok(_) => Err(not_rpc("it sent more than a caps block")),
+        Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
         Err(e) => Err(e),
     }
 }
 
-fn not_rpc(why: &str) -> std::io::Error {
+pub(crate) fn not_rpc(why: &str) -> std::io::Error {
     std::io::Error::new(
         std::io::ErrorKind::InvalidData,
         format!("the peer is not a ggml RPC server: {why}"),
@@ -432,23 +449,6 @@ fn resolve_once(host: &str, timeout: Duration) -> std::io::Result<Vec<IpAddr>> {
 
 fn bad(what: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, what)
-}
-
-struct TcpLink {
-    stream: TcpStream,
-    rank: u32,
-}
-
-impl PeerLink for TcpLink {
-    fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()> {
-        if self.rank == 0 {
-            self.stream.write_all(send)?;
-            self.stream.read_exact(recv)
-        } else {
-            self.stream.read_exact(recv)?;
-            self.stream.write_all(send)
-        }
-    }
 }
 
 /// Whether an F32 partial of `n` elements travels as bf16.
@@ -549,6 +549,7 @@ pub(crate) mod memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
 
     fn f32s(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()

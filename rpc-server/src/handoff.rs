@@ -57,8 +57,10 @@
 //! session.
 //!
 //! A session process may not open sockets (its sandbox), so the front sets up 8.0's
-//! server-to-server link (`comm.rs`: the connection's `CommPolicy`, caps exchanged) and passes the
-//! connected socket down; the session process does the exchange on it directly. The front answers
+//! server-to-server link (`comm.rs`: the connection's `CommPolicy`; rank 0's peer vetted by the caps
+//! block it sent, rank 1's peer by its silence) and passes the connected socket down; the session
+//! process does the caps exchange on it (`link.rs`: its queue pair, if the link goes on RDMA) and
+//! the allreduces directly. The front answers
 //! a `C` from what it holds: the session checked the request against the same policy before
 //! asking, so one outside it (any from a 7.0 session, a device the session does not have, world ≠ 2, rank 0 elsewhere
 //! than the server's port + 1000, rank 1 to a port or numeric address the policy refuses) kills
@@ -1043,8 +1045,9 @@ fn link_request(
     Ok((init.device, target))
 }
 
-/// Front side of a session's checked `C` line: the link set up with the connection's policy
-/// (its caps exchanged) off the runtime's thread.
+/// Front side of a session's checked `C` line: the link's connection made and vetted with the
+/// connection's policy, off the runtime's thread (its caps exchange, which may lead to RDMA, is
+/// the session's: the queue pair is that process's, `link.rs`).
 async fn broker_link(
     target: crate::comm::Target,
     comm: &crate::comm::CommPolicy,
@@ -1417,16 +1420,14 @@ mod tests {
             let _ = c.read_to_end(&mut rest);
             rest
         });
-        // A peer that answers like a ggml RPC rank 0, three times.
+        // A peer that waits to be spoken to, like a ggml RPC rank 0, three times (the caps
+        // exchange is the session's, on the socket it gets).
         let rpc = allowed_listener();
         let rpc_port = rpc.local_addr().unwrap().port();
         let peer = std::thread::spawn(move || {
             let mut conns = Vec::new();
             for _ in 0..3 {
-                let (mut c, _) = rpc.accept().unwrap();
-                let mut caps = [0u8; 24];
-                c.read_exact(&mut caps).unwrap();
-                c.write_all(&[0u8; 24]).unwrap();
+                let (c, _) = rpc.accept().unwrap();
                 conns.push(c);
             }
             conns

@@ -40,6 +40,7 @@ pub mod backend {
 pub mod gguf;
 #[cfg(unix)]
 pub mod handoff;
+pub mod link;
 pub mod local_weights;
 pub mod metrics;
 #[cfg(target_os = "linux")]

@@ -223,6 +223,18 @@ impl ServerOptions {
             crate::comm::SETUP_TIMEOUT,
             self.request_timeout,
         )
+        .with_rdma(self.link_rdma())
+    }
+
+    /// What a comm link may run on besides TCP: as the client connections (`--transport`,
+    /// `GGML_RPC_NO_RDMA`, the RDMA device flags, `RPC_RDMA_LEAN`).
+    pub fn link_rdma(&self) -> crate::link::LinkRdma {
+        let rdma = self.rdma_config();
+        crate::link::LinkRdma {
+            mode: rdma.mode,
+            opts: rdma.opts.clone(),
+            lean: rdma.lean,
+        }
     }
 
     /// The RDMA settings and counters these options make (one per server).

@@ -32,6 +32,7 @@ impl Session {
                 tracing::info!(
                     device = init.device,
                     rank = init.rank,
+                    transport = link.transport(),
                     "joined pairwise comm"
                 );
                 self.links[d] = Some(link);
@@ -98,5 +99,19 @@ impl Session {
             .write(off, &own)
             .map_err(SessionError::access("COMM_ALLREDUCE"))?;
         Ok(())
+    }
+
+    /// COMM_FREE: the device leaves its link (fine without one); what crossed it is logged.
+    pub(super) fn comm_free(&mut self, device: u32) {
+        if let Some(link) = self.links[device as usize].take() {
+            let (sends, recvs) = link.rdma_counters();
+            tracing::info!(
+                device,
+                transport = link.transport(),
+                rdma_sends = sends,
+                rdma_recvs = recvs,
+                "left pairwise comm"
+            );
+        }
     }
 }

@@ -321,7 +321,7 @@ impl Session {
             }
             Request::CommFree { device } => {
                 self.device(device)?;
-                self.links[device as usize] = None;
+                self.comm_free(device);
                 None
             }
         })

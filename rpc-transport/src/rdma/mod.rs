@@ -9,9 +9,12 @@
 //!   real verbs ([`negotiate::negotiate_client`]).
 //! - [`RdmaTransport`]: drives a flavor asynchronously as a [`crate::Transport`], and watches the
 //!   TCP socket that stays open as the liveness anchor (UC reports nothing when a peer dies).
+//! - [`blocking::BlockingLink`]: drives a flavor from one blocking thread with a deadline on
+//!   every call (the server-to-server link of 8.0's collectives).
 //! - `fake`: an in-process fabric that enforces both flavors' hardware rules, for fast tests
 //!   (only in test builds and with the `test-util` feature: it is not part of the library users get).
 
+pub mod blocking;
 pub mod caps;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
@@ -72,7 +75,7 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// channel, a timer tick without one, far more than an RDMA round trip). After it, the
 /// connection sleeps on the queue pair's completion channel (Linux; no CPU while idle) or,
 /// without one, polls on a 1 ms timer. `RPC_RDMA_SPIN_MS` overrides it (0: never spin).
-fn spin_window() -> Duration {
+pub(crate) fn spin_window() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
         let ms = std::env::var("RPC_RDMA_SPIN_MS")

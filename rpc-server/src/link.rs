@@ -1,0 +1,271 @@
+//! The comm link's transport: the caps exchange and what it leads to (TCP, upstream's RDMA
+//! flavors, or our lean framing), run in the process that will own the link's queue pair (a
+//! session process, or the one process of `--no-isolate`), on a connection
+//! [`crate::comm::CommPolicy::establish`] made and vetted.
+//!
+//! The roles are HELLO's (stock runs the same negotiation on the link): rank 1 is the client
+//! (prepares a queue pair, sends its caps first, activates what the answer says), rank 0 the
+//! server (reads the peer's caps, answers ours only if it can activate, else all zero). So a
+//! stock RDMA-built 8.0 server in either rank moves partials over RDMA with one of ours, and
+//! two of ours speak the lean framing. Everything is decided before the first partial: a link
+//! that cannot activate stays on TCP (rank 0 answers zero caps; over UC either side's
+//! readiness byte says no), except where upstream gives no way back (a stock rank 0 that
+//! answered RC caps has switched: rank 1 must activate or the link fails, and COMM_INIT
+//! answers 0). Every step has a deadline.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use rpc_proto::CONN_CAPS_SIZE;
+use rpc_transport::cli::TransportMode;
+use rpc_transport::rdma::blocking::BlockingLink;
+use rpc_transport::rdma::negotiate::{client_choice, lean_name, server_choice, Choice, READY};
+use rpc_transport::rdma::real::{self, Prepared, RdmaOptions};
+use rpc_transport::rdma::{Caps, Flavor, Flavored};
+
+use crate::comm::{caps_well_formed, not_rpc, nothing_more, PeerLink};
+
+/// What the link may use besides TCP (from the server's options: `--transport`,
+/// `--rdma-device`, `--rdma-gid-index`, `GGML_RPC_NO_RDMA`, `RPC_RDMA_LEAN`).
+#[derive(Debug, Clone)]
+pub struct LinkRdma {
+    pub mode: TransportMode,
+    pub opts: RdmaOptions,
+    /// Speak the lean framing with a peer that is ours.
+    pub lean: bool,
+}
+
+impl LinkRdma {
+    /// TCP only.
+    pub fn off() -> LinkRdma {
+        LinkRdma {
+            mode: TransportMode::Tcp,
+            opts: RdmaOptions::default(),
+            lean: false,
+        }
+    }
+
+    fn on(&self) -> bool {
+        self.mode != TransportMode::Tcp
+    }
+}
+
+/// The link over `stream` for `rank`, its caps exchanged here: every later read and write has
+/// `io_timeout`.
+pub fn finish(
+    stream: TcpStream,
+    rank: u32,
+    rdma: &LinkRdma,
+    io_timeout: Duration,
+) -> std::io::Result<Box<dyn PeerLink>> {
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(io_timeout))?;
+    stream.set_write_timeout(Some(io_timeout))?;
+    let activated = match rank {
+        0 => as_rank0(&stream, rdma)?,
+        _ => as_rank1(&stream, rdma)?,
+    };
+    match activated {
+        None => {
+            tracing::info!(rank, "comm link: on TCP");
+            Ok(Box::new(TcpLink { stream, rank }))
+        }
+        Some(link) => ready(stream, link, rank, io_timeout),
+    }
+}
+
+/// An activated queue pair, before the UC readiness exchange.
+enum Activated {
+    Rc(rpc_transport::rdma::RcLink<real::RealQp>),
+    Uc(rpc_transport::rdma::UcLink<real::RealQp>),
+    Lean(rpc_transport::rdma::LeanLink<real::RealQp>, Flavor),
+}
+
+impl Activated {
+    fn flavor(&self) -> Flavor {
+        match self {
+            Activated::Rc(_) => Flavor::LinuxRc,
+            Activated::Uc(_) => Flavor::AppleUc,
+            Activated::Lean(_, f) => *f,
+        }
+    }
+}
+
+fn activate(prepared: Prepared, peer: &Caps, lean: bool) -> std::io::Result<Activated> {
+    let r = match (peer.flavor, lean) {
+        (f, true) => prepared.activate_lean(peer).map(|l| Activated::Lean(l, f)),
+        (Flavor::LinuxRc, false) => prepared.activate_rc(peer).map(Activated::Rc),
+        (Flavor::AppleUc, false) => prepared.activate_uc(peer).map(Activated::Uc),
+    };
+    r.map_err(|e| std::io::Error::other(format!("RDMA activation: {e}")))
+}
+
+/// Rank 0, the server's role: the peer's caps (already vetted by the front), then ours, all
+/// zero unless our queue pair is activated.
+fn as_rank0(mut s: &TcpStream, rdma: &LinkRdma) -> std::io::Result<Option<Activated>> {
+    let mut peer_caps = [0u8; CONN_CAPS_SIZE];
+    s.read_exact(&mut peer_caps)?;
+    if !caps_well_formed(&peer_caps) {
+        return Err(not_rpc("its caps block is malformed"));
+    }
+    let mut reply = [0u8; CONN_CAPS_SIZE];
+    let mut activated = None;
+    if rdma.on() {
+        if let Choice::Upstream(peer) | Choice::Lean(peer) =
+            server_choice(&peer_caps, Flavor::native(), rdma.lean)
+        {
+            let lean = peer.lean && rdma.lean;
+            let local = s.local_addr()?.ip();
+            match real::prepare_with(local, peer.flavor, &rdma.opts, lean) {
+                Ok(prepared) => {
+                    let ours = prepared.caps();
+                    match activate(prepared, &peer, lean) {
+                        Ok(a) => {
+                            reply = ours.encode();
+                            activated = Some(a);
+                        }
+                        Err(e) => tracing::warn!("comm link: {e}; staying on TCP"),
+                    }
+                }
+                Err(e) => tracing::info!("comm link: RDMA cannot engage ({e}); staying on TCP"),
+            }
+        }
+    }
+    s.write_all(&reply)?;
+    Ok(activated)
+}
+
+/// Rank 1, the client's role: our caps (an offer if a queue pair could be prepared), then the
+/// peer's answer.
+fn as_rank1(mut s: &TcpStream, rdma: &LinkRdma) -> std::io::Result<Option<Activated>> {
+    let prepared = match rdma.on() {
+        true => {
+            let local = s.local_addr()?.ip();
+            match real::prepare_with(local, Flavor::native(), &rdma.opts, rdma.lean) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::info!("comm link: RDMA cannot engage ({e}); offering TCP");
+                    None
+                }
+            }
+        }
+        false => None,
+    };
+    let offer = prepared.as_ref().map(|p| p.caps());
+    s.write_all(&offer.map_or([0; CONN_CAPS_SIZE], |c| c.encode()))?;
+    let mut answer = [0u8; CONN_CAPS_SIZE];
+    s.read_exact(&mut answer)?;
+    if !caps_well_formed(&answer) {
+        return Err(not_rpc("its answer is not a caps block"));
+    }
+    let (Some(prepared), Some(offer)) = (prepared, offer) else {
+        // A stock rank 0 answers its caps whatever we offered, and stays on TCP with our zeros.
+        nothing_more(s)?;
+        return Ok(None);
+    };
+    let choice = client_choice(&offer, &answer)
+        .map_err(|e| std::io::Error::other(format!("RDMA negotiation on the link: {e}")))?;
+    match choice {
+        Choice::Tcp => {
+            nothing_more(s)?;
+            Ok(None)
+        }
+        Choice::Upstream(peer) => activate(prepared, &peer, false).map(Some),
+        Choice::Lean(peer) => activate(prepared, &peer, true).map(Some),
+    }
+}
+
+/// After activation: the UC readiness exchange (both framings, as upstream), then the link over
+/// RDMA with the TCP connection as its anchor.
+fn ready(
+    stream: TcpStream,
+    link: Activated,
+    rank: u32,
+    io_timeout: Duration,
+) -> std::io::Result<Box<dyn PeerLink>> {
+    if link.flavor() == Flavor::AppleUc {
+        (&stream).write_all(&[READY])?;
+        let mut b = [0u8; 1];
+        (&stream).read_exact(&mut b)?;
+        if b[0] != READY {
+            tracing::warn!(
+                "comm link: the peer could not activate RDMA (readiness byte {:#x}); on TCP",
+                b[0]
+            );
+            return Ok(Box::new(TcpLink { stream, rank }));
+        }
+    }
+    let l: Box<dyn PeerLink> = match link {
+        Activated::Rc(l) => rdma_link(l, stream, rank, io_timeout, "RDMA/RC")?,
+        Activated::Uc(l) => rdma_link(l, stream, rank, io_timeout, "RDMA/UC")?,
+        Activated::Lean(l, f) => rdma_link(l, stream, rank, io_timeout, lean_name(f))?,
+    };
+    Ok(l)
+}
+
+fn rdma_link<F: Flavored + 'static>(
+    link: F,
+    anchor: TcpStream,
+    rank: u32,
+    io_timeout: Duration,
+    name: &'static str,
+) -> std::io::Result<Box<dyn PeerLink>> {
+    tracing::info!(rank, transport = name, "comm link: RDMA activated");
+    Ok(Box::new(RdmaLink {
+        link: BlockingLink::new(link, Some(anchor), name)?,
+        rank,
+        io_timeout,
+    }))
+}
+
+/// The link over TCP: the stock wire, no framing.
+pub(crate) struct TcpLink {
+    pub(crate) stream: TcpStream,
+    pub(crate) rank: u32,
+}
+
+impl PeerLink for TcpLink {
+    fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()> {
+        if self.rank == 0 {
+            self.stream.write_all(send)?;
+            self.stream.read_exact(recv)
+        } else {
+            self.stream.read_exact(recv)?;
+            self.stream.write_all(send)
+        }
+    }
+
+    fn transport(&self) -> &'static str {
+        "TCP"
+    }
+}
+
+/// The link over RDMA: one message per partial each way, in the rank's order.
+struct RdmaLink<F: Flavored> {
+    link: BlockingLink<F>,
+    rank: u32,
+    io_timeout: Duration,
+}
+
+impl<F: Flavored> PeerLink for RdmaLink<F> {
+    fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()> {
+        let deadline = Instant::now() + self.io_timeout;
+        if self.rank == 0 {
+            self.link.send(send, deadline)?;
+            self.link.recv_exact(recv, deadline)
+        } else {
+            self.link.recv_exact(recv, deadline)?;
+            self.link.send(send, deadline)
+        }
+    }
+
+    fn transport(&self) -> &'static str {
+        self.link.name()
+    }
+
+    fn rdma_counters(&self) -> (u64, u64) {
+        self.link.counters()
+    }
+}
