@@ -169,6 +169,13 @@ pub struct Args {
     #[arg(long, value_name = "PORTS", value_delimiter = ',')]
     pub comm_peer_ports: Vec<crate::cidr::PortRange>,
 
+    /// The RDMA flavor this server offers on a tensor-split link it dials (rank 1): `native`
+    /// (Apple UC on macOS, Linux RC elsewhere, as a stock RDMA build), `rc` or `uc`. As rank 0
+    /// it answers whichever its peer offers. The link goes on RDMA only when both servers can;
+    /// between two of ours it speaks the lean framing.
+    #[arg(long, value_enum, value_name = "FLAVOR", default_value = "native")]
+    pub comm_rdma_flavor: rpc_transport::cli::FlavorChoice,
+
     /// A new connection must send its whole HELLO within this many seconds (stock clients send
     /// it at once); until then it holds no connection slot.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::options::DEFAULT_HELLO_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
@@ -254,7 +261,9 @@ pub struct Args {
     /// How long a TCP connection polls for the next bytes of a request before its thread sleeps
     /// (microseconds; 0: sleep at once). Polling yields the core to any other runnable thread;
     /// it saves the sleep and wake-up of a thread per request, which on a VM or a busy host
-    /// costs more than the request itself.
+    /// costs more than the request itself. A connection polls only while its recent requests
+    /// came within the window; after a few that came later it sleeps at once, like a plain
+    /// blocking server, until they come sooner again.
     #[arg(long, value_name = "MICROSECONDS", default_value_t = rpc_transport::tcp::DEFAULT_POLL_WINDOW.as_micros() as u64)]
     pub poll_window: u64,
 
@@ -335,6 +344,7 @@ impl Args {
             allow: self.allow.clone(),
             comm_peers: self.comm_peers.clone(),
             comm_peer_ports: self.comm_peer_ports.clone(),
+            comm_rdma_flavor: self.comm_rdma_flavor,
             hello_timeout: secs(self.hello_timeout),
             request_timeout: secs(self.request_timeout),
             idle_timeout: (self.idle_timeout > 0).then(|| secs(self.idle_timeout)),

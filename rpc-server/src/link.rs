@@ -30,6 +30,8 @@ use crate::comm::{caps_well_formed, not_rpc, nothing_more, PeerLink};
 /// `--rdma-device`, `--rdma-gid-index`, `GGML_RPC_NO_RDMA`, `RPC_RDMA_LEAN`).
 #[derive(Debug, Clone)]
 pub struct LinkRdma {
+    /// The flavor offered as rank 1 (rank 0 answers the peer's).
+    pub flavor: Flavor,
     pub mode: TransportMode,
     pub opts: RdmaOptions,
     /// Speak the lean framing with a peer that is ours.
@@ -40,6 +42,7 @@ impl LinkRdma {
     /// TCP only.
     pub fn off() -> LinkRdma {
         LinkRdma {
+            flavor: Flavor::native(),
             mode: TransportMode::Tcp,
             opts: RdmaOptions::default(),
             lean: false,
@@ -143,7 +146,7 @@ fn as_rank1(mut s: &TcpStream, rdma: &LinkRdma) -> std::io::Result<Option<Activa
     let prepared = match rdma.on() {
         true => {
             let local = s.local_addr()?.ip();
-            match real::prepare_with(local, Flavor::native(), &rdma.opts, rdma.lean) {
+            match real::prepare_with(local, rdma.flavor, &rdma.opts, rdma.lean) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     tracing::info!("comm link: RDMA cannot engage ({e}); offering TCP");

@@ -13,6 +13,7 @@ use crate::cidr::{AllowList, Cidr, PortRange};
 use crate::comm::CommPolicy;
 use crate::rdma::{RdmaConfig, TransportMode};
 use crate::session::MemoryLimits;
+use rpc_transport::cli::FlavorChoice;
 
 /// Default `--hello-timeout`: a client sends HELLO as soon as it connects.
 pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -82,8 +83,12 @@ pub struct ServerOptions {
     pub max_alloc_per_connection: Option<u64>,
     /// Buffers all connections may hold; `None`: the devices' memory.
     pub max_alloc_total: Option<u64>,
-    #[serde(with = "transport_mode")]
+    #[serde(with = "value_enum")]
     pub transport: TransportMode,
+    /// The RDMA flavor this server offers as rank 1 of a comm link (`--comm-rdma-flavor`; as
+    /// rank 0 it answers the flavor its peer offers).
+    #[serde(with = "value_enum")]
+    pub comm_rdma_flavor: FlavorChoice,
     pub rdma_device: Option<String>,
     pub rdma_gid_index: Option<u32>,
     /// RDMA connections at once (`rdma::default_max_connections`).
@@ -146,6 +151,7 @@ impl Default for ServerOptions {
             max_alloc_per_connection: None,
             max_alloc_total: None,
             transport: TransportMode::Auto,
+            comm_rdma_flavor: FlavorChoice::Native,
             rdma_device: None,
             rdma_gid_index: None,
             rdma_max_connections: crate::rdma::default_max_connections(),
@@ -231,6 +237,7 @@ impl ServerOptions {
     pub fn link_rdma(&self) -> crate::link::LinkRdma {
         let rdma = self.rdma_config();
         crate::link::LinkRdma {
+            flavor: self.comm_rdma_flavor.flavor(),
             mode: rdma.mode,
             opts: rdma.opts.clone(),
             lean: rdma.lean,
@@ -318,28 +325,18 @@ mod flag_texts {
     }
 }
 
-/// `--transport` as its flag value.
-mod transport_mode {
-    use super::TransportMode;
+/// A flag's enum (`--transport`, `--comm-rdma-flavor`) as its flag value.
+mod value_enum {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(m: &TransportMode, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(match m {
-            TransportMode::Auto => "auto",
-            TransportMode::Tcp => "tcp",
-            TransportMode::Rdma => "rdma",
-        })
+    pub fn serialize<T: clap::ValueEnum, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        let name = v.to_possible_value().map(|p| p.get_name().to_string());
+        s.serialize_str(name.as_deref().unwrap_or(""))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TransportMode, D::Error> {
-        match String::deserialize(d)?.as_str() {
-            "auto" => Ok(TransportMode::Auto),
-            "tcp" => Ok(TransportMode::Tcp),
-            "rdma" => Ok(TransportMode::Rdma),
-            other => Err(serde::de::Error::custom(format!(
-                "unknown transport {other}"
-            ))),
-        }
+    pub fn deserialize<'de, T: clap::ValueEnum, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+        let text = String::deserialize(d)?;
+        T::from_str(&text, false).map_err(serde::de::Error::custom)
     }
 }
 
