@@ -190,6 +190,7 @@ pub fn run(
     let opts = RelayOptions {
         protocol: false,
         zero_hello_caps: false,
+        ..RelayOptions::default()
     };
     // Best (least disturbed) ping summary and bulk result per link over the rounds.
     let mut best: Vec<(Option<Summary>, u64, f64)> = vec![(None, 0, 0.0); links.len()];

@@ -109,10 +109,15 @@ impl Shaper {
 /// Options of a relay.
 #[derive(Debug, Clone, Copy)]
 pub struct RelayOptions {
-    /// Parse the ggml RPC framing and count (off for raw byte streams, e.g. the emulator check).
+    /// Parse the ggml RPC framing and count (off for raw byte streams, e.g. the emulator check:
+    /// then only the bytes each way are counted).
     pub protocol: bool,
     /// Zero the client's HELLO transport caps (keeps RDMA-capable clients on TCP).
     pub zero_hello_caps: bool,
+    /// How long to keep dialing an upstream that is not listening yet (connection refused)
+    /// before giving a client's connection up; zero: one try. For an upstream that starts
+    /// listening only when asked to (a rank 0 server's allreduce link, `rpc-bench allreduce`).
+    pub upstream_wait: Duration,
 }
 
 impl Default for RelayOptions {
@@ -120,6 +125,7 @@ impl Default for RelayOptions {
         RelayOptions {
             protocol: true,
             zero_hello_caps: true,
+            upstream_wait: Duration::ZERO,
         }
     }
 }
@@ -136,7 +142,17 @@ pub struct Relay {
 impl Relay {
     /// Starts a relay on `127.0.0.1:0` in front of `upstream`, emulating `wire` each way.
     pub fn start(upstream: SocketAddr, wire: Wire, opts: RelayOptions) -> io::Result<Relay> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        Relay::on(TcpListener::bind("127.0.0.1:0")?, upstream, wire, opts)
+    }
+
+    /// Starts a relay on a listener the caller bound (a port fixed in advance, e.g. one a server
+    /// is told to dial) in front of `upstream`, emulating `wire` each way.
+    pub fn on(
+        listener: TcpListener,
+        upstream: SocketAddr,
+        wire: Wire,
+        opts: RelayOptions,
+    ) -> io::Result<Relay> {
         let addr = listener.local_addr()?;
         let counters = Arc::new(Counters::default());
         let stop = Arc::new(AtomicBool::new(false));
@@ -150,7 +166,12 @@ impl Relay {
                         break;
                     }
                     let Ok(client) = conn else { continue };
-                    if let Err(e) = spawn_connection(client, upstream, wire, opts, &c, &socks) {
+                    let dial = Dial {
+                        upstream,
+                        wait: opts.upstream_wait,
+                        stop: &s,
+                    };
+                    if let Err(e) = spawn_connection(client, dial, wire, opts, &c, &socks) {
                         tracing::warn!("relay: cannot reach the server {upstream}: {e}");
                     }
                 }
@@ -190,15 +211,42 @@ impl Drop for Relay {
     }
 }
 
+/// Where and how long a relay dials its upstream ([`RelayOptions::upstream_wait`]).
+struct Dial<'a> {
+    upstream: SocketAddr,
+    wait: Duration,
+    stop: &'a AtomicBool,
+}
+
+impl Dial<'_> {
+    /// Connects, dialing again every 5 ms while refused, until `wait` has passed or the relay
+    /// stops.
+    fn connect(&self) -> io::Result<TcpStream> {
+        let deadline = Instant::now() + self.wait;
+        loop {
+            match TcpStream::connect(self.upstream) {
+                Err(e)
+                    if e.kind() == io::ErrorKind::ConnectionRefused
+                        && Instant::now() < deadline
+                        && !self.stop.load(Ordering::SeqCst) =>
+                {
+                    thread::sleep(Duration::from_millis(5))
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
 fn spawn_connection(
     client: TcpStream,
-    upstream: SocketAddr,
+    dial: Dial,
     wire: Wire,
     opts: RelayOptions,
     counters: &Arc<Counters>,
     sockets: &Arc<Mutex<Vec<TcpStream>>>,
 ) -> io::Result<()> {
-    let server = match TcpStream::connect(upstream) {
+    let server = match dial.connect() {
         Ok(s) => s,
         Err(e) => {
             let _ = client.shutdown(Shutdown::Both);
@@ -220,7 +268,7 @@ fn spawn_connection(
     let (p_up, p_down) = if opts.protocol {
         (Some(up), Some(down))
     } else {
-        (None, None)
+        (Some(Direction::RawUp), Some(Direction::RawDown))
     };
     spawn_pump(
         "relay-c2s",
@@ -234,10 +282,12 @@ fn spawn_connection(
     Ok(())
 }
 
-/// Which way a pump forwards, with its parser.
+/// Which way a pump forwards, with its parser (raw: bytes counted, nothing parsed).
 enum Direction {
     Up(RequestParser),
     Down(ResponseParser),
+    RawUp,
+    RawDown,
 }
 
 impl Direction {
@@ -245,6 +295,8 @@ impl Direction {
         match self {
             Direction::Up(p) => p.feed(data, c),
             Direction::Down(p) => p.feed(data, c),
+            Direction::RawUp => c.raw_bytes(true, data.len()),
+            Direction::RawDown => c.raw_bytes(false, data.len()),
         }
     }
 }
@@ -325,6 +377,39 @@ mod tests {
         addr
     }
 
+    /// A relay on a port fixed in advance reaches an upstream that starts listening only after
+    /// the client connected (`upstream_wait`), and counts a raw stream's bytes each way.
+    #[test]
+    fn waits_for_a_late_upstream_and_counts_raw_bytes() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let upstream = SocketAddr::from(([127, 0, 0, 1], port));
+        let opts = RelayOptions {
+            protocol: false,
+            zero_hello_caps: false,
+            upstream_wait: Duration::from_secs(10),
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let relay = Relay::on(listener, upstream, Wire::transparent(), opts).unwrap();
+        let late = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(200));
+            let (mut c, _) = TcpListener::bind(upstream).unwrap().accept().unwrap();
+            let mut b = [0u8; 5];
+            c.read_exact(&mut b).unwrap();
+            c.write_all(&[9; 7]).unwrap();
+        });
+        let mut c = TcpStream::connect(relay.addr()).unwrap();
+        c.write_all(b"hello").unwrap();
+        let mut b = [0u8; 7];
+        c.read_exact(&mut b).unwrap();
+        late.join().unwrap();
+        assert_eq!(b, [9; 7]);
+        let t = relay.counters().snapshot();
+        assert_eq!((t.c2s_bytes, t.s2c_bytes, t.round_trips), (5, 7, 0));
+    }
+
     #[test]
     fn shaper_serialises_back_to_back_chunks() {
         let mut s = Shaper {
@@ -368,6 +453,7 @@ mod tests {
             RelayOptions {
                 protocol: false,
                 zero_hello_caps: false,
+                ..RelayOptions::default()
             },
         )
         .unwrap();

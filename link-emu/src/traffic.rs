@@ -164,6 +164,13 @@ impl Counters {
         }
     }
 
+    /// Counts `n` bytes of a raw (unparsed) stream: client → server (`up`) or back. Only
+    /// [`Traffic::c2s_bytes`] and [`Traffic::s2c_bytes`] grow.
+    pub fn raw_bytes(&self, up: bool, n: usize) {
+        let c = if up { &self.c2s_bytes } else { &self.s2c_bytes };
+        c.fetch_add(n as u64, Relaxed);
+    }
+
     /// Counts a new client connection.
     pub fn connection(&self) {
         self.connections.fetch_add(1, Relaxed);

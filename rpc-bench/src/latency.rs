@@ -21,6 +21,7 @@ use rpc_transport::Transport;
 use crate::cli::Common;
 
 use crate::conn::{self, BenchConn, Target};
+use crate::echo::Floor;
 use crate::links::{LinkKind, LinkProfile};
 use crate::relay::{Relay, RelayOptions, Wire};
 use crate::stats::Summary;
@@ -32,6 +33,7 @@ pub use crate::Origin;
 #[allow(missing_docs)]
 pub enum Case {
     Empty,
+    Alignment,
     Set(usize),
     Get(usize),
 }
@@ -40,26 +42,43 @@ impl Case {
     /// Payload bytes (0 for the empty command).
     pub fn bytes(self) -> usize {
         match self {
-            Case::Empty => 0,
+            Case::Empty | Case::Alignment => 0,
             Case::Set(n) | Case::Get(n) => n,
         }
     }
 
-    /// `empty (DEVICE_COUNT)`, `SET_TENSOR 28.0 KiB + DEVICE_COUNT`, `GET_TENSOR 1.00 MiB`.
+    /// `empty (DEVICE_COUNT)`, `tiny (GET_ALIGNMENT)`, `SET_TENSOR 28.0 KiB + DEVICE_COUNT`,
+    /// `GET_TENSOR 1.00 MiB`.
     pub fn name(self) -> String {
         let size = human_bytes(self.bytes() as f64);
         match self {
             Case::Empty => "empty (DEVICE_COUNT)".into(),
+            Case::Alignment => "tiny (GET_ALIGNMENT)".into(),
             Case::Set(_) => format!("SET_TENSOR {size} + DEVICE_COUNT"),
             Case::Get(_) => format!("GET_TENSOR {size}"),
         }
     }
 
-    /// The cases for these sizes: empty first, then set and get per size.
+    /// The cases for these sizes: the two tiny ones first, then set and get per size.
     pub fn all(sizes: &[usize]) -> Vec<Case> {
         let sized = sizes.iter().flat_map(|&n| [Case::Set(n), Case::Get(n)]);
-        std::iter::once(Case::Empty).chain(sized).collect()
+        [Case::Empty, Case::Alignment]
+            .into_iter()
+            .chain(sized)
+            .collect()
     }
+}
+
+/// How the servers' lanes take turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Alternate {
+    /// One iteration of every server's lane in turn (the first lane rotating): every server
+    /// measured under the same moment's machine state; each server waits while the client
+    /// visits the others, as a worker does between a client's requests.
+    Iteration,
+    /// Each server on its own within a round (its lanes in turn), the servers one after
+    /// another: back-to-back round trips against one server.
+    Round,
 }
 
 /// Settings of a latency run: its command line.
@@ -88,15 +107,20 @@ pub struct LatencyConfig {
     /// Rounds the iterations are split into; each round visits every server and link in turn.
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
+    /// How servers take turns: `iteration` (one round trip per server in turn) or `round`
+    /// (back-to-back round trips against each server, servers one after another per round).
+    #[arg(long, value_enum, default_value = "iteration")]
+    pub alternate: Alternate,
     /// Server device index.
     #[arg(long, default_value_t = 0)]
     pub device: u32,
     /// Print a text histogram of every measured case.
     #[arg(long)]
     pub histograms: bool,
-    /// Also measure the floor: a server in a child process that reads each request and answers it
-    /// with zeros, doing no work, over the same TCP code and poll window as rpc-server (row
-    /// "echo floor"; loopback only).
+    /// Also measure the floor: two do-nothing servers in a child process each, which read each
+    /// request and answer it with zeros: one over rpc-server's TCP code and poll policy (row
+    /// "echo (our transport)"), one a plain blocking read/write loop, the stock server's shape
+    /// (row "echo (blocking)"); loopback only.
     #[arg(long)]
     pub echo_floor: bool,
     /// Write a PNG chart (p50 per link: empty command and GET_TENSOR of each size).
@@ -209,6 +233,9 @@ impl Lane {
             Case::Empty => {
                 self.conn.device_count().await?;
             }
+            Case::Alignment => {
+                self.conn.get_alignment(0).await?;
+            }
         }
         Ok(start.elapsed())
     }
@@ -218,11 +245,13 @@ impl Lane {
 /// time (the stock `ggml-rpc-server` does).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Measures `lanes` interleaved into `acc` (one result per lane): per case, the warm-up of
-/// each, then one iteration of each in turn.
+/// Measures `lanes` interleaved into `acc` (`acc[server][spec]`; lane `i` is `ids[i]`): per
+/// case, the warm-up of each, then one iteration of each in turn, the first lane of a turn
+/// rotating so that no lane always follows the same one.
 async fn measure(
     lanes: &mut [Lane],
-    acc: &mut [LaneResult],
+    acc: &mut [Vec<LaneResult>],
+    ids: &[(usize, usize)],
     cases: &[Case],
     (iterations, warmup): (usize, usize),
     pb: &ProgressBar,
@@ -231,11 +260,13 @@ async fn measure(
     let max = cases.iter().map(|c| c.bytes()).max().unwrap_or(0).max(4);
     let data: Vec<u8> = (0..max).map(|i| (i % 251) as u8).collect();
     let mut out = vec![0u8; data.len()];
-    for (lane, acc) in lanes.iter().zip(acc.iter_mut()) {
+    for (lane, &(ti, si)) in lanes.iter().zip(ids) {
+        let acc = &mut acc[ti][si];
         acc.transport = lane.conn.transport().name().to_string();
         acc.samples.resize(cases.len(), Vec::new());
         acc.traffic.resize(cases.len(), None);
     }
+    let n = lanes.len();
     for (ci, case) in cases.iter().enumerate() {
         pb.set_message(format!("{label}: {}", case.name()));
         for lane in lanes.iter_mut() {
@@ -246,20 +277,56 @@ async fn measure(
         }
         let count = |l: &Lane| l.relay.as_ref().map(|r| r.counters().snapshot());
         let before: Vec<_> = lanes.iter().map(count).collect();
-        for _ in 0..iterations {
-            for (lane, acc) in lanes.iter_mut().zip(acc.iter_mut()) {
-                acc.samples[ci].push(lane.once(case, &data, &mut out).await?);
+        for it in 0..iterations {
+            for k in 0..n {
+                let li = (it + k) % n;
+                let (ti, si) = ids[li];
+                let took = lanes[li].once(case, &data, &mut out).await?;
+                acc[ti][si].samples[ci].push(took);
                 pb.inc(1);
             }
         }
-        for ((lane, acc), b) in lanes.iter().zip(acc.iter_mut()).zip(before) {
+        for ((lane, &(ti, si)), b) in lanes.iter().zip(ids).zip(before) {
             if let (Some(now), Some(b)) = (count(lane), b) {
-                let t = acc.traffic[ci].get_or_insert_with(Traffic::default);
+                let t = acc[ti][si].traffic[ci].get_or_insert_with(Traffic::default);
                 *t = t.plus(&now.since(&b));
             }
         }
     }
     Ok(())
+}
+
+/// The lanes open at once, as `(server, spec)` pairs, one group after another. A server that
+/// serves one connection at a time (`concurrent[server]` false) has one lane per group. With
+/// [`Alternate::Iteration`] a group holds lanes of every server; with [`Alternate::Round`] of one.
+fn lane_groups(
+    concurrent: &[bool],
+    specs: usize,
+    alternate: Alternate,
+) -> Vec<Vec<(usize, usize)>> {
+    let per_server = |ti: usize| -> Vec<Vec<(usize, usize)>> {
+        match concurrent[ti] {
+            true => vec![(0..specs).map(|si| (ti, si)).collect()],
+            false => (0..specs).map(|si| vec![(ti, si)]).collect(),
+        }
+    };
+    let servers = 0..concurrent.len();
+    match alternate {
+        Alternate::Round => servers.flat_map(per_server).collect(),
+        Alternate::Iteration => {
+            let each: Vec<_> = servers.map(per_server).collect();
+            let groups = each.iter().map(Vec::len).max().unwrap_or(0);
+            (0..groups)
+                .map(|g| {
+                    each.iter()
+                        .filter_map(|s| s.get(g))
+                        .flatten()
+                        .copied()
+                        .collect()
+                })
+                .collect()
+        }
+    }
 }
 
 /// Whether the server answers a second connection while `first` is open. The stock
@@ -345,25 +412,23 @@ pub async fn run(cfg: &LatencyConfig) -> anyhow::Result<Vec<CaseResult>> {
         .iter()
         .map(|_| specs.iter().map(|_| LaneResult::default()).collect())
         .collect();
+    let groups = lane_groups(&concurrent, specs.len(), cfg.alternate);
     for r in 0..rounds {
         let iters = cfg.iterations / rounds + usize::from(r < cfg.iterations % rounds);
-        for (ti, target) in cfg.server.iter().enumerate() {
-            // All lanes at once, or (one connection at a time) each lane on its own.
-            let group = if concurrent[ti] { specs.len() } else { 1 };
-            for start in (0..specs.len()).step_by(group) {
-                let g = start..start + group;
-                let mut lanes = Vec::new();
-                for spec in &specs[g.clone()] {
-                    lanes.push(Lane::open(spec, target.addrs[0], cfg).await?);
-                }
-                let via = match concurrent[ti] {
-                    true => String::new(),
-                    false => format!(" via {}", specs[g.start].link),
-                };
-                let label = format!("{}{via} (round {}/{rounds})", target.label, r + 1);
-                let acc = &mut results[ti][g];
-                measure(&mut lanes, acc, &cases, (iters, warmup), &pb, &label).await?;
+        for ids in &groups {
+            let mut lanes = Vec::new();
+            for &(ti, si) in ids {
+                lanes.push(Lane::open(&specs[si], cfg.server[ti].addrs[0], cfg).await?);
             }
+            let mut names: Vec<String> = Vec::new();
+            for &(ti, _) in ids {
+                if !names.contains(&cfg.server[ti].label) {
+                    names.push(cfg.server[ti].label.clone());
+                }
+            }
+            let label = format!("{} (round {}/{rounds})", names.join(", "), r + 1);
+            let w = (iters, warmup);
+            measure(&mut lanes, &mut results, ids, &cases, w, &pb, &label).await?;
         }
     }
     let mut rows = Vec::new();
@@ -383,12 +448,16 @@ pub fn command(mut cfg: LatencyConfig) -> anyhow::Result<()> {
             cfg.transport == TransportMode::Tcp,
             "--echo-floor measures TCP over loopback; leave out --transport rdma"
         );
-        let child = crate::echo::spawn_child()?;
-        cfg.server.push(Target {
-            label: "echo floor".into(),
-            addrs: vec![child.addr],
-        });
-        floor = Some(child);
+        let mut children = Vec::new();
+        for f in [Floor::Transport, Floor::Blocking] {
+            let child = crate::echo::spawn_child(f)?;
+            cfg.server.push(Target {
+                label: f.label().into(),
+                addrs: vec![child.addr],
+            });
+            children.push(child);
+        }
+        floor = Some(children);
     }
     if let Some(t) = cfg.server.iter().find(|t| t.addrs.len() > 1) {
         anyhow::bail!("{}: latency measures one server per --server", t.label);
@@ -399,9 +468,15 @@ pub fn command(mut cfg: LatencyConfig) -> anyhow::Result<()> {
         .build()?;
     let rows = rt.block_on(run(&cfg))?;
     drop(floor);
+    let turns = match cfg.alternate {
+        Alternate::Iteration => "one round trip of every server's lane in turn",
+        Alternate::Round => {
+            "each server's round trips back to back, its lanes in turn, servers one after another"
+        }
+    };
     let mut md = format!(
         "## rpc-bench latency\n\n{} measured iterations per case in {} rounds (each round visits every server and \
-         link in turn), after {} warm-up; servers: {}.\n\
+         link in turn; within a round: {turns}), after {} warm-up; servers: {}.\n\
          `numbers`: *measured* = client straight to the server; *measured (relay, no delay)* = through the \
          counting relay, the base of the projections; *measured (emulated link)* = through the user-space \
          link emulator; *projected* = relay p50 (direct p50 for projection-only links) + round trips × RTT + \
@@ -411,6 +486,12 @@ pub fn command(mut cfg: LatencyConfig) -> anyhow::Result<()> {
         cfg.warmup,
         cfg.server.iter().map(|t| format!("{} ({})", t.label, t.addrs[0])).collect::<Vec<_>>().join(", ")
     );
+    let servers: Vec<String> = cfg.server.iter().map(|t| t.label.clone()).collect();
+    if let Some(t) = side_by_side(&rows, &servers) {
+        md.push_str("Side by side (straight to each server, p50 / p99 in us):\n\n");
+        md.push_str(&t.markdown());
+        md.push_str("\nEvery row:\n\n");
+    }
     md.push_str(&table(&rows).markdown());
     md.push('\n');
     md.push_str(&cfg.common.links_section());
@@ -545,6 +626,10 @@ fn analytic_traffic(case: &Case) -> (f64, f64, f64) {
     let n = case.bytes() as u64;
     let msgs = match case {
         Case::Empty => device_count.to_vec(),
+        Case::Alignment => vec![
+            head + 4,
+            reply + Response::fixed_size(Command::GetAlignment).unwrap_or(0),
+        ],
         Case::Set(_) => [
             &[head + SET_TENSOR_HEADER_SIZE as u64 + n][..],
             &device_count,
@@ -556,6 +641,41 @@ fn analytic_traffic(case: &Case) -> (f64, f64, f64) {
         .iter()
         .map(|&len| LinkProfile::tb5_rdma().wire_bytes(len) as f64);
     (msgs.iter().sum::<u64>() as f64, 1.0, uc.sum())
+}
+
+/// The measured rows straight to each server (link `none`) as one row per case and a p50 and
+/// p99 column per server, in `servers` order; `None` when no such row was measured.
+pub fn side_by_side(rows: &[CaseResult], servers: &[String]) -> Option<Table> {
+    let direct: Vec<&CaseResult> = rows
+        .iter()
+        .filter(|r| r.origin == Origin::Measured && r.summary.is_some())
+        .collect();
+    let mut cases: Vec<Case> = Vec::new();
+    for r in &direct {
+        if !cases.contains(&r.case) {
+            cases.push(r.case);
+        }
+    }
+    if cases.is_empty() {
+        return None;
+    }
+    let mut headers = vec!["case".to_string()];
+    for s in servers {
+        headers.push(format!("{s} p50"));
+        headers.push(format!("{s} p99"));
+    }
+    let mut t = Table::new(&headers.iter().map(String::as_str).collect::<Vec<_>>());
+    for case in cases {
+        let mut row = vec![case.name()];
+        for s in servers {
+            let hit = direct.iter().find(|r| &r.server == s && r.case == case);
+            let sum = hit.and_then(|r| r.summary.as_ref());
+            row.push(sum.map_or("-".into(), |s| us(s.p50)));
+            row.push(sum.map_or("-".into(), |s| us(s.p99)));
+        }
+        t.push(row);
+    }
+    Some(t)
 }
 
 /// The results as a table.
@@ -627,12 +747,61 @@ mod tests {
     use super::*;
 
     #[test]
+    fn lane_groups_alternate_servers_and_keep_one_stock_lane_at_a_time() {
+        // Server 0 takes concurrent connections, server 1 (stock) one at a time; two links.
+        let it = lane_groups(&[true, false], 2, Alternate::Iteration);
+        assert_eq!(it, vec![vec![(0, 0), (0, 1), (1, 0)], vec![(1, 1)]]);
+        let round = lane_groups(&[true, false], 2, Alternate::Round);
+        assert_eq!(
+            round,
+            vec![vec![(0, 0), (0, 1)], vec![(1, 0)], vec![(1, 1)]]
+        );
+        // One link: every server in one group, each server's lane once.
+        let one = lane_groups(&[false, true, false], 1, Alternate::Iteration);
+        assert_eq!(one, vec![vec![(0, 0), (1, 0), (2, 0)]]);
+    }
+
+    #[test]
+    fn side_by_side_puts_each_server_in_its_columns() {
+        let row = |server: &str, case, p50| CaseResult {
+            server: server.into(),
+            link: "none".into(),
+            transport: "TCP".into(),
+            case,
+            summary: Some(Summary::of(&[Duration::from_micros(p50)])),
+            projected: None,
+            bytes: None,
+            origin: Origin::Measured,
+        };
+        let rows = [
+            row("ours", Case::Empty, 10),
+            row("stock", Case::Empty, 20),
+            row("ours", Case::Alignment, 11),
+        ];
+        let t = side_by_side(&rows, &["ours".into(), "stock".into()]).unwrap();
+        let md = t.markdown();
+        assert!(
+            md.contains("| case | ours p50 | ours p99 | stock p50 | stock p99 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| empty (DEVICE_COUNT) | 10.0 | 10.0 | 20.0 | 20.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| tiny (GET_ALIGNMENT) | 11.0 | 11.0 | - | - |"),
+            "{md}"
+        );
+    }
+
+    #[test]
     fn analytic_traffic_matches_the_counted_bytes() {
         // The same figures the relay counts in tests/against_server.rs.
         let bytes = |case| analytic_traffic(&case).0;
         assert_eq!(bytes(Case::Empty), (9 + 8 + 4) as f64);
         assert_eq!(bytes(Case::Set(4096)), (9 + 305 + 4096 + 9 + 8 + 4) as f64);
         assert_eq!(bytes(Case::Get(4096)), (9 + 312 + 8 + 4096) as f64);
+        assert_eq!(bytes(Case::Alignment), (9 + 4 + 8 + 8) as f64);
         let uc = analytic_traffic(&Case::Get(4096)).2;
         let wire = |len| LinkProfile::tb5_rdma().wire_bytes(len) as f64;
         assert_eq!(uc, wire(9 + 312) + wire(8 + 4096));

@@ -1,9 +1,11 @@
-//! `rpc-bench`: what each link between a llama.cpp client and its ggml RPC workers costs. Three
-//! benchmarks, [`latency`], [`e2e`] and [`load`] (layout: ARCHITECTURE.md; use: docs/rpc-bench.md).
+//! `rpc-bench`: what each link between a llama.cpp client and its ggml RPC workers costs. Four
+//! benchmarks, [`latency`], [`e2e`], [`load`] and [`allreduce`] (the link between two servers of
+//! a tensor split) (layout: ARCHITECTURE.md; use: docs/rpc-bench.md).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod allreduce;
 pub mod cli;
 pub mod conn;
 pub mod e2e;

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use link_emu::check::{self as emucheck, CheckConfig, CheckRow};
 use rpc_bench::cli::Common;
 use rpc_bench::links::{fmt_dur, LinkKind, LinkProfile, PROFILES_HELP};
-use rpc_bench::{e2e, latency, load};
+use rpc_bench::{allreduce, e2e, latency, load};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
@@ -34,6 +34,11 @@ enum Cmd {
     /// emulated links.
     #[command(after_help = PROFILES_HELP)]
     Load(load::LoadConfig),
+    /// Time per COMM_ALLREDUCE (8.0's tensor-split collective) between two servers, per partial
+    /// size and server-to-server link (loopback, emulated), ours and stock 8.0 pairs, beside a
+    /// raw ping-pong of the same bytes on the same link.
+    #[command(after_help = PROFILES_HELP, mut_arg("links", |a| a.default_value("none,tb5-tcp,2.5gbe")))]
+    Allreduce(allreduce::AllreduceConfig),
     /// Validates the link emulator against its configured figures (ping RTT, bulk throughput,
     /// timer precision).
     #[command(after_help = PROFILES_HELP)]
@@ -43,7 +48,11 @@ enum Cmd {
     /// Runs the echo floor server (what `latency --echo-floor` starts as a child process):
     /// prints its port, serves until killed.
     #[command(hide = true)]
-    EchoFloor,
+    EchoFloor {
+        /// Which floor: rpc-server's TCP code, or a plain blocking loop.
+        #[arg(long, value_enum, default_value = "transport")]
+        floor: rpc_bench::echo::Floor,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -82,8 +91,9 @@ fn real_main() -> anyhow::Result<()> {
         Cmd::Latency(a) => latency::command(a),
         Cmd::E2e(a) => e2e::command(a),
         Cmd::Load(a) => load::command(a),
+        Cmd::Allreduce(a) => allreduce::command(a),
         Cmd::EmulatorCheck(a) => cmd_check(a),
-        Cmd::EchoFloor => rpc_bench::echo::run_child(),
+        Cmd::EchoFloor { floor } => rpc_bench::echo::run_child(floor),
         Cmd::Links => {
             let t = Table::of(
                 LinkProfile::all_named(),

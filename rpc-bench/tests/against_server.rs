@@ -71,8 +71,8 @@ async fn latency_benchmark_runs_all_lane_kinds() {
     ])
     .cfg;
     let rows = latency::run(&cfg).await.unwrap();
-    // 3 cases × (direct, relay, emulated, projected).
-    assert_eq!(rows.len(), 12);
+    // 4 cases (empty, GET_ALIGNMENT, SET, GET) × (direct, relay, emulated, projected).
+    assert_eq!(rows.len(), 16);
     let find = |link: &str, case: Case| {
         rows.iter()
             .find(|r| r.link == link && r.case == case)
@@ -80,6 +80,7 @@ async fn latency_benchmark_runs_all_lane_kinds() {
     };
     // Exact wire bytes per iteration, counted by the relay.
     assert_eq!(find("relay", Case::Empty).bytes, Some(9 + 8 + 4));
+    assert_eq!(find("relay", Case::Alignment).bytes, Some(9 + 4 + 8 + 8));
     assert_eq!(
         find("relay", Case::Set(4096)).bytes,
         Some(9 + 305 + 4096 + 9 + 8 + 4)

@@ -151,6 +151,11 @@ fn contain(start: &SessionStart, probe: bool) {
     if let Err(e) = crate::namespaces::enter_view(&view) {
         refuse(&e)
     }
+    if rdma {
+        if let Err(e) = crate::sandbox::allow_rdma_memlock() {
+            tracing::info!("session: the locked-memory limit stays as it is ({e}); RDMA that needs more stays on TCP");
+        }
+    }
     if let Err(e) = crate::namespaces::drop_identity(identity) {
         refuse(&e)
     }

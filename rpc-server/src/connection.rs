@@ -54,7 +54,9 @@ pub enum ConnectionError {
 }
 
 /// Reads a frame header: waits up to `idle` for its first byte (`Ok(None)` on a clean end of
-/// stream before it), then up to `stall` for the rest.
+/// stream before it), then up to `stall` for the rest. The first read asks for the whole header
+/// (a transport that reads no further than asked, the front's, then takes it in one `recv`),
+/// and the rest is read only if it did not all come.
 async fn read_header<R: Transport>(
     rd: &mut R,
     idle: Option<Duration>,
@@ -62,13 +64,15 @@ async fn read_header<R: Transport>(
 ) -> Result<Option<FrameHeader>, ConnectionError> {
     let mut b = [0u8; rpc_proto::FRAME_HEADER_SIZE];
     let deadline = idle.map(|t| Instant::now() + t);
-    let Some(n) = rd.read_by(&mut b[..1], deadline).await? else {
+    let Some(n) = rd.read_by(&mut b, deadline).await? else {
         return Err(ConnectionError::Idle(idle.unwrap_or_default().as_secs()));
     };
     if n == 0 {
         return Ok(None);
     }
-    read_body(rd, &mut b[1..], stall).await?;
+    if n < b.len() {
+        read_body(rd, &mut b[n..], stall).await?;
+    }
     Ok(Some(FrameHeader::decode(&b)))
 }
 
@@ -485,7 +489,7 @@ async fn run_in<T: Transport>(
         // Computes run right here: the connection's own thread (see `server.rs`).
         let computes = matches!(cmd, Command::GraphCompute | Command::GraphRecompute);
         let started = computes.then(Instant::now);
-        let reduce_started = Instant::now();
+        let reduce_started = (cmd == Command::CommAllreduce).then(Instant::now);
         let reply = reply(&mut session, cmd, req)?;
         if let Some(t0) = started {
             let took = t0.elapsed();
@@ -502,7 +506,7 @@ async fn run_in<T: Transport>(
             send_reply(rd, r, &out).await?;
         }
         drop(reply);
-        if cmd == Command::CommAllreduce {
+        if let Some(reduce_started) = reduce_started {
             stats.allreduce.observe(reduce_started.elapsed());
             let (sent, received) = session.take_link_bytes();
             stats

@@ -432,6 +432,22 @@ fn landlock(read_dirs: &[PathBuf], read_files: &[PathBuf]) -> Result<RulesetStat
     Ok(rs.restrict_self()?.ruleset)
 }
 
+/// Memory an RDMA session may pin (registered queue-pair memory): its client's queue pair and
+/// the links of its devices, each at most 8 MiB (upstream RC's 24 receives of 256 KiB and a
+/// send buffer). The kernel's default is 8 MiB, one queue pair.
+pub const RDMA_MEMLOCK: u64 = 64 << 20;
+
+/// Raises the locked-memory limit to [`RDMA_MEMLOCK`] for a session that uses RDMA; called while
+/// the process may still raise a hard limit (before it drops its identity). Where it cannot, an
+/// RDMA set-up that needs more fails on `ibv_reg_mr` and stays on TCP.
+pub fn allow_rdma_memlock() -> Result<(), SandboxError> {
+    let now = rustix::process::getrlimit(rustix::process::Resource::Memlock);
+    if now.current.is_none_or(|c| c >= RDMA_MEMLOCK) {
+        return Ok(());
+    }
+    set_limit(rustix::process::Resource::Memlock, RDMA_MEMLOCK)
+}
+
 fn set_limit(r: rustix::process::Resource, v: u64) -> Result<(), SandboxError> {
     let lim = rustix::process::Rlimit {
         current: Some(v),

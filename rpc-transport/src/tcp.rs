@@ -108,15 +108,55 @@ pub const DEFAULT_POLL_WINDOW: Duration = Duration::from_micros(50);
 /// Read buffer of a [`BlockingTcpTransport`] (pipelined small commands arrive in one `recv`).
 const READ_BUFFER: usize = 256 * 1024;
 
+/// Most credit a [`PollPolicy`] holds: that many waits in a row whose bytes came later than the
+/// poll window turn polling off.
+const POLL_CREDIT_MAX: u8 = 4;
+
+/// Whether a wait for bytes polls first: only while recent waits ended within the poll window.
+///
+/// Each wait that ended within the window (taken while polling, or, while not polling, found
+/// by a sleeping read no later than the window after the wait began) earns a credit, each that
+/// did not costs one; a wait polls while credit is left. A client in a round-trip loop, or the
+/// parts of a request burst, keep it polling; a peer whose requests come farther apart than the
+/// window (a client that talks to other servers in between, a token's compute) turns it off,
+/// and the thread then sleeps at once, as a plain blocking server does, instead of spinning for
+/// the whole window after every request only to sleep anyway.
+#[derive(Debug, Clone, Copy)]
+struct PollPolicy {
+    credit: u8,
+}
+
+impl PollPolicy {
+    fn new() -> PollPolicy {
+        PollPolicy {
+            credit: POLL_CREDIT_MAX,
+        }
+    }
+
+    fn polls(&self) -> bool {
+        self.credit > 0
+    }
+
+    /// A wait ended: within the window (`true`) or not.
+    fn record(&mut self, within: bool) {
+        self.credit = match within {
+            true => (self.credit + 1).min(POLL_CREDIT_MAX),
+            false => self.credit.saturating_sub(1),
+        };
+    }
+}
+
 /// TCP with blocking reads and writes, for a connection served by its own OS thread.
 ///
 /// A read that finds nothing buffered first polls the socket (`recv` with `MSG_DONTWAIT`,
 /// yielding the core between tries) for up to its poll window before it sleeps: the next part
 /// of a request burst, or the next request of a client in a round-trip loop, is then taken
 /// without the thread being put to sleep and woken again, which on a virtual machine or a
-/// loaded host costs more than the request itself. Deadlines and the stop signal are looked at
-/// every [`TICK`] while a read or write sleeps. The futures of its [`Transport`] methods complete
-/// without ever returning `Pending`.
+/// loaded host costs more than the request itself. It polls only while that pays: once the
+/// last waits all lasted longer than the window it sleeps at once, until waits are short again
+/// (`PollPolicy`). Deadlines and the stop signal are looked at every [`TICK`] while a read or
+/// write sleeps. The futures of its [`Transport`] methods complete without ever returning
+/// `Pending`.
 pub struct BlockingTcpTransport {
     stream: std::net::TcpStream,
     buf: Box<[u8]>,
@@ -124,6 +164,7 @@ pub struct BlockingTcpTransport {
     pos: usize,
     end: usize,
     poll_window: Duration,
+    poll: PollPolicy,
     stop: Option<tokio::sync::watch::Receiver<bool>>,
     /// Whether a read may take more bytes from the socket than it asked for (see
     /// [`BlockingTcpTransport::set_read_ahead`]).
@@ -149,6 +190,7 @@ impl BlockingTcpTransport {
             pos: 0,
             end: 0,
             poll_window,
+            poll: PollPolicy::new(),
             stop,
             read_ahead: true,
         })
@@ -182,6 +224,12 @@ impl BlockingTcpTransport {
     /// Bytes received but not consumed yet (must be empty before switching transports).
     pub fn buffered(&self) -> usize {
         self.end - self.pos
+    }
+
+    /// Whether the next read that finds nothing buffered polls before it sleeps (the poll
+    /// window is not zero and recent waits ended within it).
+    pub fn polls(&self) -> bool {
+        !self.poll_window.is_zero() && self.poll.polls()
     }
 
     /// The socket, e.g. to keep it as a liveness anchor under RDMA; fails if received bytes
@@ -227,25 +275,41 @@ impl BlockingTcpTransport {
         if out.is_empty() {
             return Ok(Some(0));
         }
+        // A wait: nothing buffered. When it began, and whether it polled in vain.
+        let mut wait = None;
         if self.pos == self.end && !self.poll_window.is_zero() {
             let start = Instant::now();
-            loop {
-                match self.recv(out, RecvFlags::DONTWAIT) {
-                    Ok(n) => return Ok(Some(n)),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        if start.elapsed() >= self.poll_window {
-                            break;
+            let mut in_vain = false;
+            if self.poll.polls() {
+                loop {
+                    match self.recv(out, RecvFlags::DONTWAIT) {
+                        Ok(n) => {
+                            self.poll.record(true);
+                            return Ok(Some(n));
                         }
-                        std::thread::yield_now();
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if start.elapsed() >= self.poll_window {
+                                in_vain = true;
+                                break;
+                            }
+                            std::thread::yield_now();
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
                     }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
                 }
             }
+            wait = Some((start, in_vain));
         }
         loop {
             match self.recv(out, RecvFlags::empty()) {
-                Ok(n) => return Ok(Some(n)),
+                Ok(n) => {
+                    if let Some((start, in_vain)) = wait {
+                        self.poll
+                            .record(!in_vain && start.elapsed() <= self.poll_window);
+                    }
+                    return Ok(Some(n));
+                }
                 // SO_RCVTIMEO expired (EAGAIN on Unix; ETIMEDOUT is a real error, e.g.
                 // TCP_USER_TIMEOUT).
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -406,6 +470,72 @@ mod tests {
             block_on(next.read_exact(&mut got)).unwrap();
             assert_eq!(got, msg);
         }
+    }
+
+    #[test]
+    fn poll_policy_spends_and_earns_credit() {
+        let mut p = PollPolicy::new();
+        assert!(p.polls(), "polls from the start");
+        for _ in 0..POLL_CREDIT_MAX {
+            assert!(p.polls());
+            p.record(false);
+        }
+        assert!(
+            !p.polls(),
+            "off after {POLL_CREDIT_MAX} late waits in a row"
+        );
+        p.record(true);
+        assert!(p.polls(), "one wait within the window turns it back on");
+        // A burst of short waits and one long one (a token's parts, then its compute) keeps it on.
+        for _ in 0..10 {
+            for _ in 0..5 {
+                p.record(true);
+            }
+            p.record(false);
+            assert!(p.polls());
+        }
+    }
+
+    /// A peer whose messages come farther apart than the poll window turns polling off (the
+    /// thread sleeps at once); messages that come sooner turn it back on. The bytes arrive
+    /// whole and in order either way.
+    #[test]
+    fn polling_follows_the_gaps_between_messages() {
+        let window = Duration::from_millis(20);
+        let (mut t, mut c) = pair(window);
+        let (tx, rx) = std::sync::mpsc::channel::<Duration>();
+        let writer = std::thread::spawn(move || {
+            let mut i = 0u8;
+            while let Ok(gap) = rx.recv() {
+                std::thread::sleep(gap);
+                c.write_all(&[i]).unwrap();
+                i = i.wrapping_add(1);
+            }
+        });
+        let mut next = 0u8;
+        let mut one = |t: &mut BlockingTcpTransport, gap: Duration| {
+            tx.send(gap).unwrap();
+            let mut b = [0u8; 1];
+            block_on(t.read_exact(&mut b)).unwrap();
+            assert_eq!(b[0], next);
+            next = next.wrapping_add(1);
+        };
+        assert!(t.polls());
+        for _ in 0..POLL_CREDIT_MAX {
+            one(&mut t, Duration::from_millis(120));
+        }
+        assert!(!t.polls(), "late messages turn polling off");
+        // Sleeping reads that end within the window earn the credit back.
+        one(&mut t, Duration::ZERO);
+        assert!(t.polls(), "a prompt message turns polling on again");
+        for _ in 0..3 {
+            one(&mut t, Duration::ZERO);
+        }
+        assert!(t.polls());
+        drop(tx);
+        writer.join().unwrap();
+        let unpolled = pair(Duration::ZERO).0;
+        assert!(!unpolled.polls(), "a zero window never polls");
     }
 
     #[test]

@@ -72,12 +72,12 @@ gen() { # name endpoints [env...]
     local name=$1 rpc=$2; shift 2
     sample_link "$W/$name.ss" & local sampler=$!
     env "$@" GGML_NO_BACKTRACE=1 timeout 300 "$BIN/llama-completion" -m "$M" -p "hello world, the quick brown fox" \
-        -n "$N" --temp 0 -s 1 -t 1 -ngl 99 -c 256 -no-cnv --simple-io --ignore-eos --no-warmup \
+        -n "$N" --temp 0 -s 1 -t 1 -ngl 99 --no-repack -c 256 -no-cnv --simple-io --ignore-eos --no-warmup -lv 4 \
         -sm tensor --rpc "$rpc" > "$W/$name.out" 2> "$W/$name.err" < /dev/null
     echo $? > "$W/$name.rc"
     kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
 }
-ms_per_token() { grep -E "^\S*llama_perf_context_print: +eval time" "$W/$1.err" | grep -o '[0-9.]* ms per token' | cut -d' ' -f1; }
+ms_per_token() { grep -E "perf_(context_)?print: +eval time" "$W/$1.err" | head -1 | grep -oE '[0-9.]+ ms per token' | cut -d' ' -f1; }
 
 ROWS=()
 # A case: its text against stock x2's, the link transport our servers' logs must name ("" = not
@@ -101,7 +101,8 @@ judge() { # name want-transport rxe-packets logs...
         local s; s=$(grep -o 'left pairwise comm.*' "$f" | grep -o 'rdma_sends=[0-9]*' | cut -d= -f2 | awk '{t+=$1} END{print t+0}')
         sends=$((sends + s))
     done
-    read -r ls lr < <(link_tcp_bytes "$W/$name.ss")
+    # (no process substitution: the VM has no /dev/fd)
+    local ls lr; set -- $(link_tcp_bytes "$W/$name.ss"); ls=$1 lr=$2
     local ms; ms=$(ms_per_token "$name")
     ROWS+=("| $name | ${want:-stock} | ${ms:-?} | $ls / $lr | $sends | $pkts |")
     echo "    $name: ${ms:-?} ms/token; link TCP after set-up (rank 0 sent/received): $ls / $lr B; our link RDMA SENDs: $sends"
@@ -183,5 +184,6 @@ fi
     printf '%s\n' "${ROWS[@]}"
 } > "$OUT/link-e2e.md"
 cat "$OUT/link-e2e.md"
+[ "$OUT" != "$W" ] && mkdir -p "$OUT/logs" && cp "$W"/*.log "$W"/*.err "$OUT/logs/" 2>/dev/null
 echo "== summary: $([ $fail = 0 ] && echo ALL PASSED || echo FAILURES)"
 exit $fail

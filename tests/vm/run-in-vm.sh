@@ -18,7 +18,7 @@ TIMEOUT=${RVM_TIMEOUT:-300}            # seconds the script may run
 MEM=${RVM_MEM:-2048}
 SMP=${RVM_SMP:-2}
 RXE=${RVM_RXE:-1}
-MODULES="crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe veth 9pnet 9pnet_virtio netfs 9p virtio_net"
+MODULES="crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe veth 9pnet 9pnet_virtio netfs 9p virtio_net inet_diag tcp_diag"
 
 log() { echo "run-in-vm: $*" >&2; }
 die() { log "$*"; exit 125; }

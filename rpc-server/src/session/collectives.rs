@@ -4,8 +4,34 @@
 
 use rpc_proto::{CommInit, RpcTensor};
 
+use super::limits::Charge;
 use super::tensor::{nbytes, UnknownBuffer};
 use super::{Session, SessionError};
+use crate::comm::PeerLink;
+
+/// A device's pairwise link and the memory its allreduces reuse: the partial and the wire's
+/// scratch, grown to the largest allreduce so far and charged to the budget once per growth
+/// (a charge per allreduce would cost a session process a round trip to its front each time).
+pub(crate) struct Joined {
+    link: Box<dyn PeerLink>,
+    own: Vec<u8>,
+    scratch: Vec<u8>,
+    /// Charged for `own` and `scratch` (three partials' worth).
+    charge: Option<Charge>,
+    charged: u64,
+}
+
+impl Joined {
+    fn new(link: Box<dyn PeerLink>) -> Joined {
+        Joined {
+            link,
+            own: Vec::new(),
+            scratch: Vec::new(),
+            charge: None,
+            charged: 0,
+        }
+    }
+}
 
 impl Session {
     /// COMM_INIT: whether this server joined the device's pairwise communicator (stock rules:
@@ -35,7 +61,7 @@ impl Session {
                     transport = link.transport(),
                     "joined pairwise comm"
                 );
-                self.links[d] = Some(link);
+                self.links[d] = Some(Joined::new(link));
                 true
             }
             Err(e) => {
@@ -72,31 +98,59 @@ impl Session {
                 "COMM_ALLREDUCE of a non-F32 tensor (the stock client sends F32 partials only)",
             ));
         }
-        let (buf, off) = self.resolve_region("COMM_ALLREDUCE", tensor, 0, len)?;
-        // The partial, the peer's and the bytes sent: three copies, charged like a body.
-        let _charge = self
-            .budget
-            .charge(self.held, len.saturating_mul(3))
-            .ok_or(SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
+        let (_, off) = self.resolve_region("COMM_ALLREDUCE", tensor, 0, len)?;
         let ulen = usize::try_from(len).map_err(|_| SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
-        let mut own = Vec::new();
-        own.try_reserve_exact(ulen)
-            .map_err(|_| SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
-        own.resize(ulen, 0);
-        buf.read(off, &mut own)
-            .map_err(SessionError::access("COMM_ALLREDUCE"))?;
-        let link = self.links[d]
-            .as_deref_mut()
+        let mut joined = self.links[d]
+            .take()
             .ok_or(SessionError::NoCommunicator(device))?;
-        let mut scratch = Vec::new();
-        let wire = crate::comm::allreduce_f32(link, &mut own, &mut scratch).map_err(|e| {
-            self.links[d] = None;
-            SessionError::Comm(e.to_string())
-        })? as u64;
+        // Out of `links` while it works: back in unless the link failed.
+        let r = self.allreduce_on(&mut joined, tensor.buffer.get(), off, ulen);
+        match r {
+            Err(SessionError::Comm(_)) => {}
+            _ => self.links[d] = Some(joined),
+        }
+        r
+    }
+
+    /// One allreduce of `ulen` bytes at `off` of buffer `buf` (resolved) over `joined`'s link.
+    fn allreduce_on(
+        &mut self,
+        joined: &mut Joined,
+        buf: u64,
+        off: u64,
+        ulen: usize,
+    ) -> Result<(), SessionError> {
+        // The partial, the peer's and the bytes sent: three copies, charged like a body, once
+        // per growth.
+        let need = (ulen as u64).saturating_mul(3);
+        if need > joined.charged {
+            joined.charge = None;
+            joined.charged = 0;
+            joined.charge = Some(
+                self.budget
+                    .charge(self.held, need)
+                    .ok_or(SessionError::OutOfMemory("COMM_ALLREDUCE"))?,
+            );
+            joined.charged = need;
+        }
+        if joined.own.len() < ulen {
+            let more = ulen - joined.own.len();
+            joined
+                .own
+                .try_reserve_exact(more)
+                .map_err(|_| SessionError::OutOfMemory("COMM_ALLREDUCE"))?;
+            joined.own.resize(ulen, 0);
+        }
+        let own = &mut joined.own[..ulen];
+        self.buffer_mut(buf)?
+            .read(off, own)
+            .map_err(SessionError::access("COMM_ALLREDUCE"))?;
+        let wire = crate::comm::allreduce_f32(joined.link.as_mut(), own, &mut joined.scratch)
+            .map_err(|e| SessionError::Comm(e.to_string()))? as u64;
         self.link_bytes.0 += wire;
         self.link_bytes.1 += wire;
-        self.buffer_mut(tensor.buffer.get())?
-            .write(off, &own)
+        self.buffer_mut(buf)?
+            .write(off, own)
             .map_err(SessionError::access("COMM_ALLREDUCE"))?;
         Ok(())
     }
@@ -104,10 +158,10 @@ impl Session {
     /// COMM_FREE: the device leaves its link (fine without one); what crossed it is logged.
     pub(super) fn comm_free(&mut self, device: u32) {
         if let Some(link) = self.links[device as usize].take() {
-            let (sends, recvs) = link.rdma_counters();
+            let (sends, recvs) = link.link.rdma_counters();
             tracing::info!(
                 device,
-                transport = link.transport(),
+                transport = link.link.transport(),
                 rdma_sends = sends,
                 rdma_recvs = recvs,
                 "left pairwise comm"

@@ -29,7 +29,7 @@ pub use tensor::nbytes;
 use tensor::UnknownBuffer;
 
 use crate::cache::WeightCache;
-use crate::comm::{Connector, PeerLink};
+use crate::comm::Connector;
 use crate::ggml::{Backend, Buffer, Device, ScratchTensors};
 use crate::local_weights::LocalWeights;
 use graph::StoredGraph;
@@ -64,7 +64,7 @@ pub struct Session {
     /// How COMM_INIT sets up a link to the peer server (`None`: it answers 0).
     connector: Option<Arc<dyn Connector>>,
     /// Per device: the pairwise link of 8.0's collectives, between COMM_INIT and COMM_FREE.
-    links: Vec<Option<Box<dyn PeerLink>>>,
+    links: Vec<Option<collectives::Joined>>,
     /// Bytes sent and received on those links since [`Session::take_link_bytes`].
     link_bytes: (u64, u64),
     /// Server-wide memory account; `held` is this session's share of it (buffers and stored
