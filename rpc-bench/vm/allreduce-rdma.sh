@@ -1,0 +1,85 @@
+#!/bin/bash
+# `rpc-bench allreduce` over RDMA in the soft-RoCE VM (rxe0, 10.77.0.1): per-allreduce time between
+# two servers whose link negotiated RDMA (ours x2 lean over RC, ours x2 upstream RC with
+# RPC_RDMA_LEAN=0, stock 8.0 RDMA x2, ours with stock in either rank), beside rdma-core's
+# ibv_rc_pingpong of the same bytes on the same device (the raw verbs floor). Under TCG every
+# figure is emulation time; the ratios between rows of one run are what it shows.
+# Host side (builds, then boots the VM): rpc-bench/vm/allreduce-vm.sh.
+# Env: RB_BENCH, RB_SERVER, RB_STOCK8 (stock 8.0.0 RDMA bin dir), RB_ITERS (default 200),
+#      RB_COMMIT; output in $RVM_OUT (allreduce-rdma.md, allreduce-rdma.csv).
+set -u
+B=$RB_BENCH; SRV=$RB_SERVER; STOCK=$RB_STOCK8
+ITERS=${RB_ITERS:-200}
+ADDR=10.77.0.1
+OUT=${RVM_OUT:-/tmp/allreduce}; mkdir -p "$OUT"
+W=/tmp/allreduce; mkdir -p $W
+SIZES=2048,4096,8192,16384,32768,65536
+PIDS=()
+wait_port() { for _ in $(seq 150); do (exec 3<>/dev/tcp/$ADDR/$1) 2>/dev/null && return 0; sleep 0.2; done; return 1; }
+ours() { # port [env...]
+    local port=$1; shift
+    env "$@" RPC_LOG=info "$SRV" -H $ADDR -p "$port" -t 1 > "$W/ours-$port.log" 2>&1 &
+    PIDS+=($!); wait_port "$port"
+}
+stock() { "$STOCK/ggml-rpc-server" -H $ADDR -p "$1" -t 1 > "$W/stock-$1.log" 2>&1 & PIDS+=($!); wait_port "$1"; }
+
+# Every pair on its own two ports (rank 0 listens on its port + 1000).
+ours 50071; ours 50072                               # ours x2: lean over RC
+ours 50073 RPC_RDMA_LEAN=0; ours 50074 RPC_RDMA_LEAN=0   # ours x2: upstream RC framing
+stock 50075; stock 50076                             # stock x2
+stock 50077; ours 50078                              # stock rank 0, ours rank 1
+ours 50079; stock 50080                              # ours rank 0, stock rank 1
+timeout 3000 "$B" allreduce --links none --sizes $SIZES --iterations "$ITERS" --warmup 20 --rounds 2 --batches 2 --no-progress \
+    --pair "ours=$ADDR:50071,$ADDR:50072" --pair "ours-rc=$ADDR:50073,$ADDR:50074" --pair "stock=$ADDR:50075,$ADDR:50076" \
+    --pair "stock-ours=$ADDR:50077,$ADDR:50078" --pair "ours-stock=$ADDR:50079,$ADDR:50080" \
+    --md "$W/bench.md" --csv "$OUT/allreduce-rdma.csv" > "$W/bench.out" 2>&1
+echo "rpc-bench allreduce exit $?"
+for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null
+echo "links our servers joined:"
+grep -h "joined pairwise comm" $W/ours-*.log | grep -o 'rank=[01] transport="[^"]*"' | sort | uniq -c
+
+# The raw verbs floor: ibv_rc_pingpong of each wire size (F32 below 32768 elements, bf16 from it).
+ibv() { # bytes
+    local port=$((18500 + RANDOM % 1000))
+    timeout 300 ibv_rc_pingpong -d rxe0 -g 1 -s "$1" -n "$ITERS" -p $port > $W/ibv-srv.log 2>&1 &
+    local sp=$!; sleep 0.5
+    local out; out=$(timeout 300 ibv_rc_pingpong -d rxe0 -g 1 -s "$1" -n "$ITERS" -p $port 127.0.0.1 2>&1)
+    wait $sp
+    echo "$out" | sed -n 's/.* = \([0-9.]*\) usec\/iter/\1/p'
+}
+: > $W/floor.txt
+for n in ${SIZES//,/ }; do
+    if [ "$n" -ge 32768 ]; then w=$((2 * n)); else w=$((4 * n)); fi
+    echo "$n $(ibv $w)" >> $W/floor.txt
+done
+
+python3 - "$OUT/allreduce-rdma.csv" $W/floor.txt "${RB_COMMIT:-unknown}" > "$OUT/allreduce-rdma.md" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+floor = {int(l.split()[0]): float(l.split()[1]) for l in open(sys.argv[2]) if len(l.split()) == 2}
+def col(r, *names):
+    for k in r:
+        if any(k.startswith(n) for n in names):
+            return r[k]
+    return ""
+print("`rpc-bench allreduce` over RDMA in the soft-RoCE VM (QEMU TCG, 2 vCPUs, rxe0), build %s; median per allreduce," % sys.argv[3])
+print("beside `ibv_rc_pingpong` of the same bytes on the same device (the raw verbs floor). Emulated time: compare rows, not")
+print("absolute figures. Command: `rpc-bench/vm/allreduce-vm.sh`.")
+print()
+print("| pair | link | elements | wire B each way | allreduce p50 us | p99 us | ibv_rc_pingpong us | vs floor | vs stock |")
+print("|---|---|---|---|---|---|---|---|---|")
+stock = {}
+for r in rows:
+    if col(r, "pair") == "stock":
+        stock[col(r, "elements")] = float(col(r, "allreduce p50") or 0)
+for r in rows:
+    el = col(r, "elements"); n = int(el.split()[0])
+    p50 = float(col(r, "allreduce p50") or 0)
+    f = floor.get(n)
+    s = stock.get(el)
+    print("| %s | %s | %s | %d | %.1f | %s | %s | %s | %s |" % (
+        col(r, "pair"), col(r, "link transport"), el, 2 * n if n >= 32768 else 4 * n, p50, col(r, "p99"),
+        "%.1f" % f if f else "?", "%.2f" % (p50 / f) if f else "?", "%.2f" % (p50 / s) if s else "?"))
+PY
+cat "$OUT/allreduce-rdma.md"
+cp $W/*.log "$OUT/" 2>/dev/null; cp $W/bench.out $W/bench.md "$OUT/" 2>/dev/null
