@@ -459,10 +459,14 @@ pub fn travels_as_bf16(n: u64) -> bool {
 /// ggml's `fp32 → bf16`: round to nearest even; a NaN stays a (quiet) NaN.
 pub fn f32_to_bf16(x: f32) -> u16 {
     let u = x.to_bits();
-    if (u & 0x7fff_ffff) > 0x7f80_0000 {
-        return ((u >> 16) | 64) as u16;
-    }
-    ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
+    let quiet_nan = (u >> 16) | 64;
+    let rounded = u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16;
+    // A select, not a branch: the loop over a partial vectorizes.
+    (if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        quiet_nan
+    } else {
+        rounded
+    }) as u16
 }
 
 /// `bf16 → f32`.

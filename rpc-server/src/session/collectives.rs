@@ -133,6 +133,21 @@ impl Session {
             );
             joined.charged = need;
         }
+        // Host memory (the CPU backend): summed where it lies, no copy in or out.
+        let in_place = match self.buffer_mut(buf)?.host_mut(off, ulen) {
+            Some(mut view) => Some(crate::comm::allreduce_f32(
+                joined.link.as_mut(),
+                &mut view,
+                &mut joined.scratch,
+            )),
+            None => None,
+        };
+        if let Some(r) = in_place {
+            let wire = r.map_err(|e| SessionError::Comm(e.to_string()))? as u64;
+            self.link_bytes.0 += wire;
+            self.link_bytes.1 += wire;
+            return Ok(());
+        }
         if joined.own.len() < ulen {
             let more = ulen - joined.own.len();
             joined
