@@ -92,8 +92,13 @@ judge() { # name want-transport rxe-packets logs...
         cmp -s "$W/stock2.out" "$W/$name.out" && pass "$name: text identical to stock x2 ($(wc -c < "$W/$name.out") bytes)" \
             || { bad "$name: text differs from stock x2"; diff "$W/stock2.out" "$W/$name.out" | head -4; }
     fi
-    local sends=0 f
+    local sends=0 f bytes=0 ars=0
     for f in "$@"; do
+        # What crossed the link (one rank's log is enough: both sides send the same).
+        if [ "$bytes" = 0 ]; then
+            bytes=$(grep -o 'left pairwise comm.*' "$f" | grep -o 'bytes_each_way=[0-9]*' | cut -d= -f2 | awk '{t+=$1} END{print t+0}')
+            ars=$(grep -o 'left pairwise comm.*' "$f" | grep -o 'allreduces=[0-9]*' | cut -d= -f2 | awk '{t+=$1} END{print t+0}')
+        fi
         if [ -n "$want" ]; then
             grep "joined pairwise comm" "$f" | grep -qF -e "transport=\"$want\"" -e "transport=$want " && pass "$name: $(basename "$f" .log): link on $want" \
                 || { bad "$name: $(basename "$f" .log): link not on $want"; grep -E "pairwise comm|comm link" "$f" | head -4; }
@@ -104,7 +109,8 @@ judge() { # name want-transport rxe-packets logs...
     # (no process substitution: the VM has no /dev/fd)
     local ls lr; set -- $(link_tcp_bytes "$W/$name.ss"); ls=$1 lr=$2
     local ms; ms=$(ms_per_token "$name")
-    ROWS+=("| $name | ${want:-stock} | ${ms:-?} | $ls / $lr | $sends | $pkts |")
+    local per=""; [ "$bytes" -gt 0 ] && per=$((bytes / N))
+    ROWS+=("| $name | ${want:-stock} | ${ms:-?} | ${ars:-?} / ${bytes:-?} (${per:-?}) | $ls / $lr | $sends | $pkts |")
     echo "    $name: ${ms:-?} ms/token; link TCP after set-up (rank 0 sent/received): $ls / $lr B; our link RDMA SENDs: $sends"
     if [ -n "$want" ] && [ "$want" != TCP ]; then
         [ "$ls" -le 25 ] && [ "$lr" -le 25 ] && pass "$name: the link's TCP socket carried only the caps exchange ($ls / $lr B)" \
@@ -179,8 +185,8 @@ fi
     echo "Tensor split (-sm tensor) of a stock llama.cpp 8.0.0 client over two servers in the soft-RoCE VM (QEMU TCG,"
     echo "2 vCPUs, rxe0), synth-llama-f16, $N tokens, build $E2E_COMMIT. Command: \`tests/vm/test-link.sh\`."
     echo
-    echo "| case | link | ms/token | link TCP after set-up, rank 0 sent / received (B) | our link RDMA SENDs | rxe sent_pkts (whole run) |"
-    echo "|---|---|---|---|---|---|"
+    echo "| case | link | ms/token | allreduces / partial bytes each way (÷ generated tokens, the prompt's included) | link TCP after set-up, rank 0 sent / received (B) | our link RDMA SENDs | rxe sent_pkts (whole run) |"
+    echo "|---|---|---|---|---|---|---|"
     printf '%s\n' "${ROWS[@]}"
 } > "$OUT/link-e2e.md"
 cat "$OUT/link-e2e.md"

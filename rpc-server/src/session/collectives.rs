@@ -19,6 +19,9 @@ pub(crate) struct Joined {
     /// Charged for `own` and `scratch` (three partials' worth).
     charge: Option<Charge>,
     charged: u64,
+    /// Allreduces done and bytes sent on the link (each way), for the log at COMM_FREE.
+    allreduces: u64,
+    sent: u64,
 }
 
 impl Joined {
@@ -29,6 +32,8 @@ impl Joined {
             scratch: Vec::new(),
             charge: None,
             charged: 0,
+            allreduces: 0,
+            sent: 0,
         }
     }
 }
@@ -144,6 +149,8 @@ impl Session {
         };
         if let Some(r) = in_place {
             let wire = r.map_err(|e| SessionError::Comm(e.to_string()))? as u64;
+            joined.allreduces += 1;
+            joined.sent += wire;
             self.link_bytes.0 += wire;
             self.link_bytes.1 += wire;
             return Ok(());
@@ -162,6 +169,8 @@ impl Session {
             .map_err(SessionError::access("COMM_ALLREDUCE"))?;
         let wire = crate::comm::allreduce_f32(joined.link.as_mut(), own, &mut joined.scratch)
             .map_err(|e| SessionError::Comm(e.to_string()))? as u64;
+        joined.allreduces += 1;
+        joined.sent += wire;
         self.link_bytes.0 += wire;
         self.link_bytes.1 += wire;
         self.buffer_mut(buf)?
@@ -177,6 +186,8 @@ impl Session {
             tracing::info!(
                 device,
                 transport = link.link.transport(),
+                allreduces = link.allreduces,
+                bytes_each_way = link.sent,
                 rdma_sends = sends,
                 rdma_recvs = recvs,
                 "left pairwise comm"
