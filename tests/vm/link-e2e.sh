@@ -5,7 +5,8 @@
 # over RDMA whenever both ends can:
 #   stock x2 (the reference text), ours x2 (lean framing over RC, the default), ours x2 with
 #   upstream's RC framing (RPC_RDMA_LEAN=0) and with the UC flavor (--comm-rdma-flavor uc, lean),
-#   ours with a stock RDMA-built server as rank 0 and as rank 1 (upstream RC), ours x2 with the
+#   ours with a stock RDMA-built server as rank 0 and as rank 1 (upstream RC), ours x2 whose rank 1
+#   cannot prepare a queue pair (the link falls back to TCP before any partial), ours x2 with the
 #   link on TCP (--transport tcp: the baseline), and a TCP-only client through rpc-shim to two of
 #   ours. Every text must equal stock x2's; our servers' logs name the link's transport and its
 #   RDMA SENDs; the link's TCP socket (port A + 1000) carries nothing after the caps exchange
@@ -161,6 +162,14 @@ echo "== ours rank 0 + stock rank 1: upstream RC on the link"
 start oA ours $A; start sB stock $B
 p0=$(sent_pkts); gen ours0-stock1 "$ADDR:$A,$ADDR:$B"; count_pkts "$p0"; stop_all
 judge ours0-stock1 "RDMA/RC" "$PKTS" "$W/oA.log"
+fi
+
+if want fallback; then
+echo "== ours x2, rank 1 cannot prepare a queue pair (--rdma-device no-such-device): it offers zero caps, the link stays on TCP"
+start oA ours $A; start oB ours $B --rdma-device no-such-device
+p0=$(sent_pkts); gen fallback "$ADDR:$A,$ADDR:$B"; count_pkts "$p0"; stop_all
+judge fallback "TCP" "$PKTS" "$W/oA.log" "$W/oB.log"
+grep -q "RDMA cannot engage" "$W/oB.log" && pass "fallback: rank 1 logged why it offered TCP" || bad "fallback: no reason logged"
 fi
 
 if want ours2-tcp; then
