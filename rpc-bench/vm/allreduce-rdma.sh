@@ -2,10 +2,12 @@
 # `rpc-bench allreduce` over RDMA in the soft-RoCE VM (rxe0, 10.77.0.1): per-allreduce time between
 # two servers whose link negotiated RDMA (ours x2 lean over RC, ours x2 upstream RC with
 # RPC_RDMA_LEAN=0, stock 8.0 RDMA x2, ours with stock in either rank), beside rdma-core's
-# ibv_rc_pingpong of the same bytes on the same device (the raw verbs floor). Under TCG every
+# ibv_rc_pingpong of the same bytes on the same device (the raw verbs floor), and the link's own
+# driver and framings alone (rpc-transport's link_pingpong example: BlockingLink, lean RC and
+# upstream RC, the same bytes in an allreduce's order). Under TCG every
 # figure is emulation time; the ratios between rows of one run are what it shows.
 # Host side (builds, then boots the VM): rpc-bench/vm/allreduce-vm.sh.
-# Env: RB_BENCH, RB_SERVER, RB_STOCK8 (stock 8.0.0 RDMA bin dir), RB_ITERS (default 200),
+# Env: RB_BENCH, RB_SERVER, RB_PINGPONG (the link_pingpong example), RB_STOCK8 (stock 8.0.0 RDMA bin dir), RB_ITERS (default 200),
 #      RB_COMMIT; output in $RVM_OUT (allreduce-rdma.md, allreduce-rdma.csv).
 set -u
 B=$RB_BENCH; SRV=$RB_SERVER; STOCK=$RB_STOCK8
@@ -53,10 +55,27 @@ for n in ${SIZES//,/ }; do
     echo "$n $(ibv $w)" >> $W/floor.txt
 done
 
-python3 - "$OUT/allreduce-rdma.csv" $W/floor.txt "${RB_COMMIT:-unknown}" > "$OUT/allreduce-rdma.md" <<'PY'
+# The link's driver and framing alone, same bytes, same order.
+pp() { # mode bytes
+    local port=$((19500 + RANDOM % 1000))
+    timeout 300 "$RB_PINGPONG" server $ADDR:$port "$1" > $W/pp-srv.log 2>&1 &
+    local sp=$!; sleep 0.5
+    local out; out=$(timeout 300 "$RB_PINGPONG" client $ADDR:$port "$1" "$2" "$ITERS" 2>&1)
+    wait $sp
+    echo "$out" | sed -n 's/.*: \([0-9.]*\) usec\/iter.*/\1/p'
+}
+: > $W/pp.txt
+for n in ${SIZES//,/ }; do
+    if [ "$n" -ge 32768 ]; then w=$((2 * n)); else w=$((4 * n)); fi
+    echo "$n $(pp lean-rc $w) $(pp rc $w)" >> $W/pp.txt
+done
+echo "link_pingpong (elements, lean-rc us, rc us):"; cat $W/pp.txt
+
+python3 - "$OUT/allreduce-rdma.csv" $W/floor.txt "${RB_COMMIT:-unknown}" $W/pp.txt > "$OUT/allreduce-rdma.md" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 floor = {int(l.split()[0]): float(l.split()[1]) for l in open(sys.argv[2]) if len(l.split()) == 2}
+pp = {int(l.split()[0]): [float(x) for x in l.split()[1:]] for l in open(sys.argv[4]) if len(l.split()) == 3}
 def col(r, *names):
     for k in r:
         if any(k.startswith(n) for n in names):
@@ -65,6 +84,19 @@ def col(r, *names):
 print("`rpc-bench allreduce` over RDMA in the soft-RoCE VM (QEMU TCG, 2 vCPUs, rxe0), build %s; median per allreduce," % sys.argv[3])
 print("beside `ibv_rc_pingpong` of the same bytes on the same device (the raw verbs floor). Emulated time: compare rows, not")
 print("absolute figures. Command: `rpc-bench/vm/allreduce-vm.sh`.")
+print()
+print("The link's driver and framing alone (`link_pingpong`: one message each way in an allreduce's order over")
+print("`BlockingLink`), beside `ibv_rc_pingpong` of the same bytes:")
+print()
+print("| elements | wire B each way | ibv_rc_pingpong us | lean RC us | lean ÷ ibv | upstream RC us | upstream RC ÷ ibv |")
+print("|---|---|---|---|---|---|---|")
+for n in sorted(pp):
+    f = floor.get(n)
+    lean, rc = pp[n]
+    print("| %d | %d | %s | %.1f | %s | %.1f | %s |" % (n, 2 * n if n >= 32768 else 4 * n, "%.1f" % f if f else "?",
+          lean, "%.2f" % (lean / f) if f else "?", rc, "%.2f" % (rc / f) if f else "?"))
+print()
+print("Whole allreduces between two servers (tensor memory, bf16 rounding and the sum included):")
 print()
 print("| pair | link | elements | wire B each way | allreduce p50 us | p99 us | ibv_rc_pingpong us | vs floor | vs stock |")
 print("|---|---|---|---|---|---|---|---|---|")
