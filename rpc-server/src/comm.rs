@@ -42,24 +42,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rpc_proto::{CommInit, COMM_BF16_MIN_ELEMENTS, COMM_PORT_OFFSET, CONN_CAPS_SIZE};
-use rpc_transport::rdma::{Caps, Flavor};
 
 use crate::cidr::{AllowList, PortRange};
-pub use crate::link::LinkRdma;
-
-/// One established pairwise link.
-pub trait PeerLink: Send {
-    /// Sends `send` and receives exactly `recv.len()` bytes, in the rank's order.
-    fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()>;
-    /// What the link runs on (`"TCP"`, `"RDMA/RC+lean"`, …).
-    fn transport(&self) -> &'static str {
-        "TCP"
-    }
-    /// RDMA SENDs posted and receives completed on the link (zero on TCP).
-    fn rdma_counters(&self) -> (u64, u64) {
-        (0, 0)
-    }
-}
+pub use crate::link::{caps_well_formed, LinkRdma, PeerLink};
+use crate::link::{not_rpc, nothing_more_after};
 
 /// Sets up links for COMM_INIT.
 pub trait Connector: Send + Sync + std::fmt::Debug {
@@ -144,12 +130,6 @@ impl Connector for CommPolicy {
 /// A refusal as an I/O error (COMM_INIT answers 0).
 pub fn refused(r: Refusal) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::PermissionDenied, r.to_string())
-}
-
-/// Whether `b` is a caps block a ggml RPC server sends: all zero (no RDMA), or an RDMA offer in
-/// one of upstream's two layouts (a queue-pair number of 24 bits, a psn or LID that fits it).
-pub fn caps_well_formed(b: &[u8; CONN_CAPS_SIZE]) -> bool {
-    b.iter().all(|&x| x == 0) || Caps::decode(b, Flavor::native()).is_some()
 }
 
 impl CommPolicy {
@@ -380,34 +360,6 @@ impl CommPolicy {
         s.set_write_timeout(Some(self.io_timeout))?;
         Ok(s)
     }
-}
-
-/// After a caps block, nothing may be waiting (a peer's partial only follows a request, which
-/// has not been made yet; a service answering with an error line has more to say).
-pub(crate) fn nothing_more(s: &TcpStream) -> std::io::Result<()> {
-    nothing_more_after(s, 0)
-}
-
-/// [`nothing_more`] than the `unread` bytes still waiting on `s`.
-fn nothing_more_after(s: &TcpStream, unread: usize) -> std::io::Result<()> {
-    s.set_nonblocking(true)?;
-    let mut buf = [0u8; CONN_CAPS_SIZE + 1];
-    let r = s.peek(&mut buf[..unread + 1]);
-    s.set_nonblocking(false)?;
-    match r {
-        Ok(n) if n > unread => Err(not_rpc("it sent more than a caps block")),
-        Ok(0) => Err(not_rpc("it closed the connection after its caps")),
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-pub(crate) fn not_rpc(why: &str) -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::InvalidData,
-        format!("the peer is not a ggml RPC server: {why}"),
-    )
 }
 
 /// Resolutions of host names running now ([`MAX_RESOLVING`]).

@@ -24,7 +24,53 @@ use rpc_transport::rdma::negotiate::{client_choice, lean_name, server_choice, Ch
 use rpc_transport::rdma::real::{self, Prepared, RdmaOptions};
 use rpc_transport::rdma::{Caps, Flavor, Flavored};
 
-use crate::comm::{caps_well_formed, not_rpc, nothing_more, PeerLink};
+/// One established pairwise link.
+pub trait PeerLink: Send {
+    /// Sends `send` and receives exactly `recv.len()` bytes, in the rank's order.
+    fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()>;
+    /// What the link runs on (`"TCP"`, `"RDMA/RC+lean"`, …).
+    fn transport(&self) -> &'static str {
+        "TCP"
+    }
+    /// RDMA SENDs posted and receives completed on the link (zero on TCP).
+    fn rdma_counters(&self) -> (u64, u64) {
+        (0, 0)
+    }
+}
+
+/// Whether `b` is a caps block a ggml RPC server sends: all zero (no RDMA), or an RDMA offer in
+/// one of upstream's two layouts (a queue-pair number of 24 bits, a psn or LID that fits it).
+pub fn caps_well_formed(b: &[u8; CONN_CAPS_SIZE]) -> bool {
+    b.iter().all(|&x| x == 0) || Caps::decode(b, Flavor::native()).is_some()
+}
+
+/// After a caps block, nothing may be waiting (a peer's partial only follows a request, which
+/// has not been made yet; a service answering with an error line has more to say).
+pub(crate) fn nothing_more(s: &TcpStream) -> std::io::Result<()> {
+    nothing_more_after(s, 0)
+}
+
+/// [`nothing_more`] than the `unread` bytes still waiting on `s`.
+pub(crate) fn nothing_more_after(s: &TcpStream, unread: usize) -> std::io::Result<()> {
+    s.set_nonblocking(true)?;
+    let mut buf = [0u8; CONN_CAPS_SIZE + 1];
+    let r = s.peek(&mut buf[..unread + 1]);
+    s.set_nonblocking(false)?;
+    match r {
+        Ok(n) if n > unread => Err(not_rpc("it sent more than a caps block")),
+        Ok(0) => Err(not_rpc("it closed the connection after its caps")),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+pub(crate) fn not_rpc(why: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("the peer is not a ggml RPC server: {why}"),
+    )
+}
 
 /// What the link may use besides TCP (from the server's options: `--transport`,
 /// `--rdma-device`, `--rdma-gid-index`, `GGML_RPC_NO_RDMA`, `RPC_RDMA_LEAN`).
