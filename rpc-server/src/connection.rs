@@ -182,7 +182,7 @@ pub struct ConnectionContext {
 
 /// Serves a connection whose HELLO (`caps`) has been read: the reply (transport negotiation),
 /// then the command loop over TCP or RDMA. In this process, or in a session process of its own
-/// (`isolate.rs`). `ready` runs once the transport is set up, before the first command is read
+/// (`child.rs`). `ready` runs once the transport is set up, before the first command is read
 /// (a session process applies its sandbox there).
 pub async fn serve_hello<F: FnOnce()>(
     tcp: BlockingTcpTransport,

@@ -156,7 +156,7 @@ impl RdmaConfig {
         }
     }
 
-    /// Every counter, in a fixed order (reported by a session process, see `isolate.rs`).
+    /// Every counter, in a fixed order (reported by a session process, see `child.rs`).
     pub fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
         [
             &self.activated,

@@ -24,7 +24,7 @@
 //!   address space (shared mappings included) bounded by the budget plus a fixed allowance.
 //!
 //! `RPC_SANDBOX_SELFTEST=1` makes each session process try forbidden actions once it serves and
-//! log the outcome (`isolate.rs`; `tests/tests/isolate.rs` asserts on those lines). macOS:
+//! log the outcome (`child.rs`; `tests/tests/isolate.rs` asserts on those lines). macOS:
 //! `sandbox_mac.rs`.
 
 use std::collections::BTreeMap;
