@@ -40,33 +40,21 @@ for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null
 echo "links our servers joined:"
 grep -h "joined pairwise comm" $W/ours-*.log | grep -o 'rank=[01] transport="[^"]*"' | sort | uniq -c
 
-# The raw verbs floor: ibv_rc_pingpong of each wire size (F32 below 32768 elements, bf16 from it).
-ibv() { # bytes
-    local port=$((18500 + RANDOM % 1000))
-    timeout 300 ibv_rc_pingpong -d rxe0 -g 1 -s "$1" -n "$ITERS" -p $port > $W/ibv-srv.log 2>&1 &
+# A ping-pong tool's usec/iter: its server in the background, its client; both print "usec/iter".
+pingpong() { # "server command" "client command"
+    timeout 300 $1 > $W/pingpong-srv.log 2>&1 &
     local sp=$!; sleep 0.5
-    local out; out=$(timeout 300 ibv_rc_pingpong -d rxe0 -g 1 -s "$1" -n "$ITERS" -p $port 127.0.0.1 2>&1)
+    local out; out=$(timeout 300 $2 2>&1)
     wait $sp
-    echo "$out" | sed -n 's/.* = \([0-9.]*\) usec\/iter/\1/p'
+    echo "$out" | grep -oE '[0-9.]+ usec/iter' | cut -d' ' -f1
 }
-: > $W/floor.txt
+# The raw verbs floor, and the link's driver and framing alone (link_pingpong), same bytes.
+ibv() { local p=$((18500 + RANDOM % 1000)) a="-d rxe0 -g 1 -s $1 -n $ITERS"; pingpong "ibv_rc_pingpong $a -p $p" "ibv_rc_pingpong $a -p $p 127.0.0.1"; }
+pp() { local p=$((19500 + RANDOM % 1000)); pingpong "$RB_PINGPONG server $ADDR:$p $1" "$RB_PINGPONG client $ADDR:$p $1 $2 $ITERS"; }
+: > $W/floor.txt; : > $W/pp.txt
 for n in ${SIZES//,/ }; do
-    if [ "$n" -ge 32768 ]; then w=$((2 * n)); else w=$((4 * n)); fi
+    if [ "$n" -ge 32768 ]; then w=$((2 * n)); else w=$((4 * n)); fi   # bf16 from 32768 elements
     echo "$n $(ibv $w)" >> $W/floor.txt
-done
-
-# The link's driver and framing alone, same bytes, same order.
-pp() { # mode bytes
-    local port=$((19500 + RANDOM % 1000))
-    timeout 300 "$RB_PINGPONG" server $ADDR:$port "$1" > $W/pp-srv.log 2>&1 &
-    local sp=$!; sleep 0.5
-    local out; out=$(timeout 300 "$RB_PINGPONG" client $ADDR:$port "$1" "$2" "$ITERS" 2>&1)
-    wait $sp
-    echo "$out" | sed -n 's/.*: \([0-9.]*\) usec\/iter.*/\1/p'
-}
-: > $W/pp.txt
-for n in ${SIZES//,/ }; do
-    if [ "$n" -ge 32768 ]; then w=$((2 * n)); else w=$((4 * n)); fi
     echo "$n $(pp lean-rc $w) $(pp rc $w)" >> $W/pp.txt
 done
 echo "link_pingpong (elements, lean-rc us, rc us):"; cat $W/pp.txt

@@ -277,11 +277,7 @@ impl CommPolicy {
                 }
                 Ok(CONN_CAPS_SIZE) => break,
                 Ok(_) => std::thread::sleep(Duration::from_millis(1)),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
+                Err(e) if nothing_yet(&e) => {}
                 Err(e) => return Err(e),
             }
             if Instant::now() >= deadline {
@@ -349,17 +345,21 @@ impl CommPolicy {
         match s.peek(&mut one) {
             Ok(0) => return Err(not_rpc("it closed the connection at once")),
             Ok(_) => return Err(not_rpc("it spoke before it was spoken to")),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
+            Err(e) if nothing_yet(&e) => {}
             Err(e) => return Err(e),
         }
         s.set_read_timeout(Some(self.io_timeout))?;
         s.set_write_timeout(Some(self.io_timeout))?;
         Ok(s)
     }
+}
+
+/// A read with a timeout that found nothing to read yet.
+fn nothing_yet(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 /// Resolutions of host names running now ([`MAX_RESOLVING`]).

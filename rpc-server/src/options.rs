@@ -235,28 +235,34 @@ impl ServerOptions {
     /// What a comm link may run on besides TCP: as the client connections (`--transport`,
     /// `GGML_RPC_NO_RDMA`, the RDMA device flags, `RPC_RDMA_LEAN`).
     pub fn link_rdma(&self) -> crate::link::LinkRdma {
-        let rdma = self.rdma_config();
         crate::link::LinkRdma {
             flavor: self.comm_rdma_flavor.flavor(),
-            mode: rdma.mode,
-            opts: rdma.opts.clone(),
-            lean: rdma.lean,
+            mode: self.rdma_mode(),
+            opts: self.rdma_options(),
+            lean: crate::rdma::lean_from_env(),
+        }
+    }
+
+    /// `--transport`, unless upstream's switch `GGML_RPC_NO_RDMA` says TCP.
+    fn rdma_mode(&self) -> TransportMode {
+        match std::env::var_os("GGML_RPC_NO_RDMA") {
+            Some(_) => TransportMode::Tcp,
+            None => self.transport,
+        }
+    }
+
+    fn rdma_options(&self) -> rpc_transport::rdma::real::RdmaOptions {
+        rpc_transport::rdma::real::RdmaOptions {
+            device: self.rdma_device.clone(),
+            gid_index: self.rdma_gid_index,
         }
     }
 
     /// The RDMA settings and counters these options make (one per server).
     pub fn rdma_config(&self) -> Arc<RdmaConfig> {
-        // Upstream's switch keeps working.
-        let mode = match std::env::var_os("GGML_RPC_NO_RDMA") {
-            Some(_) => TransportMode::Tcp,
-            None => self.transport,
-        };
         Arc::new(RdmaConfig::new(
-            mode,
-            rpc_transport::rdma::real::RdmaOptions {
-                device: self.rdma_device.clone(),
-                gid_index: self.rdma_gid_index,
-            },
+            self.rdma_mode(),
+            self.rdma_options(),
             self.rdma_max_connections.max(1),
         ))
     }

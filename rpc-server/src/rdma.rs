@@ -182,7 +182,7 @@ impl RdmaConfig {
 
 /// `RPC_RDMA_LEAN`: `0`, `off`, `false` or `no` turn the lean framing off (clients offering it
 /// then get upstream's framing of their flavor).
-fn lean_from_env() -> bool {
+pub(crate) fn lean_from_env() -> bool {
     match std::env::var("RPC_RDMA_LEAN") {
         Ok(v) => !matches!(
             v.trim().to_ascii_lowercase().as_str(),
