@@ -7,7 +7,7 @@
 # upstream RC, the same bytes in an allreduce's order). Under TCG every
 # figure is emulation time; the ratios between rows of one run are what it shows.
 # Host side (builds, then boots the VM): rpc-bench/vm/allreduce-vm.sh.
-# Env: RB_BENCH, RB_SERVER, RB_PINGPONG (the link_pingpong example), RB_STOCK8 (stock 8.0.0 RDMA bin dir), RB_ITERS (default 200),
+# Env: RB_BENCH, RB_SERVER, RB_PINGPONG (the link_pingpong example), RB_STOCK8 (stock 8.0.0 RDMA bin dir), RB_ITERS (default 200), RB_PP_REPS (default 3),
 #      RB_COMMIT; output in $RVM_OUT (allreduce-rdma.md, allreduce-rdma.csv).
 set -u
 B=$RB_BENCH; SRV=$RB_SERVER; STOCK=$RB_STOCK8
@@ -51,16 +51,32 @@ pingpong() { # "server command" "client command"
 # The raw verbs floor, and the link's driver and framing alone (link_pingpong), same bytes.
 ibv() { local p=$((18500 + RANDOM % 1000)) a="-d rxe0 -g 1 -s $1 -n $ITERS"; pingpong "ibv_rc_pingpong $a -p $p" "ibv_rc_pingpong $a -p $p 127.0.0.1"; }
 pp() { local p=$((19500 + RANDOM % 1000)); pingpong "$RB_PINGPONG server $ADDR:$p $1" "$RB_PINGPONG client $ADDR:$p $1 $2 $ITERS"; }
-: > $W/floor.txt; : > $W/pp.txt
-for n in ${SIZES//,/ }; do
-    if [ "$n" -ge 32768 ]; then w=$((2 * n)); else w=$((4 * n)); fi   # bf16 from 32768 elements
-    echo "$n $(ibv $w)" >> $W/floor.txt
-    echo "$n $(pp lean-rc $w) $(pp rc $w)" >> $W/pp.txt
+# RB_PP_REPS runs of each, the three tools alternating, per size; the median run counts.
+: > $W/pp-raw.txt
+for rep in $(seq "${RB_PP_REPS:-3}"); do
+    for n in ${SIZES//,/ }; do
+        if [ "$n" -ge 32768 ]; then w=$((2 * n)); else w=$((4 * n)); fi   # bf16 from 32768 elements
+        echo "$n $(ibv $w) $(pp lean-rc $w) $(pp rc $w)" >> $W/pp-raw.txt
+    done
 done
+python3 - $W/pp-raw.txt $W/floor.txt $W/pp.txt <<'PY'
+import statistics, sys
+runs = {}
+for l in open(sys.argv[1]):
+    f = l.split()
+    if len(f) == 4:
+        runs.setdefault(int(f[0]), []).append([float(x) for x in f[1:]])
+with open(sys.argv[2], "w") as floor, open(sys.argv[3], "w") as pp:
+    for n, rs in sorted(runs.items()):
+        med = [statistics.median(r[i] for r in rs) for i in range(3)]
+        floor.write(f"{n} {med[0]:.1f}\n")
+        pp.write(f"{n} {med[1]:.1f} {med[2]:.1f}\n")
+PY
+echo "ping-pong runs (elements, ibv us, lean-rc us, rc us):"; cat $W/pp-raw.txt
 echo "link_pingpong (elements, lean-rc us, rc us):"; cat $W/pp.txt
 
 python3 - "$OUT/allreduce-rdma.csv" $W/floor.txt "${RB_COMMIT:-unknown}" $W/pp.txt > "$OUT/allreduce-rdma.md" <<'PY'
-import csv, sys
+import csv, os, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 floor = {int(l.split()[0]): float(l.split()[1]) for l in open(sys.argv[2]) if len(l.split()) == 2}
 pp = {int(l.split()[0]): [float(x) for x in l.split()[1:]] for l in open(sys.argv[4]) if len(l.split()) == 3}
@@ -74,7 +90,7 @@ print("beside `ibv_rc_pingpong` of the same bytes on the same device (the raw ve
 print("absolute figures. Command: `rpc-bench/vm/allreduce-vm.sh`.")
 print()
 print("The link's driver and framing alone (`link_pingpong`: one message each way in an allreduce's order over")
-print("`BlockingLink`), beside `ibv_rc_pingpong` of the same bytes:")
+print("`BlockingLink`), beside `ibv_rc_pingpong` of the same bytes; each figure the median of %s runs of the three, alternating:" % os.environ.get("RB_PP_REPS", "3"))
 print()
 print("| elements | wire B each way | ibv_rc_pingpong us | lean RC us | lean ÷ ibv | upstream RC us | upstream RC ÷ ibv |")
 print("|---|---|---|---|---|---|---|")

@@ -17,5 +17,5 @@ export RB_BENCH="$RVM_CARGO_TARGET_DIR/release/rpc-bench" RB_SERVER="$RVM_CARGO_
 export RB_COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 export RVM_ARTIFACTS=${ALLREDUCE_OUT:-$ROOT/target/allreduce-vm}
 mkdir -p "$RVM_ARTIFACTS"
-RVM_PASS_ENV="RB_PINGPONG RB_BENCH RB_SERVER RB_STOCK8 RB_ITERS RB_COMMIT RPC_RDMA_SPIN_MS" RVM_TIMEOUT=${RVM_TIMEOUT:-3600} \
+RVM_PASS_ENV="RB_PINGPONG RB_BENCH RB_SERVER RB_STOCK8 RB_ITERS RB_PP_REPS RB_COMMIT RPC_RDMA_SPIN_MS" RVM_TIMEOUT=${RVM_TIMEOUT:-3600} \
     exec tests/vm/run-in-vm.sh rpc-bench/vm/allreduce-rdma.sh

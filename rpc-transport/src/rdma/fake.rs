@@ -6,7 +6,9 @@
 //! - UC (Apple): a SEND and its receive must span the same number of 4 KiB frames, else the
 //!   receive fails; a dead peer is silent: sends complete, nothing arrives.
 //! - A device allows a bounded number of queue pairs (Apple: 10); more fail with EBUSY.
-//! - Faults can be injected on the next SEND: drop it (UC), corrupt one byte, fail it.
+//! - Faults can be injected on the next SEND: drop it (UC), corrupt one byte, fail it. Real RC
+//!   never delivers a packet that fails the fabric's ICRC, so corruption on RC stands for a fault
+//!   past it (a bad DMA, a driver bug): lean catches that only while its frames carry checksums.
 //! - A SEND that finds no receive posted is counted ([`FakeQp::unmatched`]: an RNR wait on RC,
 //!   a hardware credit wait on Apple's UC); with [`FakeQp::drop_unmatched`] a UC SEND that finds
 //!   none is lost instead, as rxe's UC does, so software credits can be tested.

@@ -4,13 +4,25 @@
 //! A byte stream cut into frames, one frame per SEND:
 //!
 //! ```text
-//! | u32 magic "LEAN" | u32 seq | u32 len | u16 credits | u16 flags=0 | u32 crc32 | payload[len] |
+//! | u32 magic "LEAN" | u32 seq | u32 len | u16 credits | u16 flags | u32 crc32 | payload[len] |
 //! ```
 //!
 //! - `seq` counts frames per direction from 0; `crc32` (IEEE, `crc32fast`) covers the first 16
 //!   header bytes and the payload. A SEND whose length is not `20 + len`, a bad magic, a checksum
-//!   mismatch or a sequence gap (a frame lost on UC) **fails the connection**: a frame is checked
-//!   whole before any of its bytes is handed out, so corrupt data is never delivered.
+//!   mismatch, unknown flags or a sequence gap (a frame lost on UC) **fails the connection**: a
+//!   frame is checked whole before any of its bytes is handed out, so corrupt data is never
+//!   delivered.
+//! - **Checksums only where the queue pair needs them** (`flags`): over RC every side sets
+//!   [`FLAG_UNCHECKED_OK`] in each frame it sends ("I take frames without a checksum"); once a
+//!   frame carrying it has arrived, the other side sends [`FLAG_UNCHECKED`] frames (crc32 field 0,
+//!   not computed nor checked). RC already delivers every message whole, in order and checked:
+//!   each packet carries the fabric's 32-bit ICRC, which the responder verifies, and a bad or lost
+//!   packet is retransmitted before the receive completes. Our own crc32 on top only costs a pass
+//!   over every payload on both sides (and buys no security: it is not a MAC). Over UC, where a
+//!   frame can be lost or cut short and nothing retransmits, every frame keeps its checksum, and an
+//!   unchecked frame fails the connection. A peer built before the flags existed never sets
+//!   [`FLAG_UNCHECKED_OK`], so it keeps receiving checksummed frames (it ignores flags it does not
+//!   know, covered by the checksum).
 //! - **Credits**: each side may have at most as many frames outstanding as the peer has receives
 //!   posted (the geometry is fixed per queue-pair type, so both sides know the peer's count).
 //!   A receive is re-posted once its frame is consumed, and counted in `credits` of the next frame
@@ -38,6 +50,12 @@ pub const LEAN_MAGIC: u32 = u32::from_le_bytes(*b"LEAN");
 pub const LEAN_HEADER: usize = 20;
 /// Credits a data frame leaves for credit-only frames.
 pub const RESERVE: usize = 2;
+/// Flags: the sender takes frames without a checksum (set by RC links only).
+pub const FLAG_UNCHECKED_OK: u16 = 1;
+/// Flags: this frame's crc32 field is 0 and not checked (sent over RC only, to a peer that set
+/// [`FLAG_UNCHECKED_OK`]).
+pub const FLAG_UNCHECKED: u16 = 2;
+const KNOWN_FLAGS: u16 = FLAG_UNCHECKED_OK | FLAG_UNCHECKED;
 
 const TX_TAG: u64 = 1 << 41;
 const RX_TAG: u64 = 1 << 42;
@@ -55,6 +73,9 @@ pub struct Geometry {
     pub tx_slot: usize,
     /// Re-posted receives that trigger a credit-only frame when no data frame carries them.
     pub return_at: usize,
+    /// The queue pair delivers every message whole and in order, checked by the fabric (RC):
+    /// frames may go without our own checksum (see the module docs).
+    pub reliable: bool,
 }
 
 impl Geometry {
@@ -65,6 +86,7 @@ impl Geometry {
         tx_slots: 4,
         tx_slot: 256 * 1024,
         return_at: 12,
+        reliable: true,
     };
     /// UC: 512 receives of one 4 KiB frame, 512 send slots (upstream's 2 × 2 MiB, 512 WRs).
     pub const UC: Geometry = Geometry {
@@ -73,6 +95,7 @@ impl Geometry {
         tx_slots: 512,
         tx_slot: 4096,
         return_at: 128,
+        reliable: false,
     };
 
     pub fn for_flavor(f: Flavor) -> Geometry {
@@ -102,6 +125,8 @@ pub struct LeanStats {
     pub data_frames: u64,
     pub credit_frames: u64,
     pub inline_frames: u64,
+    /// Frames sent without a checksum ([`FLAG_UNCHECKED`]).
+    pub unchecked_frames: u64,
     pub bytes_sent: u64,
     pub frames_received: u64,
 }
@@ -127,6 +152,8 @@ pub struct LeanLink<V: Verbs> {
     tx_seq: u32,
     rx_seq: u32,
     broken: Option<String>,
+    /// A frame from the peer carried [`FLAG_UNCHECKED_OK`] (and this link is reliable).
+    peer_takes_unchecked: bool,
     wcs: Vec<Wc>,
     stats: LeanStats,
     recvs: u64,
@@ -156,6 +183,7 @@ impl<V: Verbs> LeanLink<V> {
             tx_seq: 0,
             rx_seq: 0,
             broken: None,
+            peer_takes_unchecked: false,
             wcs: Vec::new(),
             stats: LeanStats::default(),
             recvs: 0,
@@ -217,17 +245,21 @@ impl<V: Verbs> LeanLink<V> {
         let total = LEAN_HEADER + len;
         let returned = self.unreturned.min(u16::MAX as usize);
         let seq = self.tx_seq;
+        let flags = self.send_flags();
         let mem = self.v.send_mem();
         let frame = &mut mem[base..base + total];
         frame[0..4].copy_from_slice(&LEAN_MAGIC.to_le_bytes());
         frame[4..8].copy_from_slice(&seq.to_le_bytes());
         frame[8..12].copy_from_slice(&(len as u32).to_le_bytes());
         frame[12..14].copy_from_slice(&(returned as u16).to_le_bytes());
-        frame[14..16].copy_from_slice(&0u16.to_le_bytes());
-        let mut h = crc32fast::Hasher::new();
-        h.update(&frame[..16]);
-        h.update(&frame[LEAN_HEADER..]);
-        frame[16..20].copy_from_slice(&h.finalize().to_le_bytes());
+        frame[14..16].copy_from_slice(&flags.to_le_bytes());
+        let crc = if flags & FLAG_UNCHECKED != 0 {
+            self.stats.unchecked_frames += 1;
+            0
+        } else {
+            frame_crc(frame)
+        };
+        frame[16..20].copy_from_slice(&crc.to_le_bytes());
         let inline = total <= self.v.max_inline();
         if let Err(e) = self.v.post_send(TX_TAG | slot as u64, base, total, inline) {
             return Err(self.fail(format!("RDMA(lean): post_send failed: {e}")));
@@ -245,6 +277,16 @@ impl<V: Verbs> LeanLink<V> {
             self.stats.data_frames += 1;
         }
         Ok(())
+    }
+
+    /// The flags of the next frame: over RC, that we take unchecked frames, and whether this one
+    /// is unchecked (once the peer said it takes them).
+    fn send_flags(&self) -> u16 {
+        match (self.g.reliable, self.peer_takes_unchecked) {
+            (false, _) => 0,
+            (true, false) => FLAG_UNCHECKED_OK,
+            (true, true) => FLAG_UNCHECKED_OK | FLAG_UNCHECKED,
+        }
     }
 
     /// Posts filled frames while credits beyond the reserve last.
@@ -289,11 +331,10 @@ impl<V: Verbs> LeanLink<V> {
         let seq = u32::from_le_bytes([f[4], f[5], f[6], f[7]]);
         let len = u32::from_le_bytes([f[8], f[9], f[10], f[11]]) as usize;
         let returned = u16::from_le_bytes([f[12], f[13]]) as usize;
+        let flags = u16::from_le_bytes([f[14], f[15]]);
         let crc = u32::from_le_bytes([f[16], f[17], f[18], f[19]]);
-        let mut h = crc32fast::Hasher::new();
-        h.update(&f[..16]);
-        h.update(&f[LEAN_HEADER..]);
-        let ok_crc = h.finalize() == crc;
+        let unchecked = flags & FLAG_UNCHECKED != 0;
+        let ok_crc = unchecked || frame_crc(f) == crc;
         if magic != LEAN_MAGIC {
             return Err(self.fail(format!(
                 "RDMA(lean): bad frame magic {magic:#010x} (frame #{expect})"
@@ -301,6 +342,18 @@ impl<V: Verbs> LeanLink<V> {
         }
         if !ok_crc {
             return Err(self.fail(format!("RDMA(lean): checksum mismatch in frame #{expect} ({n} bytes): corrupted on the wire")));
+        }
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(self.fail(format!(
+                "RDMA(lean): frame #{expect} has unknown flags {flags:#06x}"
+            )));
+        }
+        // Unchecked frames: RC only, and only once we have said (in a frame sent) that we take them.
+        let invited = self.g.reliable && self.stats.bytes_sent > 0;
+        if unchecked && !(invited && flags & FLAG_UNCHECKED_OK != 0) {
+            return Err(self.fail(format!(
+                "RDMA(lean): frame #{expect} has no checksum, which only an RC link that offered it may receive"
+            )));
         }
         if LEAN_HEADER + len != n {
             return Err(self.fail(format!(
@@ -314,6 +367,7 @@ impl<V: Verbs> LeanLink<V> {
             )));
         }
         self.rx_seq = expect.wrapping_add(1);
+        self.peer_takes_unchecked |= self.g.reliable && flags & FLAG_UNCHECKED_OK != 0;
         self.credits += returned;
         if self.credits > self.g.rx_slots {
             return Err(self.fail(format!(
@@ -342,6 +396,14 @@ impl<V: Verbs> LeanLink<V> {
             }
         }
     }
+}
+
+/// crc32 of a frame's first 16 header bytes and its payload.
+fn frame_crc(frame: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&frame[..16]);
+    h.update(&frame[LEAN_HEADER..]);
+    h.finalize()
 }
 
 impl<V: Verbs> Flavored for LeanLink<V> {
@@ -525,6 +587,115 @@ mod tests {
         let mut out = [0u8; 3];
         assert_eq!(b.read_available(&mut out).unwrap(), 3);
         assert_eq!(&out, b"abc");
+    }
+
+    /// One message from `from` to `to`, read back whole.
+    fn carry(
+        from: &mut LeanLink<fake::FakeQp>,
+        to: &mut LeanLink<fake::FakeQp>,
+        msg: &[u8],
+    ) -> io::Result<Vec<u8>> {
+        assert_eq!(from.write_part(msg)?, msg.len());
+        from.end_message()?;
+        let mut got = vec![0u8; msg.len()];
+        let mut n = 0;
+        for _ in 0..1000 {
+            from.progress()?;
+            to.progress()?;
+            n += to.read_available(&mut got[n..])?;
+            if n == msg.len() {
+                return Ok(got);
+            }
+        }
+        panic!("message not delivered ({n} of {} bytes)", msg.len());
+    }
+
+    fn flags_of(link: &mut LeanLink<fake::FakeQp>) -> (u16, u32) {
+        let f = &link.verbs().recv_mem()[..LEAN_HEADER];
+        (
+            u16::from_le_bytes([f[14], f[15]]),
+            u32::from_le_bytes([f[16], f[17], f[18], f[19]]),
+        )
+    }
+
+    #[test]
+    fn rc_drops_the_checksum_once_the_peer_takes_it_and_uc_never_does() {
+        let msg: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let (mut a, mut b) = pair(Geometry::RC, Rules::Rc);
+        // a has heard nothing from b yet: its first frame is checksummed, and offers.
+        assert_eq!(carry(&mut a, &mut b, &msg).unwrap(), msg);
+        let (flags, crc) = flags_of(&mut b);
+        assert_eq!(flags, FLAG_UNCHECKED_OK);
+        assert_ne!(crc, 0);
+        assert_eq!(a.stats().unchecked_frames, 0);
+        // b heard a's offer: its frames go without a checksum.
+        assert_eq!(carry(&mut b, &mut a, &msg).unwrap(), msg);
+        let (flags, crc) = flags_of(&mut a);
+        assert_eq!(flags, FLAG_UNCHECKED_OK | FLAG_UNCHECKED);
+        assert_eq!(crc, 0);
+        assert_eq!(b.stats().unchecked_frames, 1);
+        // And a's next ones too, intact.
+        assert_eq!(carry(&mut a, &mut b, &msg).unwrap(), msg);
+        assert_eq!(a.stats().unchecked_frames, 1);
+
+        let msg = &msg[..3000];
+        let (mut a, mut b) = pair(Geometry::UC, Rules::Uc);
+        for _ in 0..3 {
+            assert_eq!(carry(&mut a, &mut b, msg).unwrap(), msg);
+            assert_eq!(flags_of(&mut b).0, 0);
+            assert_eq!(carry(&mut b, &mut a, msg).unwrap(), msg);
+            assert_eq!(flags_of(&mut a).0, 0);
+        }
+        assert_eq!(a.stats().unchecked_frames + b.stats().unchecked_frames, 0);
+    }
+
+    #[test]
+    fn an_unchecked_frame_where_none_was_offered_fails_the_link() {
+        // Over UC (a peer that skips the checksum anyway), and over RC before this side offered.
+        for (g, rules, sent_first) in [
+            (Geometry::UC, Rules::Uc, true),
+            (Geometry::RC, Rules::Rc, false),
+        ] {
+            let (mut a, mut b) = pair(g, rules);
+            if sent_first {
+                carry(&mut b, &mut a, b"hi").unwrap();
+            }
+            a.peer_takes_unchecked = true;
+            a.g.reliable = true;
+            let e = carry(&mut a, &mut b, b"no checksum here").unwrap_err();
+            assert!(e.to_string().contains("has no checksum"), "{rules:?}: {e}");
+            assert_eq!(
+                b.read_available(&mut [0u8; 16]).unwrap_err().kind(),
+                io::ErrorKind::InvalidData
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_flags_fail_the_link() {
+        let (mut a, mut b) = pair(Geometry::RC, Rules::Rc);
+        // A well-formed frame #0 with one payload byte, but an unknown flag, posted by hand.
+        let f = &mut a.verbs().send_mem()[..LEAN_HEADER + 1];
+        f[0..4].copy_from_slice(&LEAN_MAGIC.to_le_bytes());
+        f[4..8].copy_from_slice(&0u32.to_le_bytes());
+        f[8..12].copy_from_slice(&1u32.to_le_bytes());
+        f[12..14].copy_from_slice(&0u16.to_le_bytes());
+        f[14..16].copy_from_slice(&0x80u16.to_le_bytes());
+        f[LEAN_HEADER] = b'x';
+        let crc = frame_crc(f);
+        f[16..20].copy_from_slice(&crc.to_le_bytes());
+        a.verbs()
+            .post_send(TX_TAG, 0, LEAN_HEADER + 1, false)
+            .unwrap();
+        let mut e = None;
+        for _ in 0..100 {
+            if let Err(err) = b.progress() {
+                e = Some(err);
+                break;
+            }
+        }
+        let e = e.expect("the frame arrived");
+        assert!(e.to_string().contains("unknown flags"), "{e}");
     }
 
     #[test]
