@@ -7,7 +7,7 @@
 # upstream RC, the same bytes in an allreduce's order). Under TCG every
 # figure is emulation time; the ratios between rows of one run are what it shows.
 # Host side (builds, then boots the VM): rpc-bench/vm/allreduce-vm.sh.
-# Env: RB_BENCH, RB_SERVER, RB_PINGPONG (the link_pingpong example), RB_STOCK8 (stock 8.0.0 RDMA bin dir), RB_ITERS (default 200), RB_PP_REPS (default 3),
+# Env: RB_BENCH, RB_SERVER, RB_PINGPONG (the link_pingpong example), RB_STOCK8 (stock 8.0.0 RDMA bin dir), RB_ITERS (default 200), RB_PP_REPS (default 5),
 #      RB_COMMIT; output in $RVM_OUT (allreduce-rdma.md, allreduce-rdma.csv).
 set -u
 B=$RB_BENCH; SRV=$RB_SERVER; STOCK=$RB_STOCK8
@@ -53,7 +53,7 @@ ibv() { local p=$((18500 + RANDOM % 1000)) a="-d rxe0 -g 1 -s $1 -n $ITERS"; pin
 pp() { local p=$((19500 + RANDOM % 1000)); pingpong "$RB_PINGPONG server $ADDR:$p $1" "$RB_PINGPONG client $ADDR:$p $1 $2 $ITERS"; }
 # RB_PP_REPS runs of each, the three tools alternating, per size; the median run counts.
 : > $W/pp-raw.txt
-for rep in $(seq "${RB_PP_REPS:-3}"); do
+for rep in $(seq "${RB_PP_REPS:-5}"); do
     for n in ${SIZES//,/ }; do
         if [ "$n" -ge 32768 ]; then w=$((2 * n)); else w=$((4 * n)); fi   # bf16 from 32768 elements
         echo "$n $(ibv $w) $(pp lean-rc $w) $(pp rc $w)" >> $W/pp-raw.txt
@@ -66,20 +66,23 @@ for l in open(sys.argv[1]):
     f = l.split()
     if len(f) == 4:
         runs.setdefault(int(f[0]), []).append([float(x) for x in f[1:]])
+# Emulated time drifts between runs: each run's ratio to the ibv run right before it is the
+# figure; the median of those ratios is reported beside the median times.
 with open(sys.argv[2], "w") as floor, open(sys.argv[3], "w") as pp:
     for n, rs in sorted(runs.items()):
         med = [statistics.median(r[i] for r in rs) for i in range(3)]
+        ratio = [statistics.median(r[i] / r[0] for r in rs) for i in (1, 2)]
         floor.write(f"{n} {med[0]:.1f}\n")
-        pp.write(f"{n} {med[1]:.1f} {med[2]:.1f}\n")
+        pp.write(f"{n} {med[1]:.1f} {med[2]:.1f} {ratio[0]:.2f} {ratio[1]:.2f}\n")
 PY
 echo "ping-pong runs (elements, ibv us, lean-rc us, rc us):"; cat $W/pp-raw.txt
-echo "link_pingpong (elements, lean-rc us, rc us):"; cat $W/pp.txt
+echo "link_pingpong (elements, lean-rc us, rc us, lean ÷ ibv, rc ÷ ibv):"; cat $W/pp.txt
 
 python3 - "$OUT/allreduce-rdma.csv" $W/floor.txt "${RB_COMMIT:-unknown}" $W/pp.txt > "$OUT/allreduce-rdma.md" <<'PY'
 import csv, os, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 floor = {int(l.split()[0]): float(l.split()[1]) for l in open(sys.argv[2]) if len(l.split()) == 2}
-pp = {int(l.split()[0]): [float(x) for x in l.split()[1:]] for l in open(sys.argv[4]) if len(l.split()) == 3}
+pp = {int(l.split()[0]): [float(x) for x in l.split()[1:]] for l in open(sys.argv[4]) if len(l.split()) == 5}
 def col(r, *names):
     for k in r:
         if any(k.startswith(n) for n in names):
@@ -90,15 +93,16 @@ print("beside `ibv_rc_pingpong` of the same bytes on the same device (the raw ve
 print("absolute figures. Command: `rpc-bench/vm/allreduce-vm.sh`.")
 print()
 print("The link's driver and framing alone (`link_pingpong`: one message each way in an allreduce's order over")
-print("`BlockingLink`), beside `ibv_rc_pingpong` of the same bytes; each figure the median of %s runs of the three, alternating:" % os.environ.get("RB_PP_REPS", "3"))
+print("`BlockingLink`), beside `ibv_rc_pingpong` of the same bytes; %s runs of the three tools, alternating: the times are" % os.environ.get("RB_PP_REPS", "5"))
+print("medians, the ratios the median of each run's ratio to the `ibv_rc_pingpong` run just before it:")
 print()
 print("| elements | wire B each way | ibv_rc_pingpong us | lean RC us | lean ÷ ibv | upstream RC us | upstream RC ÷ ibv |")
 print("|---|---|---|---|---|---|---|")
 for n in sorted(pp):
     f = floor.get(n)
-    lean, rc = pp[n]
-    print("| %d | %d | %s | %.1f | %s | %.1f | %s |" % (n, 2 * n if n >= 32768 else 4 * n, "%.1f" % f if f else "?",
-          lean, "%.2f" % (lean / f) if f else "?", rc, "%.2f" % (rc / f) if f else "?"))
+    lean, rc, lean_r, rc_r = pp[n]
+    print("| %d | %d | %s | %.1f | %.2f | %.1f | %.2f |" % (n, 2 * n if n >= 32768 else 4 * n, "%.1f" % f if f else "?",
+          lean, lean_r, rc, rc_r))
 print()
 print("Whole allreduces between two servers (tensor memory, bf16 rounding and the sum included):")
 print()

@@ -42,6 +42,13 @@ fn parse_endpoint(s: &str) -> Result<String, String> {
 /// consecutive ports from `--base-port` (worker i listens on base-port + i). They speak
 /// protocol 8.0.0 (llama.cpp since October 2026); with `--proto7-port N` worker i also listens
 /// on port N + i of the same address, speaking 7.0.0 (older llama.cpp).
+///
+/// One endpoint for all workers (`--one-endpoint`): one port (`--listen`, or `--host` and
+/// `--base-port`) whose devices are every worker's devices in `--worker` order; copies between
+/// them go from worker to worker, not through llama.cpp:
+///
+///   rpc-shim --one-endpoint -w 10.0.0.2:50052 -w 10.0.0.3:50052 -w 10.0.0.4:50052
+///   llama-cli -m model.gguf --rpc 127.0.0.1:50152
 #[derive(Debug, Parser)]
 #[command(name = "rpc-shim", version, verbatim_doc_comment)]
 pub struct Args {
@@ -50,9 +57,16 @@ pub struct Args {
     #[arg(short = 'w', long = "worker", value_name = "HOST:PORT", required = true, value_parser = parse_endpoint)]
     pub workers: Vec<String>,
 
-    /// Local address for the worker in the same position (repeat once per worker).
+    /// Local address for the worker in the same position (repeat once per worker; with
+    /// --one-endpoint, once).
     #[arg(short = 'l', long = "listen", value_name = "ADDR:PORT", value_parser = parse_endpoint)]
     pub listen: Vec<String>,
+
+    /// Serve all workers behind one local endpoint whose devices are the workers' devices in
+    /// --worker order (layer split's hidden states and tensor split's reductions then go from
+    /// worker to worker, never through llama.cpp).
+    #[arg(long)]
+    pub one_endpoint: bool,
 
     /// Local address for the default listen ports (without --listen).
     #[arg(short = 'H', long, default_value = "127.0.0.1")]
@@ -117,8 +131,15 @@ pub struct Args {
 impl Args {
     /// The local address of each worker, in `--worker` order.
     pub fn listen_addrs(&self) -> Result<Vec<String>, String> {
+        let listeners = self.listeners();
         if !self.listen.is_empty() {
-            if self.listen.len() != self.workers.len() {
+            if self.one_endpoint && self.listen.len() != 1 {
+                return Err(format!(
+                    "{} --listen with --one-endpoint: give one (all workers share it), or none",
+                    self.listen.len()
+                ));
+            }
+            if self.listen.len() != listeners {
                 return Err(format!(
                     "{} --listen for {} --worker: give one --listen per worker (same order), or none",
                     self.listen.len(),
@@ -132,7 +153,7 @@ impl Args {
         } else {
             self.host.clone()
         };
-        (0..self.workers.len())
+        (0..listeners)
             .map(|i| {
                 u16::try_from(usize::from(self.base_port) + i)
                     .map(|p| format!("{host}:{p}"))
@@ -147,12 +168,16 @@ impl Args {
     pub fn proto7_addrs(&self) -> Result<Vec<String>, String> {
         let v8 = self.listen_addrs()?;
         let v7 = if !self.listen7.is_empty() {
-            if self.listen7.len() != self.workers.len() {
-                return Err(format!(
-                    "{} --listen7 for {} --worker: give one --listen7 per worker (same order), or none",
-                    self.listen7.len(),
-                    self.workers.len()
-                ));
+            if self.listen7.len() != self.listeners() {
+                return Err(if self.one_endpoint {
+                    format!("{} --listen7 with --one-endpoint: give one, or none", self.listen7.len())
+                } else {
+                    format!(
+                        "{} --listen7 for {} --worker: give one --listen7 per worker (same order), or none",
+                        self.listen7.len(),
+                        self.workers.len()
+                    )
+                });
             }
             self.listen7.clone()
         } else if let Some(base) = self.proto7_port {
@@ -166,6 +191,15 @@ impl Args {
             ));
         }
         Ok(v7)
+    }
+
+    /// Local listeners per protocol major: one per worker, or one with --one-endpoint.
+    pub fn listeners(&self) -> usize {
+        if self.one_endpoint {
+            1
+        } else {
+            self.workers.len()
+        }
     }
 
     fn proto7_ports(v8: &[String], base: u16) -> Result<Vec<String>, String> {

@@ -98,6 +98,9 @@ pub enum ShimError {
         /// What the client's listener speaks.
         client_major: rpc_proto::Major,
     },
+    /// A one-endpoint request that no worker may serve (see `endpoint::route`).
+    #[error("{0}")]
+    Route(#[from] crate::endpoint::RouteError),
     /// `--transport rdma` and RDMA could not engage for this connection.
     #[error("worker {worker}: RDMA required (--transport rdma) but {reason}")]
     RdmaRequired {

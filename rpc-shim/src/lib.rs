@@ -24,6 +24,9 @@
 //! - [`upstream`]: TCP setup with timeouts and keepalive, HELLO as a client, RDMA negotiation.
 //! - [`shim`](crate::shim): listeners.
 //! - [`comm`]: COMM_INIT rewritten so that two workers behind the shim reach each other.
+//! - [`endpoint`]: `--one-endpoint`, one listener whose devices are every worker's: commands
+//!   routed by device and buffer ([`endpoint::route`], sans-IO), COPY_TENSOR between workers
+//!   carried from worker to worker without the client.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -31,6 +34,7 @@
 pub mod cache;
 pub mod cli;
 pub mod comm;
+pub mod endpoint;
 pub mod error;
 mod session;
 pub mod shim;
@@ -39,7 +43,7 @@ pub mod upstream;
 pub mod worker;
 
 pub use error::ShimError;
-pub use shim::{serve, start, Running};
+pub use shim::{serve, serve_endpoint, start, start_endpoint, Running, RunningEndpoint};
 pub use stats::{ShimStats, StatsSnapshot};
 pub use upstream::{
     Connector, FlavorChoice, Options, RdmaSettings, RealConnector, TransportMode, Upstream,

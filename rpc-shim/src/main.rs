@@ -99,6 +99,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ..Options::default()
     };
 
+    if args.one_endpoint {
+        return one_endpoint(&args, &listen, &listen7, opts, rdma, mode, flavor).await;
+    }
+
     // One worker (cache, control connection) per --worker, behind its 8.0.0 listener and, with
     // --proto7-port, a 7.0.0 one.
     let mut running = Vec::new();
@@ -154,6 +158,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let running: Vec<Arc<_>> = running.into_iter().map(Arc::new).collect();
 
+    until_signalled().await?;
+    for r in running.iter().filter(|r| r.major == Major::V8) {
+        let s = r.worker.stats().snapshot();
+        tracing::info!(worker = %r.worker.addr(), ?s, "totals");
+    }
+    drop(running);
+    Ok(())
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+async fn until_signalled() -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("SIGTERM handler")?;
     tokio::select! {
@@ -161,9 +176,66 @@ async fn run(args: Args) -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
-    for r in running.iter().filter(|r| r.major == Major::V8) {
-        let s = r.worker.stats().snapshot();
-        tracing::info!(worker = %r.worker.addr(), ?s, "totals");
+    Ok(())
+}
+
+/// `--one-endpoint`: every worker behind one 8.0.0 listener (and, with --proto7-port, one 7.0.0
+/// listener).
+async fn one_endpoint(
+    args: &Args,
+    listen: &[String],
+    listen7: &[String],
+    opts: Options,
+    rdma: RdmaSettings,
+    mode: TransportMode,
+    flavor: rpc_transport::rdma::Flavor,
+) -> anyhow::Result<()> {
+    let workers: Arc<[Arc<Worker<RealConnector>>]> = args
+        .workers
+        .iter()
+        .map(|w| {
+            Worker::new(
+                w.clone(),
+                RealConnector::new(w.clone(), opts.clone(), rdma.clone()),
+                opts.clone(),
+            )
+        })
+        .collect();
+    let mut running = Vec::new();
+    let locals = listen
+        .iter()
+        .map(|a| (a, Major::V8))
+        .chain(listen7.iter().map(|a| (a, Major::V7)));
+    for (local, major) in locals {
+        let r = rpc_shim::start_endpoint(local, major, workers.clone())
+            .await
+            .with_context(|| format!("cannot listen on {local} (protocol {major}, one endpoint)"))?;
+        running.push(r);
+    }
+    println!(
+        "rpc-shim {} — ggml RPC relay for TCP-only llama.cpp: one endpoint over {} workers",
+        env!("CARGO_PKG_VERSION"),
+        workers.len()
+    );
+    println!(
+        "  transport : {}",
+        describe_transport(mode, flavor, rdma.lean)
+    );
+    for r in &running {
+        println!("  {}  speaks {}  ->  {}", r.local, r.major, args.workers.join(", "));
+        tracing::info!(listen = %r.local, protocol = %r.major, workers = args.workers.len(), "listening (one endpoint)");
+    }
+    println!("  devices   : each worker's, in this order (DEVICE_COUNT is their sum)");
+    for r in &running {
+        println!(
+            "  usage     : llama-cli -m MODEL --rpc {}   (llama.cpp speaking {})",
+            r.local, r.major
+        );
+    }
+    until_signalled().await?;
+    for w in workers.iter() {
+        let s = w.stats().snapshot();
+        tracing::info!(worker = %w.addr(), ?s, "totals");
     }
     drop(running);
     Ok(())

@@ -58,17 +58,17 @@ use crate::upstream::Connector;
 use crate::worker::Worker;
 
 /// Read buffer of the client connection: a token's burst of small frames fits many times.
-const READ_BUFFER: usize = 256 * 1024;
+pub(crate) const READ_BUFFER: usize = 256 * 1024;
 /// No-response frames up to this payload size are collected; larger ones are streamed.
-const INLINE_MAX: u64 = 64 * 1024;
+pub(crate) const INLINE_MAX: u64 = 64 * 1024;
 /// Collected bytes that force a write even if more frames are buffered.
-const BATCH_MAX: usize = 1 << 20;
+pub(crate) const BATCH_MAX: usize = 1 << 20;
 /// Chunk size for streamed request payloads.
-const CHUNK: usize = 1 << 20;
+pub(crate) const CHUNK: usize = 1 << 20;
 /// Largest piece of a large response passed on at once: small enough that the client receives
 /// the first bytes while the rest is still being read, and at least the upstream TCP read buffer
 /// (256 KiB), so such reads bypass it instead of being copied through it.
-const RELAY_CHUNK: usize = 256 * 1024;
+pub(crate) const RELAY_CHUNK: usize = 256 * 1024;
 /// Responses up to this size are read whole and written in one go.
 const SMALL_RESPONSE: u64 = 64 * 1024;
 
@@ -107,14 +107,14 @@ pub(crate) async fn serve<C: Connector>(
 
 /// No-response frames waiting to be written upstream, with upstream's part boundaries.
 #[derive(Default)]
-struct Batch {
+pub(crate) struct Batch {
     bytes: Vec<u8>,
     parts: Vec<Range<usize>>,
 }
 
 impl Batch {
     /// Appends a complete frame as the parts cmd, size, payload.
-    fn push_frame(&mut self, frame: &[u8]) {
+    pub(crate) fn push_frame(&mut self, frame: &[u8]) {
         let s = self.bytes.len();
         self.bytes.extend_from_slice(frame);
         self.parts.push(s..s + 1);
@@ -124,7 +124,12 @@ impl Batch {
         }
     }
 
-    async fn flush<T: Transport>(&mut self, t: &mut T) -> io::Result<()> {
+    /// Bytes collected.
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub(crate) async fn flush<T: Transport>(&mut self, t: &mut T) -> io::Result<()> {
         if self.parts.is_empty() {
             return Ok(());
         }
@@ -249,46 +254,13 @@ impl<C: Connector> Session<C> {
     /// is refused here, so the client fails at its first connection, as it would directly.
     /// `Ok(false)` if the client closed before sending anything.
     async fn hello(&mut self) -> Result<bool, ShimError> {
-        let mut first = [0u8; 1];
-        if self.rd.read(&mut first).await.map_err(ShimError::Client)? == 0 {
+        if !read_hello(&mut self.rd, self.major, &self.worker.core.opts.limits).await? {
             return Ok(false);
-        }
-        if first[0] != Command::Hello as u8 {
-            return Err(ShimError::ExpectedHello(first[0]));
-        }
-        let mut size = [0u8; 8];
-        self.rd
-            .read_exact(&mut size)
-            .await
-            .map_err(ShimError::Client)?;
-        check_frame(
-            self.major,
-            &FrameHeader {
-                cmd: first[0],
-                size: u64::from_le_bytes(size),
-            },
-            &self.worker.core.opts.limits,
-        )?;
-        let mut caps = [0u8; CONN_CAPS_SIZE];
-        self.rd
-            .read_exact(&mut caps)
-            .await
-            .map_err(ShimError::Client)?;
-        if caps.iter().any(|&b| b != 0) {
-            tracing::debug!(
-                "client offered RDMA to the shim; answering zero caps (the client stays on TCP)"
-            );
         }
         if let Some(m) = self.worker.major() {
             self.check_worker_major(m)?;
         }
-        self.scratch.clear();
-        Response::hello(self.major, [0; CONN_CAPS_SIZE]).encode(&mut self.scratch);
-        self.wr
-            .write_all(&self.scratch)
-            .await
-            .map_err(ShimError::Client)?;
-        Ok(true)
+        write_hello(&mut self.wr, self.major).await
     }
 
     /// Whether the whole next request frame is already in the read buffer.
@@ -597,9 +569,49 @@ impl<C: Connector> Drop for Session<C> {
     }
 }
 
+/// Reads the client's HELLO (`Ok(false)`: it closed before sending anything). Its caps are
+/// ignored: the client stays on TCP to the shim.
+pub(crate) async fn read_hello(
+    rd: &mut BufReader<OwnedReadHalf>,
+    major: Major,
+    limits: &rpc_proto::Limits,
+) -> Result<bool, ShimError> {
+    let mut first = [0u8; 1];
+    if rd.read(&mut first).await.map_err(ShimError::Client)? == 0 {
+        return Ok(false);
+    }
+    if first[0] != Command::Hello as u8 {
+        return Err(ShimError::ExpectedHello(first[0]));
+    }
+    let mut size = [0u8; 8];
+    rd.read_exact(&mut size).await.map_err(ShimError::Client)?;
+    check_frame(
+        major,
+        &FrameHeader {
+            cmd: first[0],
+            size: u64::from_le_bytes(size),
+        },
+        limits,
+    )?;
+    let mut caps = [0u8; CONN_CAPS_SIZE];
+    rd.read_exact(&mut caps).await.map_err(ShimError::Client)?;
+    if caps.iter().any(|&b| b != 0) {
+        tracing::debug!("client offered RDMA to the shim; answering zero caps (the client stays on TCP)");
+    }
+    Ok(true)
+}
+
+/// Answers the client's HELLO: the listener's major and zero caps. `Ok(true)`.
+pub(crate) async fn write_hello(wr: &mut OwnedWriteHalf, major: Major) -> Result<bool, ShimError> {
+    let mut out = Vec::new();
+    Response::hello(major, [0; CONN_CAPS_SIZE]).encode(&mut out);
+    wr.write_all(&out).await.map_err(ShimError::Client)?;
+    Ok(true)
+}
+
 /// Reads the size prefix of the response to `cmd` from the upstream connection and checks it
 /// (`get_size`: the size a GET_TENSOR asked for).
-async fn read_response_size<T: Transport>(
+pub(crate) async fn read_response_size<T: Transport>(
     up: &mut T,
     addr: &str,
     cmd: Command,
