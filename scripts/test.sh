@@ -78,6 +78,8 @@ suite "weights from the worker's disk: stock llama-completion against rpc-server
   python3 tests/e2e/gguf_e2e.py --stock-bin "$STOCK_BIN" --ours target/release/rpc-server
 suite "protocol 8.0.0: stock 8.0 clients against rpc-server (layer and tensor split, llama-server), a 7.0 client on --proto7-port of the same process, both version mismatches" -- \
   python3 tests/e2e/proto8_e2e.py --ours target/release/rpc-server --stock-bin "$STOCK_BIN8" --stock7-bin "$STOCK_BIN"
+suite "one endpoint over many workers (rpc-shim --one-endpoint): layer and tensor split, text identical to separate endpoints, no hidden state through the client" -- \
+  python3 tests/e2e/endpoint_e2e.py --ours target/release/rpc-server --shim target/release/rpc-shim --stock-bin "$STOCK_BIN8"
 load_bench() {
   local m
   m="$(python3 tests/e2e/synth_models.py --only synth-llama-load-64m "${RPC_CACHE_DIR:-$HOME/.cache/ggml-rpc-rs}/models/synth")"

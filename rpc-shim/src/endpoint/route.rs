@@ -401,3 +401,293 @@ pub fn nbytes(t: &RpcTensor) -> Option<u64> {
     }
     u64::try_from(total).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rpc_proto::{encode_graph, Request, TensorBuilder};
+
+    /// Three workers with 1, 2 and 1 devices.
+    fn router() -> Router {
+        Router::new(Major::V8, &[1, 2, 1])
+    }
+
+    fn payload(req: Request<'_>) -> Vec<u8> {
+        let mut v = Vec::new();
+        req.encode_payload(&mut v);
+        v
+    }
+
+    /// ALLOC_BUFFER on endpoint device `device`, answered with `real` by its worker: the
+    /// client's handle.
+    fn alloc(r: &mut Router, device: u32, real: u64) -> u64 {
+        let mut p = payload(Request::AllocBuffer { device, size: 4096 });
+        let Route::Worker(w) = r.route(Command::AllocBuffer, &mut p).unwrap() else {
+            panic!("ALLOC_BUFFER goes to a worker")
+        };
+        let mut reply = [real.to_le_bytes(), 4096u64.to_le_bytes()].concat();
+        r.alloc_reply(w, &mut reply).unwrap();
+        read_u64(&reply)
+    }
+
+    fn get(handle: u64) -> Vec<u8> {
+        payload(Request::GetTensor {
+            tensor: TensorBuilder::f32(9).ne(&[4]).data(handle, 0x1000).build(),
+            offset: 0,
+            size: 16,
+        })
+    }
+
+    fn buffer_of(p: &[u8], at: usize) -> u64 {
+        RpcTensor::from_wire(&p[at..at + RPC_TENSOR_SIZE])
+            .unwrap()
+            .buffer
+            .get()
+    }
+
+    #[test]
+    fn devices_are_the_workers_in_order() {
+        let mut r = router();
+        assert_eq!(r.device_count(), 4);
+        let mut p = Vec::new();
+        assert_eq!(
+            r.route(Command::DeviceCount, &mut p).unwrap(),
+            Route::Answer(4u32.to_le_bytes().to_vec())
+        );
+        for (device, worker, local) in [(0, 0, 0), (1, 1, 0), (2, 1, 1), (3, 2, 0)] {
+            let mut p = payload(Request::GetAlignment { device });
+            assert_eq!(r.route(Command::GetAlignment, &mut p).unwrap(), Route::Worker(worker));
+            assert_eq!(read_u32(&p), local, "device {device}");
+        }
+        let mut p = payload(Request::GraphRecompute {
+            device: 4,
+            uid: Some(7),
+        });
+        assert_eq!(
+            r.route(Command::GraphRecompute, &mut p).unwrap_err(),
+            RouteError::NoSuchDevice {
+                cmd: Command::GraphRecompute,
+                device: 4,
+                count: 4
+            }
+        );
+    }
+
+    #[test]
+    fn handles_are_the_endpoints_own_and_name_their_worker() {
+        let mut r = router();
+        // Two workers hand out the same handle value: the client gets two different ones.
+        let a = alloc(&mut r, 0, 0x10);
+        let b = alloc(&mut r, 3, 0x10);
+        assert_ne!(a, b);
+        assert_ne!(a, 0x10);
+        for (handle, worker) in [(a, 0), (b, 2)] {
+            let mut p = get(handle);
+            assert_eq!(r.route(Command::GetTensor, &mut p).unwrap(), Route::Worker(worker));
+            assert_eq!(buffer_of(&p, 0), 0x10, "the worker's own handle");
+        }
+        // A failed allocation stays 0.
+        let mut reply = [0u64.to_le_bytes(), 0u64.to_le_bytes()].concat();
+        r.alloc_reply(1, &mut reply).unwrap();
+        assert_eq!(read_u64(&reply), 0);
+        assert_eq!(r.buffers(), 2);
+        // FREE_BUFFER goes to its worker with the worker's handle, and the handle is gone.
+        let mut p = payload(Request::FreeBuffer { remote_ptr: a });
+        assert_eq!(r.route(Command::FreeBuffer, &mut p).unwrap(), Route::Worker(0));
+        assert_eq!(read_u64(&p), 0x10);
+        assert_eq!(r.buffers(), 1);
+        let mut p = get(a);
+        assert_eq!(
+            r.route(Command::GetTensor, &mut p).unwrap_err(),
+            RouteError::UnknownBuffer {
+                cmd: Command::GetTensor,
+                handle: a
+            }
+        );
+    }
+
+    #[test]
+    fn another_connections_or_a_workers_own_handle_is_refused() {
+        let mut mine = router();
+        let mut theirs = router();
+        let _ = alloc(&mut mine, 0, 0x10);
+        let other = alloc(&mut theirs, 1, 0x20);
+        // Handles count alike on every connection, so "another client's handle" is one this
+        // connection has not been given: its second.
+        let other = other + 1;
+        for handle in [other, 0x10, 0x20, 0] {
+            let mut p = get(handle);
+            assert!(
+                matches!(
+                    mine.route(Command::GetTensor, &mut p),
+                    Err(RouteError::UnknownBuffer { .. })
+                ),
+                "{handle:#x}"
+            );
+            let mut p = payload(Request::BufferClear {
+                remote_ptr: handle,
+                value: 0,
+            });
+            assert!(mine.route(Command::BufferClear, &mut p).is_err());
+        }
+    }
+
+    fn graph(r: &Router, device: u32, buffers: &[u64]) -> Vec<u8> {
+        let tensors: Vec<RpcTensor> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                TensorBuilder::f32(i as u64 + 1)
+                    .ne(&[4])
+                    .data(b, 0x1000 + 16 * i as u64)
+                    .build()
+            })
+            .collect();
+        let mut p = Vec::new();
+        let uid = (r.major == Major::V8).then_some(5);
+        encode_graph(device, uid, &[1], &tensors, &mut p);
+        p
+    }
+
+    #[test]
+    fn a_graph_runs_where_its_device_is_with_every_tensor_there() {
+        for major in Major::ALL {
+            let mut r = Router::new(major, &[1, 2, 1]);
+            let a = alloc(&mut r, 1, 0x100);
+            let b = alloc(&mut r, 2, 0x200); // worker 1 too
+            let c = alloc(&mut r, 0, 0x300);
+            let mut p = graph(&r, 2, &[a, b, 0]);
+            assert_eq!(r.route(Command::GraphCompute, &mut p).unwrap(), Route::Worker(1));
+            assert_eq!(read_u32(&p), 1, "the worker's own device index");
+            let first = p.len() - 3 * RPC_TENSOR_SIZE;
+            let got: Vec<u64> = (0..3)
+                .map(|i| buffer_of(&p, first + i * RPC_TENSOR_SIZE))
+                .collect();
+            assert_eq!(got, [0x100, 0x200, 0]);
+            // A tensor on another worker: refused.
+            let mut p = graph(&r, 1, &[a, c]);
+            assert_eq!(
+                r.route(Command::GraphCompute, &mut p).unwrap_err(),
+                RouteError::Split {
+                    cmd: Command::GraphCompute,
+                    a: 1,
+                    b: 0
+                }
+            );
+            // Truncated or padded graphs are malformed, not a panic.
+            let full = graph(&r, 1, &[a]);
+            for len in [0, 3, 4, 11, full.len() - 1] {
+                let mut p = full[..len].to_vec();
+                assert!(r.route(Command::GraphCompute, &mut p).is_err(), "{len}");
+            }
+            let mut p = [full.clone(), vec![0]].concat();
+            assert!(r.route(Command::GraphCompute, &mut p).is_err());
+        }
+    }
+
+    fn copy(src: u64, src_ne: u32, dst: u64, dst_ne: u32) -> Vec<u8> {
+        payload(Request::CopyTensor {
+            src: TensorBuilder::f32(1).ne(&[src_ne]).data(src, 0x1000).build(),
+            dst: TensorBuilder::f32(2).ne(&[dst_ne]).data(dst, 0x2000).build(),
+        })
+    }
+
+    #[test]
+    fn copies_within_a_worker_go_there_and_across_become_cross_copies() {
+        let mut r = router();
+        let a = alloc(&mut r, 1, 0x100);
+        let b = alloc(&mut r, 2, 0x200);
+        let c = alloc(&mut r, 3, 0x300);
+        let mut p = copy(a, 64, b, 64);
+        assert_eq!(r.route(Command::CopyTensor, &mut p).unwrap(), Route::Worker(1));
+        assert_eq!((buffer_of(&p, 0), buffer_of(&p, RPC_TENSOR_SIZE)), (0x100, 0x200));
+        let mut p = copy(a, 64, c, 100);
+        let Route::Copy(x) = r.route(Command::CopyTensor, &mut p).unwrap() else {
+            panic!("a copy across workers")
+        };
+        assert_eq!((x.from, x.to, x.bytes), (1, 2, 256));
+        assert_eq!((x.src.buffer.get(), x.dst.buffer.get()), (0x100, 0x300));
+        assert_eq!(x.dst.data.get(), 0x2000);
+        // Larger than the destination: answered 0, nothing moves.
+        let mut p = copy(a, 101, c, 100);
+        assert_eq!(r.route(Command::CopyTensor, &mut p).unwrap(), Route::Answer(vec![0]));
+        // A side on no buffer of this connection: refused.
+        let mut p = copy(a, 4, c + 100, 4);
+        assert!(matches!(
+            r.route(Command::CopyTensor, &mut p),
+            Err(RouteError::UnknownBuffer { .. })
+        ));
+    }
+
+    #[test]
+    fn alloc_size_describes_foreign_sources_without_their_buffer() {
+        let mut r = router();
+        let a = alloc(&mut r, 0, 0x100);
+        let b = alloc(&mut r, 3, 0x200);
+        let mut srcs = Box::new([RpcTensor::default(); GGML_MAX_SRC]);
+        srcs[0] = TensorBuilder::f32(3).ne(&[4]).data(a, 0x1000).build();
+        srcs[1] = TensorBuilder::f32(4).ne(&[4]).data(b, 0x2000).build();
+        let mut p = payload(Request::GetAllocSize {
+            device: 3,
+            tensor: TensorBuilder::f32(5).ne(&[4]).data(b, 0x3000).build(),
+            srcs,
+        });
+        assert_eq!(r.route(Command::GetAllocSize, &mut p).unwrap(), Route::Worker(2));
+        let at = |i: usize| RpcTensor::from_wire(&p[4 + i * RPC_TENSOR_SIZE..][..RPC_TENSOR_SIZE]).unwrap();
+        assert_eq!((at(0).buffer.get(), at(0).data.get()), (0x200, 0x3000));
+        assert_eq!((at(1).buffer.get(), at(1).data.get()), (0, 0), "on worker 0: dropped");
+        assert_eq!((at(2).buffer.get(), at(2).data.get()), (0x200, 0x2000));
+    }
+
+    #[test]
+    fn no_communicator_between_devices_of_one_endpoint() {
+        let mut r = router();
+        let mut p = vec![0u8; 80];
+        assert_eq!(r.route(Command::CommInit, &mut p).unwrap(), Route::Answer(vec![0]));
+        let mut p = payload(Request::CommAllreduce {
+            device: 1,
+            tensor: TensorBuilder::f32(1).ne(&[4]).build(),
+        });
+        assert_eq!(
+            r.route(Command::CommAllreduce, &mut p).unwrap_err(),
+            RouteError::NoCommunicator(1)
+        );
+    }
+
+    #[test]
+    fn any_bytes_are_routed_or_refused_without_a_panic() {
+        let mut r = router();
+        let a = alloc(&mut r, 0, 0x100);
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for cmd in Command::ALL {
+            for _ in 0..300 {
+                let len = (next() % 1400) as usize;
+                let mut p: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+                // Sometimes name a real handle where a tensor's buffer is.
+                if p.len() >= 20 && next() % 2 == 0 {
+                    p[12..20].copy_from_slice(&a.to_le_bytes());
+                }
+                let _ = r.route(cmd, &mut p);
+            }
+        }
+    }
+
+    #[test]
+    fn nbytes_follows_ggml() {
+        let t = TensorBuilder::f32(1).ne(&[4, 3]).build();
+        assert_eq!(nbytes(&t), Some(48));
+        let q = TensorBuilder::new(1, rpc_proto::ggml_type::Q4_0).ne(&[64, 2]).build();
+        assert_eq!(nbytes(&q), Some(2 * 2 * 18));
+        let mut v = TensorBuilder::f32(1).ne(&[4, 3]).build();
+        v.nb[1].set(32); // rows 32 bytes apart: a view of a wider tensor
+        assert_eq!(nbytes(&v), Some(4 + 3 * 4 + 2 * 32));
+        let unknown = TensorBuilder::new(1, 9999).ne(&[4]).build();
+        assert_eq!(nbytes(&unknown), None);
+    }
+}
