@@ -170,7 +170,10 @@ impl Args {
         let v7 = if !self.listen7.is_empty() {
             if self.listen7.len() != self.listeners() {
                 return Err(if self.one_endpoint {
-                    format!("{} --listen7 with --one-endpoint: give one, or none", self.listen7.len())
+                    format!(
+                        "{} --listen7 with --one-endpoint: give one, or none",
+                        self.listen7.len()
+                    )
                 } else {
                     format!(
                         "{} --listen7 for {} --worker: give one --listen7 per worker (same order), or none",

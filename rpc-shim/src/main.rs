@@ -209,7 +209,9 @@ async fn one_endpoint(
     for (local, major) in locals {
         let r = rpc_shim::start_endpoint(local, major, workers.clone())
             .await
-            .with_context(|| format!("cannot listen on {local} (protocol {major}, one endpoint)"))?;
+            .with_context(|| {
+                format!("cannot listen on {local} (protocol {major}, one endpoint)")
+            })?;
         running.push(r);
     }
     println!(
@@ -222,7 +224,12 @@ async fn one_endpoint(
         describe_transport(mode, flavor, rdma.lean)
     );
     for r in &running {
-        println!("  {}  speaks {}  ->  {}", r.local, r.major, args.workers.join(", "));
+        println!(
+            "  {}  speaks {}  ->  {}",
+            r.local,
+            r.major,
+            args.workers.join(", ")
+        );
         tracing::info!(listen = %r.local, protocol = %r.major, workers = args.workers.len(), "listening (one endpoint)");
     }
     println!("  devices   : each worker's, in this order (DEVICE_COUNT is their sum)");

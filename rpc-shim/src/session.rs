@@ -596,7 +596,9 @@ pub(crate) async fn read_hello(
     let mut caps = [0u8; CONN_CAPS_SIZE];
     rd.read_exact(&mut caps).await.map_err(ShimError::Client)?;
     if caps.iter().any(|&b| b != 0) {
-        tracing::debug!("client offered RDMA to the shim; answering zero caps (the client stays on TCP)");
+        tracing::debug!(
+            "client offered RDMA to the shim; answering zero caps (the client stays on TCP)"
+        );
     }
     Ok(true)
 }

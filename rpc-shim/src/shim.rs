@@ -12,9 +12,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::{endpoint, session};
 use crate::upstream::Connector;
 use crate::worker::Worker;
+use crate::{endpoint, session};
 
 /// Accepts client connections speaking `major` on `listener` for `worker` until `shutdown`
 /// resolves. Client connections already running continue on their own tasks.

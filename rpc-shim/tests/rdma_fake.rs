@@ -474,10 +474,14 @@ async fn rc_segmentation_of_a_token_burst() {
 
 /// A corrupted lean frame (checksum mismatch) fails that client's connection without delivering
 /// anything, the connector is told the RDMA path failed, and the next client connection goes
-/// over TCP and works.
+/// over TCP and works. Over UC, where every frame carries its checksum; over RC the worker's reply
+/// carries none (the shim's first frame offered to take unchecked frames: RC's own ICRC and
+/// retransmission already deliver it whole), so a byte flipped past the fabric is RC's to catch,
+/// not the framing's (`rpc_transport::rdma::lean`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_lean_frame_fails_the_connection_and_falls_back_to_tcp() {
-    for rules in [Rules::Uc, Rules::Rc] {
+    {
+        let rules = Rules::Uc;
         let server = TestServer::start();
         let mut connector = FakeConnector::new(rules, server.addr);
         connector.lean = true;

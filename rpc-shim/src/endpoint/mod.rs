@@ -158,7 +158,12 @@ impl<C: Connector> Endpoint<C> {
                 self.flush_all().await?;
             }
             if self.rd.buffer().is_empty()
-                && self.rd.fill_buf().await.map_err(ShimError::Client)?.is_empty()
+                && self
+                    .rd
+                    .fill_buf()
+                    .await
+                    .map_err(ShimError::Client)?
+                    .is_empty()
             {
                 return Ok(());
             }
@@ -180,7 +185,7 @@ impl<C: Connector> Endpoint<C> {
             match route {
                 Route::Answer(payload) => self.respond(&payload).await?,
                 Route::Worker(w) => self.forward(w, cmd, h, frame).await?,
-                Route::Copy(c) => self.copy(c).await?,
+                Route::Copy(c) => self.copy(*c).await?,
             }
         }
     }
@@ -504,8 +509,8 @@ impl<C: Connector> Endpoint<C> {
 
 /// Every worker's device count: from its cache, else over its control connection.
 async fn build_router<C: Connector>(
-workers: Arc<[Arc<Worker<C>>]>,
-major: Major,
+    workers: Arc<[Arc<Worker<C>>]>,
+    major: Major,
 ) -> Result<Router, ShimError> {
     let mut counts = Vec::with_capacity(workers.len());
     for w in workers.iter() {

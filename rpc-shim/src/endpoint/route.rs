@@ -48,7 +48,7 @@ pub enum Route {
     /// The (rewritten) request goes to this worker.
     Worker(usize),
     /// A COPY_TENSOR from one worker's tensor into another's.
-    Copy(CrossCopy),
+    Copy(Box<CrossCopy>),
 }
 
 /// A COPY_TENSOR whose tensors lie on two workers: `bytes` bytes from the start of `src` (on
@@ -187,7 +187,10 @@ impl Router {
             },
         };
         if payload.len() < need {
-            return Err(malformed(cmd, format!("{} bytes, need {need}", payload.len())));
+            return Err(malformed(
+                cmd,
+                format!("{} bytes, need {need}", payload.len()),
+            ));
         }
         match cmd {
             Command::DeviceCount => Ok(Route::Answer(self.device_count().to_le_bytes().to_vec())),
@@ -216,13 +219,20 @@ impl Router {
             | Command::MemsetTensor
             | Command::GetTensor2d => {
                 let w = self.tensor_at(cmd, payload, 0, Placement::Anywhere)?;
-                Ok(Route::Worker(w.expect("a tensor command's tensor names its worker")))
+                Ok(Route::Worker(
+                    w.expect("a tensor command's tensor names its worker"),
+                ))
             }
             Command::CopyTensor => self.copy(payload),
             Command::GetAllocSize => {
                 let w = self.device_field(cmd, payload)?;
                 for i in 0..=GGML_MAX_SRC {
-                    self.tensor_at(cmd, payload, 4 + i * RPC_TENSOR_SIZE, Placement::Describe(w))?;
+                    self.tensor_at(
+                        cmd,
+                        payload,
+                        4 + i * RPC_TENSOR_SIZE,
+                        Placement::Describe(w),
+                    )?;
                 }
                 Ok(Route::Worker(w))
             }
@@ -345,13 +355,13 @@ impl Router {
         let dst = RpcTensor::from_wire(&payload[RPC_TENSOR_SIZE..2 * RPC_TENSOR_SIZE])
             .expect("a tensor's size");
         match (nbytes(&src), nbytes(&dst)) {
-            (Some(bytes), Some(room)) if bytes <= room => Ok(Route::Copy(CrossCopy {
+            (Some(bytes), Some(room)) if bytes <= room => Ok(Route::Copy(Box::new(CrossCopy {
                 from,
                 src,
                 to,
                 dst,
                 bytes,
-            })),
+            }))),
             _ => Ok(Route::Answer(vec![0])),
         }
     }
@@ -456,7 +466,10 @@ mod tests {
         );
         for (device, worker, local) in [(0, 0, 0), (1, 1, 0), (2, 1, 1), (3, 2, 0)] {
             let mut p = payload(Request::GetAlignment { device });
-            assert_eq!(r.route(Command::GetAlignment, &mut p).unwrap(), Route::Worker(worker));
+            assert_eq!(
+                r.route(Command::GetAlignment, &mut p).unwrap(),
+                Route::Worker(worker)
+            );
             assert_eq!(read_u32(&p), local, "device {device}");
         }
         let mut p = payload(Request::GraphRecompute {
@@ -483,7 +496,10 @@ mod tests {
         assert_ne!(a, 0x10);
         for (handle, worker) in [(a, 0), (b, 2)] {
             let mut p = get(handle);
-            assert_eq!(r.route(Command::GetTensor, &mut p).unwrap(), Route::Worker(worker));
+            assert_eq!(
+                r.route(Command::GetTensor, &mut p).unwrap(),
+                Route::Worker(worker)
+            );
             assert_eq!(buffer_of(&p, 0), 0x10, "the worker's own handle");
         }
         // A failed allocation stays 0.
@@ -493,7 +509,10 @@ mod tests {
         assert_eq!(r.buffers(), 2);
         // FREE_BUFFER goes to its worker with the worker's handle, and the handle is gone.
         let mut p = payload(Request::FreeBuffer { remote_ptr: a });
-        assert_eq!(r.route(Command::FreeBuffer, &mut p).unwrap(), Route::Worker(0));
+        assert_eq!(
+            r.route(Command::FreeBuffer, &mut p).unwrap(),
+            Route::Worker(0)
+        );
         assert_eq!(read_u64(&p), 0x10);
         assert_eq!(r.buffers(), 1);
         let mut p = get(a);
@@ -557,7 +576,10 @@ mod tests {
             let b = alloc(&mut r, 2, 0x200); // worker 1 too
             let c = alloc(&mut r, 0, 0x300);
             let mut p = graph(&r, 2, &[a, b, 0]);
-            assert_eq!(r.route(Command::GraphCompute, &mut p).unwrap(), Route::Worker(1));
+            assert_eq!(
+                r.route(Command::GraphCompute, &mut p).unwrap(),
+                Route::Worker(1)
+            );
             assert_eq!(read_u32(&p), 1, "the worker's own device index");
             let first = p.len() - 3 * RPC_TENSOR_SIZE;
             let got: Vec<u64> = (0..3)
@@ -587,8 +609,14 @@ mod tests {
 
     fn copy(src: u64, src_ne: u32, dst: u64, dst_ne: u32) -> Vec<u8> {
         payload(Request::CopyTensor {
-            src: TensorBuilder::f32(1).ne(&[src_ne]).data(src, 0x1000).build(),
-            dst: TensorBuilder::f32(2).ne(&[dst_ne]).data(dst, 0x2000).build(),
+            src: TensorBuilder::f32(1)
+                .ne(&[src_ne])
+                .data(src, 0x1000)
+                .build(),
+            dst: TensorBuilder::f32(2)
+                .ne(&[dst_ne])
+                .data(dst, 0x2000)
+                .build(),
         })
     }
 
@@ -599,8 +627,14 @@ mod tests {
         let b = alloc(&mut r, 2, 0x200);
         let c = alloc(&mut r, 3, 0x300);
         let mut p = copy(a, 64, b, 64);
-        assert_eq!(r.route(Command::CopyTensor, &mut p).unwrap(), Route::Worker(1));
-        assert_eq!((buffer_of(&p, 0), buffer_of(&p, RPC_TENSOR_SIZE)), (0x100, 0x200));
+        assert_eq!(
+            r.route(Command::CopyTensor, &mut p).unwrap(),
+            Route::Worker(1)
+        );
+        assert_eq!(
+            (buffer_of(&p, 0), buffer_of(&p, RPC_TENSOR_SIZE)),
+            (0x100, 0x200)
+        );
         let mut p = copy(a, 64, c, 100);
         let Route::Copy(x) = r.route(Command::CopyTensor, &mut p).unwrap() else {
             panic!("a copy across workers")
@@ -610,7 +644,10 @@ mod tests {
         assert_eq!(x.dst.data.get(), 0x2000);
         // Larger than the destination: answered 0, nothing moves.
         let mut p = copy(a, 101, c, 100);
-        assert_eq!(r.route(Command::CopyTensor, &mut p).unwrap(), Route::Answer(vec![0]));
+        assert_eq!(
+            r.route(Command::CopyTensor, &mut p).unwrap(),
+            Route::Answer(vec![0])
+        );
         // A side on no buffer of this connection: refused.
         let mut p = copy(a, 4, c + 100, 4);
         assert!(matches!(
@@ -632,10 +669,19 @@ mod tests {
             tensor: TensorBuilder::f32(5).ne(&[4]).data(b, 0x3000).build(),
             srcs,
         });
-        assert_eq!(r.route(Command::GetAllocSize, &mut p).unwrap(), Route::Worker(2));
-        let at = |i: usize| RpcTensor::from_wire(&p[4 + i * RPC_TENSOR_SIZE..][..RPC_TENSOR_SIZE]).unwrap();
+        assert_eq!(
+            r.route(Command::GetAllocSize, &mut p).unwrap(),
+            Route::Worker(2)
+        );
+        let at = |i: usize| {
+            RpcTensor::from_wire(&p[4 + i * RPC_TENSOR_SIZE..][..RPC_TENSOR_SIZE]).unwrap()
+        };
         assert_eq!((at(0).buffer.get(), at(0).data.get()), (0x200, 0x3000));
-        assert_eq!((at(1).buffer.get(), at(1).data.get()), (0, 0), "on worker 0: dropped");
+        assert_eq!(
+            (at(1).buffer.get(), at(1).data.get()),
+            (0, 0),
+            "on worker 0: dropped"
+        );
         assert_eq!((at(2).buffer.get(), at(2).data.get()), (0x200, 0x2000));
     }
 
@@ -643,7 +689,10 @@ mod tests {
     fn no_communicator_between_devices_of_one_endpoint() {
         let mut r = router();
         let mut p = vec![0u8; 80];
-        assert_eq!(r.route(Command::CommInit, &mut p).unwrap(), Route::Answer(vec![0]));
+        assert_eq!(
+            r.route(Command::CommInit, &mut p).unwrap(),
+            Route::Answer(vec![0])
+        );
         let mut p = payload(Request::CommAllreduce {
             device: 1,
             tensor: TensorBuilder::f32(1).ne(&[4]).build(),
@@ -682,7 +731,9 @@ mod tests {
     fn nbytes_follows_ggml() {
         let t = TensorBuilder::f32(1).ne(&[4, 3]).build();
         assert_eq!(nbytes(&t), Some(48));
-        let q = TensorBuilder::new(1, rpc_proto::ggml_type::Q4_0).ne(&[64, 2]).build();
+        let q = TensorBuilder::new(1, rpc_proto::ggml_type::Q4_0)
+            .ne(&[64, 2])
+            .build();
         assert_eq!(nbytes(&q), Some(2 * 2 * 18));
         let mut v = TensorBuilder::f32(1).ne(&[4, 3]).build();
         v.nb[1].set(32); // rows 32 bytes apart: a view of a wider tensor
