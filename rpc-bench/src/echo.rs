@@ -79,7 +79,9 @@ enum Answer {
     None,
     /// An encoded response (size prefix included).
     Encoded,
-    /// A GET_TENSOR reply of this many zero bytes.
+    /// A GET_TENSOR reply of this many zero bytes: its size prefix encoded (by rpc-proto's
+    /// [`Response::header`]), the bytes sent from a buffer of zeros kept for the purpose (not
+    /// copied into the reply).
     Zeros(usize),
 }
 
@@ -98,6 +100,8 @@ fn answer(h: &FrameHeader, payload: &[u8], out: &mut Vec<u8>) -> anyhow::Result<
         Request::GetAlignment { .. } => Response::GetAlignment { alignment: 32 },
         Request::GetTensor { size, .. } => {
             anyhow::ensure!(size <= MAX_GET, "GET_TENSOR too large for the floor");
+            out.clear();
+            out.extend_from_slice(&Response::header(size));
             return Ok(Answer::Zeros(size as usize));
         }
         _ if !cmd.has_response() => return Ok(Answer::None),
@@ -137,8 +141,7 @@ fn serve_transport(stream: TcpStream) -> anyhow::Result<()> {
                     if zeros.len() < n {
                         zeros.resize(n, 0);
                     }
-                    let size = (n as u64).to_le_bytes();
-                    t.send_message(&[&size, &zeros[..n]]).await?;
+                    t.send_message(&[&out, &zeros[..n]]).await?;
                 }
             }
         }
@@ -166,7 +169,7 @@ fn serve_blocking(stream: TcpStream) -> anyhow::Result<()> {
                 if zeros.len() < n {
                     zeros.resize(n, 0);
                 }
-                write_all(&mut wr, &[&(n as u64).to_le_bytes(), &zeros[..n]])?;
+                write_all(&mut wr, &[&out, &zeros[..n]])?;
             }
         }
     }

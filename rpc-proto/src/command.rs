@@ -209,6 +209,60 @@ impl Command {
         }
     }
 
+    /// Whether the command is a device query: DEVICE_COUNT, GET_ALIGNMENT, GET_MAX_SIZE,
+    /// GET_ALLOC_SIZE and GET_DEVICE_MEMORY. A device query asks about the server's devices,
+    /// changes nothing, has a small fixed-size request and reply and is the same in both majors;
+    /// its answer does not depend on the connection it is asked on (but for a GET_ALLOC_SIZE
+    /// whose tensors name a buffer: buffer handles are per connection). The shim answers these
+    /// from its cache or over a worker's control connection.
+    ///
+    /// [`Command::is_device_property`] is the part of this class answered from the devices
+    /// alone.
+    pub fn is_device_query(self) -> bool {
+        match self {
+            Command::DeviceCount
+            | Command::GetAlignment
+            | Command::GetMaxSize
+            | Command::GetAllocSize
+            | Command::GetDeviceMemory => true,
+            Command::AllocBuffer
+            | Command::BufferGetBase
+            | Command::FreeBuffer
+            | Command::BufferClear
+            | Command::SetTensor
+            | Command::SetTensorHash
+            | Command::GetTensor
+            | Command::CopyTensor
+            | Command::GraphCompute
+            | Command::InitTensor
+            | Command::Hello
+            | Command::GraphRecompute
+            | Command::MemsetTensor
+            | Command::SetTensor2d
+            | Command::GetTensor2d
+            | Command::CommInit
+            | Command::CommAllreduce
+            | Command::CommFree => false,
+        }
+    }
+
+    /// Whether the command is a [device query](Command::is_device_query) whose request is at
+    /// most a device index: DEVICE_COUNT, GET_ALIGNMENT, GET_MAX_SIZE and GET_DEVICE_MEMORY. Its
+    /// answer depends on the devices alone, so any session of a server gives the same one (a
+    /// contained server's front answers these itself). GET_ALLOC_SIZE is the device query that
+    /// is not one of them, on purpose: it carries eleven tensor descriptions (3,260 bytes), and
+    /// a tensor of it may name a buffer, which only the connection that allocated it knows.
+    pub fn is_device_property(self) -> bool {
+        self.is_device_query() && self != Command::GetAllocSize
+    }
+
+    /// Whether the command runs a graph on a device: GRAPH_COMPUTE and GRAPH_RECOMPUTE (no
+    /// response). Their payloads start with the device, followed in 8.0.0 by the graph's uid
+    /// (see [`graph_frame_with_uid`](crate::graph_frame_with_uid)).
+    pub fn runs_graph(self) -> bool {
+        matches!(self, Command::GraphCompute | Command::GraphRecompute)
+    }
+
     /// The upstream name without the `RPC_CMD_` prefix, e.g. `"ALLOC_BUFFER"`.
     pub fn name(self) -> &'static str {
         match self {
@@ -369,6 +423,63 @@ mod tests {
         for c in Command::ALL.iter().filter(|c| !c.is_v8_only()) {
             if !v8.iter().any(|(v, _)| v == c) {
                 assert_eq!(c.request_size(Major::V8), c.request_size(Major::V7), "{c}");
+            }
+        }
+    }
+
+    /// Every command in exactly the classes it belongs to, and the classes consistent with the
+    /// response matrix and the request sizes.
+    #[test]
+    fn command_classes() {
+        use Command::*;
+        // (command, device query, device property, runs a graph)
+        let table = [
+            (AllocBuffer, false, false, false),
+            (GetAlignment, true, true, false),
+            (GetMaxSize, true, true, false),
+            (BufferGetBase, false, false, false),
+            (FreeBuffer, false, false, false),
+            (BufferClear, false, false, false),
+            (SetTensor, false, false, false),
+            (SetTensorHash, false, false, false),
+            (GetTensor, false, false, false),
+            (CopyTensor, false, false, false),
+            (GraphCompute, false, false, true),
+            (GetDeviceMemory, true, true, false),
+            (InitTensor, false, false, false),
+            (GetAllocSize, true, false, false),
+            (Hello, false, false, false),
+            (DeviceCount, true, true, false),
+            (GraphRecompute, false, false, true),
+            (MemsetTensor, false, false, false),
+            (SetTensor2d, false, false, false),
+            (GetTensor2d, false, false, false),
+            (CommInit, false, false, false),
+            (CommAllreduce, false, false, false),
+            (CommFree, false, false, false),
+        ];
+        assert_eq!(table.map(|t| t.0), Command::ALL);
+        for (c, query, property, graph) in table {
+            assert_eq!(c.is_device_query(), query, "{c}");
+            assert_eq!(c.is_device_property(), property, "{c}");
+            assert_eq!(c.runs_graph(), graph, "{c}");
+        }
+        for c in Command::ALL {
+            if c.is_device_query() {
+                // Answered, fixed-size both ways, the same in both majors.
+                assert!(c.has_response(), "{c}");
+                assert!(!c.is_v8_only() && !c.runs_graph(), "{c}");
+                assert!(crate::Response::fixed_size(c).is_some(), "{c}");
+                let size = c.request_size(Major::V7);
+                assert!(matches!(size, PayloadSize::Exact(_)), "{c}");
+                assert_eq!(size, c.request_size(Major::V8), "{c}");
+                // A property's request is at most a device index.
+                let small = matches!(size, PayloadSize::Exact(n) if n <= 4);
+                assert_eq!(small, c.is_device_property(), "{c}");
+            }
+            assert!(!c.is_device_property() || c.is_device_query(), "{c}");
+            if c.runs_graph() {
+                assert!(!c.has_response() && !c.is_v8_only(), "{c}");
             }
         }
     }

@@ -172,6 +172,33 @@ pub fn encode_graph(
     out.extend_from_slice(tensors.as_bytes());
 }
 
+/// Bytes of a 7.0.0 GRAPH_COMPUTE or GRAPH_RECOMPUTE payload before the place where 8.0.0 has
+/// the uid: the `u32 device`.
+pub const GRAPH_DEVICE_SIZE: usize = 4;
+
+/// The frame header of a 7.0.0 GRAPH_COMPUTE or GRAPH_RECOMPUTE as 8.0.0's: the payload 8 bytes
+/// larger, for the uid [`graph_device_with_uid`] puts in. `None` for a header of any other
+/// command, or when the size overflows.
+pub fn graph_header_with_uid(h: FrameHeader) -> Option<FrameHeader> {
+    let graph = Major::V7.command(h.cmd).is_some_and(Command::runs_graph);
+    let size = h.size.checked_add(8)?;
+    graph.then_some(FrameHeader { cmd: h.cmd, size })
+}
+
+/// The first [`GRAPH_DEVICE_SIZE`] bytes of a 7.0.0 GRAPH_COMPUTE or GRAPH_RECOMPUTE payload
+/// (its `u32 device`) as the start of 8.0.0's: the device, then `uid`. The rest of the 7.0.0
+/// payload follows unchanged, under the header [`graph_header_with_uid`] gives. A relay that
+/// streams a graph uses these two; [`graph_frame_with_uid`] does both to a whole frame.
+pub fn graph_device_with_uid(
+    device: [u8; GRAPH_DEVICE_SIZE],
+    uid: u64,
+) -> [u8; GRAPH_DEVICE_SIZE + 8] {
+    let mut out = [0u8; GRAPH_DEVICE_SIZE + 8];
+    out[..GRAPH_DEVICE_SIZE].copy_from_slice(&device);
+    out[GRAPH_DEVICE_SIZE..].copy_from_slice(&uid.to_le_bytes());
+    out
+}
+
 /// A 7.0.0 GRAPH_COMPUTE or GRAPH_RECOMPUTE request frame (header included) as 8.0.0's: `uid`
 /// after the leading `u32 device`, the size 8 larger, every other byte as it was (a relay
 /// between the majors does not judge the graph). `None` when `frame` is no frame of either
@@ -179,15 +206,12 @@ pub fn encode_graph(
 pub fn graph_frame_with_uid(frame: &[u8], uid: u64) -> Option<Vec<u8>> {
     let (head, body) = frame.split_first_chunk::<FRAME_HEADER_SIZE>()?;
     let cmd = FrameHeader::decode(head).cmd;
-    if cmd != Command::GraphCompute.as_u8() && cmd != Command::GraphRecompute.as_u8() {
-        return None;
-    }
-    let (device, rest) = body.split_first_chunk::<4>()?;
-    let size = (body.len() as u64).checked_add(8)?;
+    let size = body.len() as u64;
+    let header = graph_header_with_uid(FrameHeader { cmd, size })?;
+    let (device, rest) = body.split_first_chunk::<GRAPH_DEVICE_SIZE>()?;
     let mut out = Vec::with_capacity(frame.len().saturating_add(8));
-    out.extend_from_slice(&FrameHeader { cmd, size }.encode());
-    out.extend_from_slice(device);
-    put_u64(&mut out, uid);
+    out.extend_from_slice(&header.encode());
+    out.extend_from_slice(&graph_device_with_uid(*device, uid));
     out.extend_from_slice(rest);
     Some(out)
 }
@@ -266,6 +290,20 @@ mod tests {
         assert_eq!(h.size, payload.len() as u64 + 8);
         let g = Graph::decode(Major::V8, &f[9..], &limits).unwrap();
         assert_eq!((g.device, g.uid, g.tensors), (2, Some(24), &[t][..]));
+        // The streamed path's two pieces, the header and the payload's start, make the same.
+        let h7 = FrameHeader::decode(frame[..9].try_into().unwrap());
+        let h8 = graph_header_with_uid(h7).unwrap();
+        assert_eq!(h8, h);
+        let mut pieces = h8.encode().to_vec();
+        pieces.extend_from_slice(&graph_device_with_uid(frame[9..13].try_into().unwrap(), 24));
+        pieces.extend_from_slice(&frame[13..]);
+        assert_eq!(pieces, f);
+        assert_eq!(
+            graph_header_with_uid(FrameHeader::new(Command::SetTensor, 8)),
+            None
+        );
+        let huge = FrameHeader::new(Command::GraphCompute, u64::MAX);
+        assert_eq!(graph_header_with_uid(huge), None);
         // Anything else, or too short to hold the device: none.
         assert_eq!(graph_frame_with_uid(&frame[..12], 1), None);
         assert_eq!(graph_frame_with_uid(&[15, 0, 0, 0, 0, 0, 0, 0, 0], 1), None);

@@ -108,8 +108,7 @@ fn session_view(o: &SessionOptions) -> (Vec<std::path::PathBuf>, Vec<std::path::
 /// queue pair is the session's, `link.rs`). Never with `--transport tcp` or `GGML_RPC_NO_RDMA`.
 #[cfg(target_os = "linux")]
 fn session_needs_rdma(start: &SessionStart) -> bool {
-    let allowed = start.options.transport != TransportMode::Tcp
-        && std::env::var_os("GGML_RPC_NO_RDMA").is_none();
+    let allowed = start.options.rdma_mode() != TransportMode::Tcp;
     let link = start.major == rpc_proto::Major::V8.number() && has_rdma_device();
     allowed && (!start.tcp_only || link)
 }

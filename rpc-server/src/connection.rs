@@ -487,7 +487,7 @@ async fn run_in<T: Transport>(
         read_payload(rd, &mut payload, h.size, deadlines.stall).await?;
         let req = Request::decode(major, cmd, &payload, &limits)?;
         // Computes run right here: the connection's own thread (see `server.rs`).
-        let computes = matches!(cmd, Command::GraphCompute | Command::GraphRecompute);
+        let computes = cmd.runs_graph();
         let started = computes.then(Instant::now);
         let reduce_started = (cmd == Command::CommAllreduce).then(Instant::now);
         let reply = reply(&mut session, cmd, req)?;

@@ -89,15 +89,11 @@ async fn serve_admitted(
 }
 
 /// The queries a contained server's front answers itself: they read only what every session
-/// sees the same (the devices), carry a few bytes and change nothing.
+/// sees the same (the devices), carry a few bytes and change nothing. That is rpc-proto's
+/// [`Command::is_device_property`]: the device queries but GET_ALLOC_SIZE, whose tensors may
+/// name a buffer only a session knows.
 fn front_answers(cmd: Command, size: u64) -> bool {
-    matches!(
-        cmd,
-        Command::DeviceCount
-            | Command::GetAlignment
-            | Command::GetMaxSize
-            | Command::GetDeviceMemory
-    ) && size <= 64
+    cmd.is_device_property() && size <= 64
 }
 
 /// The front of a contained TCP connection after its HELLO: answers the queries of

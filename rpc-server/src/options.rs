@@ -35,6 +35,11 @@ pub const DEFAULT_MAX_GRAPH_SIZE: u32 = 1 << 20;
 /// Default `--session-pool`: session processes kept started, contained and waiting.
 pub const DEFAULT_SESSION_POOL: usize = 0;
 
+/// Whether upstream's switch `GGML_RPC_NO_RDMA` is set, to anything ([`ServerOptions::no_rdma`]).
+fn no_rdma_from_env() -> bool {
+    std::env::var_os("GGML_RPC_NO_RDMA").is_some()
+}
+
 /// Default `-t`: half the cores (at least one).
 pub fn default_threads() -> usize {
     (std::thread::available_parallelism().map_or(2, |n| n.get()) / 2).max(1)
@@ -85,6 +90,12 @@ pub struct ServerOptions {
     pub max_alloc_total: Option<u64>,
     #[serde(with = "value_enum")]
     pub transport: TransportMode,
+    /// Upstream's switch `GGML_RPC_NO_RDMA` was set (to anything, even empty): RDMA is off
+    /// whatever `transport` says: client connections and comm links stay on TCP, and a session
+    /// process is not given the RDMA device (`app.rs`). Read from the environment once, by
+    /// [`ServerOptions::default`] (so by the command line, `cli::Args::options`, too); a session
+    /// process gets the front's value with the rest of its options.
+    pub no_rdma: bool,
     /// The RDMA flavor this server offers as rank 1 of a comm link (`--comm-rdma-flavor`; as
     /// rank 0 it answers the flavor its peer offers).
     #[serde(with = "value_enum")]
@@ -151,6 +162,7 @@ impl Default for ServerOptions {
             max_alloc_per_connection: None,
             max_alloc_total: None,
             transport: TransportMode::Auto,
+            no_rdma: no_rdma_from_env(),
             comm_rdma_flavor: FlavorChoice::Native,
             rdma_device: None,
             rdma_gid_index: None,
@@ -243,11 +255,12 @@ impl ServerOptions {
         }
     }
 
-    /// `--transport`, unless upstream's switch `GGML_RPC_NO_RDMA` says TCP.
-    fn rdma_mode(&self) -> TransportMode {
-        match std::env::var_os("GGML_RPC_NO_RDMA") {
-            Some(_) => TransportMode::Tcp,
-            None => self.transport,
+    /// `--transport`, unless upstream's switch `GGML_RPC_NO_RDMA` ([`ServerOptions::no_rdma`])
+    /// says TCP.
+    pub fn rdma_mode(&self) -> TransportMode {
+        match self.no_rdma {
+            true => TransportMode::Tcp,
+            false => self.transport,
         }
     }
 

@@ -72,7 +72,7 @@ impl QueryCache {
 
 /// The query `payload` of `cmd` decoded: the queries are the same in both majors.
 fn decode_query(cmd: Command, payload: &[u8]) -> Option<Request<'_>> {
-    if !is_query(cmd) {
+    if !cmd.is_device_query() {
         return None;
     }
     Request::decode(Major::V7, cmd, payload, &Limits::default()).ok()
@@ -90,19 +90,6 @@ pub fn is_cacheable(cmd: Command, payload: &[u8]) -> bool {
         },
         _ => false,
     }
-}
-
-/// Whether the command is a query a worker answers the same on any connection (the shim may send
-/// it over its control connection when the client connection has no upstream connection yet).
-pub fn is_query(cmd: Command) -> bool {
-    matches!(
-        cmd,
-        Command::DeviceCount
-            | Command::GetAlignment
-            | Command::GetMaxSize
-            | Command::GetAllocSize
-            | Command::GetDeviceMemory
-    )
 }
 
 /// The device a query names (GET_ALIGNMENT, GET_MAX_SIZE, GET_DEVICE_MEMORY, GET_ALLOC_SIZE);

@@ -51,7 +51,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::cache::{device_of, is_cacheable, is_query};
+use crate::cache::{device_of, is_cacheable};
 use crate::error::ShimError;
 use crate::stats::ShimStats;
 use crate::upstream::Connector;
@@ -241,7 +241,7 @@ impl<C: Connector> Session<C> {
             if cmd == Command::Hello {
                 return Err(ShimError::SecondHello);
             }
-            if is_query(cmd) {
+            if cmd.is_device_query() {
                 self.query(h, cmd).await?;
             } else {
                 self.forward(h, cmd).await?;
@@ -431,7 +431,7 @@ impl<C: Connector> Session<C> {
         let uid = self.translates().then_some(LAST_GRAPH_UID);
         if h.size <= INLINE_MAX {
             let mut frame = self.read_frame(h).await?;
-            if let (Some(uid), Command::GraphCompute | Command::GraphRecompute) = (uid, cmd) {
+            if let Some(uid) = uid.filter(|_| cmd.runs_graph()) {
                 // (The frame passed check_frame for 7.0: it has its device.)
                 frame = rpc_proto::graph_frame_with_uid(&frame, uid).unwrap_or(frame);
             }
@@ -471,27 +471,24 @@ impl<C: Connector> Session<C> {
         let Some(up) = self.up.as_mut() else {
             return Err(ShimError::WorkerDown(addr));
         };
+        // With a uid, the 7.0 GRAPH_COMPUTE's header as 8.0's (rpc-proto holds the layout).
+        let v8 = uid.and_then(|uid| Some((rpc_proto::graph_header_with_uid(h)?, uid)));
         let mut left = h.size;
-        let head = FrameHeader {
-            size: h.size + if uid.is_some() { 8 } else { 0 },
-            ..h
-        }
-        .encode();
+        let head = v8.map_or(h, |(h8, _)| h8).encode();
         up.send_message(&[&head[..1], &head[1..]])
             .await
             .map_err(ShimError::upstream(&addr))?;
-        if let Some(uid) = uid {
+        if let Some((_, uid)) = v8 {
             // check_frame guaranteed the 7.0 graph header (12 bytes) is there.
-            let mut first = [0u8; 4 + 8];
+            let mut device = [0u8; rpc_proto::GRAPH_DEVICE_SIZE];
             self.rd
-                .read_exact(&mut first[..4])
+                .read_exact(&mut device)
                 .await
                 .map_err(ShimError::Client)?;
-            first[4..].copy_from_slice(&uid.to_le_bytes());
-            up.send_message(&[&first])
+            up.send_message(&[&rpc_proto::graph_device_with_uid(device, uid)])
                 .await
                 .map_err(ShimError::upstream(&addr))?;
-            left -= 4;
+            left -= device.len() as u64;
         }
         self.scratch.resize(CHUNK, 0);
         while left > 0 {

@@ -47,7 +47,7 @@ use tokio::net::TcpStream;
 
 pub use route::{CrossCopy, Route, RouteError, Router};
 
-use crate::cache::{is_cacheable, is_query, DEVICE_COUNT_FRAME};
+use crate::cache::{is_cacheable, DEVICE_COUNT_FRAME};
 use crate::error::ShimError;
 use crate::session::{
     read_hello, read_response_size, write_hello, Batch, BATCH_MAX, CHUNK, INLINE_MAX, READ_BUFFER,
@@ -280,7 +280,7 @@ impl<C: Connector> Endpoint<C> {
         h: FrameHeader,
         mut frame: Vec<u8>,
     ) -> Result<(), ShimError> {
-        if is_query(cmd) && self.ups[w].is_none() {
+        if cmd.is_device_query() && self.ups[w].is_none() {
             return self.query(w, cmd, frame).await;
         }
         let addr = self.addr(w);
@@ -295,7 +295,7 @@ impl<C: Connector> Endpoint<C> {
         let up = self.up(w).await?;
         if client == Major::V7 && up.major == Major::V8 {
             // A 7.0 client's graphs toward an 8.0 worker: the device's one graph, a fixed uid.
-            if matches!(cmd, Command::GraphCompute | Command::GraphRecompute) {
+            if cmd.runs_graph() {
                 frame = rpc_proto::graph_frame_with_uid(&frame, LAST_GRAPH_UID).unwrap_or(frame);
             }
         }
