@@ -15,6 +15,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rpc_proto::CONN_CAPS_SIZE;
@@ -22,7 +23,7 @@ use rpc_transport::cli::TransportMode;
 use rpc_transport::rdma::blocking::BlockingLink;
 use rpc_transport::rdma::negotiate::{client_choice, lean_name, server_choice, Choice, READY};
 use rpc_transport::rdma::real::{self, Prepared, RdmaOptions};
-use rpc_transport::rdma::{Caps, Flavor, Flavored};
+use rpc_transport::rdma::{Caps, Flavor, Flavored, KEEPALIVE};
 
 /// One established pairwise link.
 pub trait PeerLink: Send {
@@ -247,26 +248,59 @@ fn ready(
         }
     }
     let l: Box<dyn PeerLink> = match link {
-        Activated::Rc(l) => rdma_link(l, stream, rank, io_timeout, "RDMA/RC")?,
-        Activated::Uc(l) => rdma_link(l, stream, rank, io_timeout, "RDMA/UC")?,
-        Activated::Lean(l, f) => rdma_link(l, stream, rank, io_timeout, lean_name(f))?,
+        Activated::Rc(l) => rdma_link(l, Flavor::LinuxRc, stream, rank, io_timeout, "RDMA/RC")?,
+        Activated::Uc(l) => rdma_link(l, Flavor::AppleUc, stream, rank, io_timeout, "RDMA/UC")?,
+        Activated::Lean(l, f) => rdma_link(l, f, stream, rank, io_timeout, lean_name(f))?,
     };
     Ok(l)
 }
 
-fn rdma_link<F: Flavored + 'static>(
+fn rdma_link<F: Flavored + Send + 'static>(
     link: F,
+    flavor: Flavor,
     anchor: TcpStream,
     rank: u32,
     io_timeout: Duration,
     name: &'static str,
 ) -> std::io::Result<Box<dyn PeerLink>> {
     tracing::info!(rank, transport = name, "comm link: RDMA activated");
+    let apple = flavor == Flavor::AppleUc;
+    let link = Arc::new(Mutex::new(BlockingLink::new(link, Some(anchor), name)?));
+    if apple {
+        keep_warm(Arc::downgrade(&link));
+    }
     Ok(Box::new(RdmaLink {
-        link: BlockingLink::new(link, Some(anchor), name)?,
+        link,
         rank,
         io_timeout,
     }))
+}
+
+/// Apple's queue pairs fall asleep after 1-2 s idle and take seconds to wake: between tokens a
+/// thread ticks the link ([`BlockingLink::idle_tick`]: a keepalive once it has been idle for
+/// `KEEPALIVE`), never while an allreduce holds it. It ends with the link, or at the link's first
+/// error (the next allreduce then meets that error itself).
+fn keep_warm<F: Flavored + Send + 'static>(link: Weak<Mutex<BlockingLink<F>>>) {
+    let spawned = std::thread::Builder::new()
+        .name("link-keepalive".into())
+        .spawn(move || loop {
+            std::thread::sleep(KEEPALIVE);
+            let Some(link) = link.upgrade() else {
+                return;
+            };
+            let tick = match link.try_lock() {
+                Ok(mut l) => l.idle_tick(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+                Err(std::sync::TryLockError::Poisoned(_)) => return,
+            };
+            if let Err(e) = tick {
+                tracing::debug!("comm link keepalive stopped: {e}");
+                return;
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("comm link: no keepalive thread ({e}); an idle Apple link may fall asleep");
+    }
 }
 
 /// The link over TCP: the stock wire, no framing.
@@ -293,28 +327,39 @@ impl PeerLink for TcpLink {
 
 /// The link over RDMA: one message per partial each way, in the rank's order.
 struct RdmaLink<F: Flavored> {
-    link: BlockingLink<F>,
+    /// Shared with the keepalive thread of an Apple-flavor link ([`keep_warm`]).
+    link: Arc<Mutex<BlockingLink<F>>>,
     rank: u32,
     io_timeout: Duration,
 }
 
-impl<F: Flavored> PeerLink for RdmaLink<F> {
+impl<F: Flavored + Send> PeerLink for RdmaLink<F> {
     fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()> {
         let deadline = Instant::now() + self.io_timeout;
+        let mut link = self.held()?;
         if self.rank == 0 {
-            self.link.send(send, deadline)?;
-            self.link.recv_exact(recv, deadline)
+            link.send(send, deadline)?;
+            link.recv_exact(recv, deadline)
         } else {
-            self.link.recv_exact(recv, deadline)?;
-            self.link.send(send, deadline)
+            link.recv_exact(recv, deadline)?;
+            link.send(send, deadline)
         }
     }
 
     fn transport(&self) -> &'static str {
-        self.link.name()
+        self.held().map_or("RDMA", |l| l.name())
     }
 
     fn rdma_counters(&self) -> (u64, u64) {
-        self.link.counters()
+        self.held().map_or((0, 0), |l| l.counters())
+    }
+}
+
+impl<F: Flavored> RdmaLink<F> {
+    /// The link, waiting for a keepalive tick that holds it (microseconds).
+    fn held(&self) -> std::io::Result<std::sync::MutexGuard<'_, BlockingLink<F>>> {
+        self.link
+            .lock()
+            .map_err(|_| std::io::Error::other("the link's keepalive thread panicked"))
     }
 }

@@ -91,6 +91,21 @@ impl<F: Flavored> BlockingLink<F> {
         Ok(())
     }
 
+    /// Between allreduces (called every [`KEEPALIVE`] or so by whoever holds the link idle):
+    /// takes what arrived (the peer's keepalives, returned credits) and, once the link has been
+    /// idle for [`KEEPALIVE`], sends a keepalive, so Apple's queue pairs, which fall asleep after
+    /// 1-2 s idle and take seconds to wake, stay awake between tokens. Whether one went out; an
+    /// error (the peer gone, the queue pair failed) is what the next allreduce would meet too.
+    pub fn idle_tick(&mut self) -> io::Result<bool> {
+        self.link.progress()?;
+        self.check_anchor()?;
+        if self.last_activity.elapsed() >= KEEPALIVE && self.last_keepalive.elapsed() >= KEEPALIVE {
+            self.last_keepalive = Instant::now();
+            return self.link.keepalive();
+        }
+        Ok(false)
+    }
+
     /// One step of waiting for the queue pair: progress, else spin, yield or sleep; the anchor
     /// and the deadline are looked at as it goes.
     fn wait(&mut self, spins: &mut u32, deadline: Instant, what: &str) -> io::Result<()> {
@@ -164,6 +179,38 @@ mod tests {
         a.post_all_receives().unwrap();
         b.post_all_receives().unwrap();
         (a, b)
+    }
+
+    #[test]
+    fn idle_ticks_keep_a_uc_link_warm_and_the_next_exchange_works() {
+        let (a, b) = lean_pair(Geometry::UC, Rules::Uc);
+        let mut a = BlockingLink::new(a, None, "a").unwrap();
+        let mut b = BlockingLink::new(b, None, "b").unwrap();
+        // Just used: no keepalive yet.
+        assert!(!a.idle_tick().unwrap());
+        std::thread::sleep(KEEPALIVE + Duration::from_millis(20));
+        assert!(
+            a.idle_tick().unwrap(),
+            "idle past KEEPALIVE: a keepalive goes out"
+        );
+        assert!(!a.idle_tick().unwrap(), "and not again at once");
+        let (sent, _) = a.counters();
+        assert_eq!(sent, 1);
+        // b takes it on its own tick (nothing to read: a keepalive carries no bytes) ...
+        b.idle_tick().unwrap();
+        assert_eq!(b.counters().1, 1);
+        // ... and the next exchange is exact.
+        let t = std::thread::spawn(move || {
+            let mut got = [0u8; 5];
+            b.recv_exact(&mut got, deadline()).unwrap();
+            b.send(b"world", deadline()).unwrap();
+            got
+        });
+        a.send(b"hello", deadline()).unwrap();
+        let mut got = [0u8; 5];
+        a.recv_exact(&mut got, deadline()).unwrap();
+        assert_eq!(&got, b"world");
+        assert_eq!(&t.join().unwrap(), b"hello");
     }
 
     /// Rank 0 sends then receives, rank 1 receives then sends, as on the comm link; sizes below,
