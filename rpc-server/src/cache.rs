@@ -55,7 +55,7 @@ const MAX_VERIFIED_BYTES: u64 = 16 << 20;
 /// The copy step of a store from a file (the front's buffer per store in flight).
 const COPY_CHUNK: usize = 1 << 20;
 
-/// Whoever writes the cache for a process that may not (a session process: `child.rs`, whose front writes, `handoff.rs`).
+/// Whoever writes the cache for a process that may not (a session process: `child.rs`, whose front writes, `handoff/`).
 pub trait CacheKeeper: Send + Sync {
     /// A client uploaded `data` with the cache flag: store it under the hash of its bytes.
     fn store(&self, data: &[u8]);

@@ -1,5 +1,5 @@
 //! A session process (`--session-child`): serves one client whose connection its front handed
-//! over (`handoff.rs`), on the socket that is its stdin, reporting to the front on the control
+//! over (`handoff/`), on the socket that is its stdin, reporting to the front on the control
 //! line that is its stdout (`control.rs`): memory reservations, counters, links and the weight
 //! cache's writes go to the front, and (Linux) the cache entries it reads come from it. Its configuration is one message from the front,
 //! [`SessionStart`]; nothing is rebuilt from flags. A pooled one (`--session-wait`) gets it, and

@@ -30,7 +30,7 @@
 //!
 //! A link that cannot be set up answers COMM_INIT with 0: the client then reduces through
 //! itself. Every read and write on the link has a deadline. A contained session's links are set
-//! up by its front (`handoff.rs`) with the same policy; the session process checks a request
+//! up by its front (`handoff/`) with the same policy; the session process checks a request
 //! against it before asking, so the front treats a request outside it as a compromised
 //! session's.
 //!

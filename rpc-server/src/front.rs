@@ -1,7 +1,7 @@
 //! The front of one client connection, in the process that listens: the HELLO within its
 //! deadline, a connection slot (`admission.rs`), then either the session right here
 //! (`--no-isolate`) or, contained, the device queries a front answers itself and the hand-off to
-//! a session process of its own at the first other command (`handoff.rs`).
+//! a session process of its own at the first other command (`handoff/`).
 
 use rpc_proto::{check_frame, Command, FrameHeader, Request};
 use rpc_transport::{BlockingTcpTransport, Transport};

@@ -104,7 +104,7 @@ pub struct ServerOptions {
     pub rdma_gid_index: Option<u32>,
     /// RDMA connections at once (`rdma::default_max_connections`).
     pub rdma_max_connections: usize,
-    /// A process per session (`handoff.rs`); `false`: sessions run in the server's process.
+    /// A process per session (`handoff/`); `false`: sessions run in the server's process.
     pub isolate: bool,
     /// Contain session processes (namespaces, seccomp, Landlock; Seatbelt on macOS).
     pub sandbox: bool,

@@ -16,7 +16,7 @@
 //! operator's: banner, start-up, shutdown) are never limited.
 //!
 //! The layer sits only in the front: a session process's log reaches the front's through
-//! `handoff::relay_stderr` (tagged `session.peer`), and is limited there.
+//! `handoff::relay::relay_stderr` (tagged `session.peer`), and is limited there.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -3,7 +3,7 @@
 //! (a long-running `llama-server` keeps its model on the worker between requests); a request
 //! whose header arrived must keep arriving. Contained (Linux): a session process that does not
 //! end when its client leaves, by closing or by vanishing without a FIN, is ended by the front
-//! (`handoff::ClientWatch`), and its slot and peer share come back.
+//! (`handoff::watch::ClientWatch`), and its slot and peer share come back.
 
 use std::time::Duration;
 
@@ -296,7 +296,7 @@ async fn a_session_that_outlives_its_closed_client_is_ended_by_the_front() {
 }
 
 /// The same with `--session-pool 1`: the connection goes to a process started ahead
-/// (`handoff::assign`).
+/// (`handoff::spawn::assign`).
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_session_that_outlives_its_client_is_ended_by_the_front() {

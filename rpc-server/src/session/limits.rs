@@ -28,7 +28,7 @@ impl Default for MemoryLimits {
 }
 
 /// Where a session process asks for memory: the front process, which keeps the server-wide
-/// account (`handoff.rs`).
+/// account (`handoff/`).
 pub trait Upstream: Send + Sync {
     /// Whether `n` more bytes may be held.
     fn reserve(&self, n: u64) -> bool;
