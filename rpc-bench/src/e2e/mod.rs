@@ -15,7 +15,7 @@ use crate::cli::{Common, Stock};
 use crate::conn::{server_major, Target};
 use crate::links::LinkKind;
 use crate::relay::Wire;
-use crate::tools::through_relay;
+use crate::tools::through_relay_pairing;
 use crate::traffic::Traffic;
 use crate::Origin;
 
@@ -36,7 +36,7 @@ pub struct E2eConfig {
     #[command(flatten)]
     pub stock: Stock,
     /// How llama-bench splits the model over the servers of a target (`-sm`): `layer` (whole
-    /// layers per server) or `tensor` (every weight split across two servers).
+    /// layers per server) or `tensor` (every weight split across the target's servers).
     #[arg(long, default_value = "layer", value_parser = ["layer", "tensor"])]
     pub split_mode: String,
     /// Prompt tokens (llama-bench -p).
@@ -63,11 +63,21 @@ pub struct E2eConfig {
     /// crosses), interleaved, and say per link which is faster, by how much, with its flags.
     #[arg(long)]
     pub compare_output: bool,
+    /// A target (its label; repeat for several) whose rank 0 listens for a tensor split's
+    /// pairwise link (COMM_INIT) only on its own port + 1000, as our rpc-server does: its first
+    /// server's relay takes that server's port on 127.0.0.2 (so the client names the server's own
+    /// port + 1000) and a forwarder on 127.0.0.2 at that port + 1000 carries the link to rank 0
+    /// (no delay, not counted). Without it such a pair answers COMM_INIT with 0 through the
+    /// relays and the client reduces through itself; never give it for stock servers (their rank
+    /// 0 listens on every interface, where the forwarder is).
+    #[arg(long, value_name = "LABEL")]
+    pub own_comm_port: Vec<String>,
     /// Extra llama-bench arguments (one string, split on whitespace), e.g. "-fa 1 -ub 256".
     #[arg(long, default_value = "")]
     pub bench_args: String,
-    /// Also run with llama-bench connected straight to the server (no relay): the real link,
-    /// e.g. RDMA with a llama.cpp built with GGML_RPC_RDMA between two machines.
+    /// Also run with llama-bench connected straight to the server (no relay), once per round
+    /// after the relayed links: the real link, e.g. RDMA with a llama.cpp built with
+    /// GGML_RPC_RDMA between two machines.
     #[arg(long)]
     pub direct: bool,
     /// Timeout per llama-bench run, seconds.
@@ -107,10 +117,10 @@ pub fn placement_label(server: &str, placement: &str) -> String {
     format!("{server} ({placement})")
 }
 
-/// The servers as measured, each with its extra `llama-bench` arguments: every `--server`, and
-/// with `--compare-output` once per output placement ([`placement_label`]), interleaved in the
-/// same rounds.
-fn measured(cfg: &E2eConfig) -> Vec<(Target, Vec<String>)> {
+/// The servers as measured, each with its extra `llama-bench` arguments and whether it is one of
+/// `--own-comm-port`: every `--server`, and with `--compare-output` once per output placement
+/// ([`placement_label`]), interleaved in the same rounds.
+fn measured(cfg: &E2eConfig) -> Vec<(Target, Vec<String>, bool)> {
     // Without --compare-output the first placement alone (no extra arguments).
     let n = if cfg.compare_output { usize::MAX } else { 1 };
     let mut out = Vec::new();
@@ -121,7 +131,8 @@ fn measured(cfg: &E2eConfig) -> Vec<(Target, Vec<String>)> {
                 false => t.label.clone(),
             };
             let args = args.iter().map(|a| a.to_string()).collect();
-            out.push((Target { label, ..t.clone() }, args));
+            let own = cfg.own_comm_port.contains(&t.label);
+            out.push((Target { label, ..t.clone() }, args, own));
         }
     }
     out
@@ -305,6 +316,10 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
             );
         }
     }
+    let labelled = |l: &&String| cfg.server.iter().any(|t| t.label == **l);
+    if let Some(l) = cfg.own_comm_port.iter().find(|l| !labelled(l)) {
+        bail!("--own-comm-port {l}: no --server has that label");
+    }
     let targets = measured(cfg);
     let (pp, tg) = (Phase::Pp(cfg.n_prompt), Phase::Tg(cfg.n_gen));
     let (np, ng, reps, rounds) = (cfg.n_prompt, cfg.n_gen, cfg.reps, cfg.rounds.max(1));
@@ -312,16 +327,19 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
     // load from elsewhere on a shared machine spreads over all servers alike: (log tag, progress
     // message, route (`None`: straight to the server), -p, -n, -r). First the four counting runs
     // through the relay without delay; then the timing rounds, each over `none` (the relay
-    // without delay) and every emulated link (averaged over the rounds); then `--direct`.
-    let timing: Vec<(String, Wire)> = std::iter::once(("none".to_string(), Wire::transparent()))
-        .chain(
-            cfg.common
-                .links()
-                .iter()
-                .filter(|l| l.kind == LinkKind::Emulated)
-                .map(|l| (l.name.clone(), Wire::of(l))),
-        )
-        .collect();
+    // without delay), every emulated link and with `--direct` straight to the servers (each
+    // averaged over the rounds).
+    let timing: Vec<(String, Option<Wire>)> =
+        std::iter::once(("none".to_string(), Some(Wire::transparent())))
+            .chain(
+                cfg.common
+                    .links()
+                    .iter()
+                    .filter(|l| l.kind == LinkKind::Emulated)
+                    .map(|l| (l.name.clone(), Some(Wire::of(l)))),
+            )
+            .chain(cfg.direct.then(|| ("direct".to_string(), None)))
+            .collect();
     let count = |ph: Phase, r: u32| {
         let (short, p, n) = match ph {
             Phase::Pp(_) => ("pp", np, 0),
@@ -337,11 +355,8 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
     for r in 1..=rounds {
         steps.extend(timing.iter().map(|(name, wire)| {
             let msg = format!("{name} (round {r}/{rounds})");
-            (format!("{name}-round{r}"), msg, Some(*wire), np, ng, reps)
+            (format!("{name}-round{r}"), msg, *wire, np, ng, reps)
         }));
-    }
-    if cfg.direct {
-        steps.push(("direct".into(), "direct".into(), None, np, ng, reps));
     }
     let pb = cfg
         .common
@@ -357,26 +372,29 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
     let mut done: Vec<Vec<(Vec<BenchResult>, Traffic)>> = Vec::new();
     for (tag, msg, wire, p, n, r) in &steps {
         let mut per_target = Vec::new();
-        for (target, extra) in &targets {
+        for (target, extra, own) in &targets {
             pb.set_message(format!("{}: {msg}", target.label));
             let tag = format!("{}-{tag}", slug(target));
-            per_target.push(through_relay(&target.addrs, *wire, |addrs| {
-                llama_bench(cfg, extra, addrs, *p, *n, *r, &tag)
-            })?);
+            per_target.push(through_relay_pairing(
+                &target.addrs,
+                *wire,
+                *own,
+                |addrs| llama_bench(cfg, extra, addrs, *p, *n, *r, &tag),
+            )?);
             pb.inc(1);
         }
         done.push(per_target);
     }
-    // Timing link `li` over the rounds, and the direct run, of target `ti`.
+    // Timing link `li` (the direct runs: the last) over the rounds, of target `ti`.
     let timed = |ti: usize, li: usize| -> Vec<Vec<BenchResult>> {
         (0..rounds as usize)
             .map(|r| done[4 + r * timing.len() + li][ti].0.clone())
             .collect()
     };
-    let direct = |ti: usize| cfg.direct.then(|| &done[steps.len() - 1][ti].0);
+    let direct = |ti: usize| cfg.direct.then(|| timed(ti, timing.len() - 1));
     let mut rows = Vec::new();
     let mut notes = Vec::new();
-    for (ti, (target, _)) in targets.iter().enumerate() {
+    for (ti, (target, _, _)) in targets.iter().enumerate() {
         let label = &target.label;
         let [pp1, ppr, tg1, tgr] = [0, 1, 2, 3].map(|si| &done[si][ti].1);
         let pp_t = differential(pp1, ppr, cfg.reps);
@@ -415,7 +433,8 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
         let phases = [(pp, base_pp, pp_t), (tg, base_tg, tg_t)];
         // Per link: its timing runs (`None`: projected only), its profile, its numbers' origin.
         let mut groups = vec![("none".to_string(), Some(base), None, Origin::MeasuredRelay)];
-        let mut emulated = (1..timing.len()).map(|li| timed(ti, li));
+        let emulated_lanes = 1..timing.len() - usize::from(cfg.direct);
+        let mut emulated = emulated_lanes.map(|li| timed(ti, li));
         for link in cfg.common.links() {
             let (runs, origin) = match link.kind {
                 LinkKind::Native => continue,
@@ -427,13 +446,8 @@ pub fn run(cfg: &E2eConfig) -> anyhow::Result<(Vec<E2eRow>, Vec<String>)> {
             };
             groups.push((link.name.clone(), runs, Some(link), origin));
         }
-        if let Some(res) = direct(ti) {
-            groups.push((
-                "direct".into(),
-                Some(vec![res.clone()]),
-                None,
-                Origin::MeasuredDirect,
-            ));
+        if let Some(runs) = direct(ti) {
+            groups.push(("direct".into(), Some(runs), None, Origin::MeasuredDirect));
         }
         for (link, runs, profile, origin) in groups {
             for &(phase, base, traffic) in &phases {
