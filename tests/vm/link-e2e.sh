@@ -52,12 +52,14 @@ start() { # name kind(ours|stock) port [env... --] [args...]
 }
 stop_all() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done; PIDS=(); }
 
-# The link's TCP socket: sampled while the client runs; the last sample is what crossed it.
+# The link's TCP socket: sampled while the client runs; the last sample is what crossed it. Rank
+# 0's link port ($A + 1000) on the link's address: no other socket of a case may use that port
+# (the shim case's listeners sit on 52061/52062 for that reason).
 sample_link() { # outfile
     : > "$1"
     while true; do
         local l
-        l=$(ss -tinH state established "( sport = :$((A + 1000)) )" 2>/dev/null | tr '\n' ' ')
+        l=$(ss -tinH state established "( src $ADDR:$((A + 1000)) )" 2>/dev/null | tr '\n' ' ')
         [ -n "$l" ] && echo "$l" > "$1"
         sleep 0.3
     done
@@ -182,10 +184,10 @@ fi
 if want shim; then
 echo "== a TCP-only client (GGML_RPC_NO_RDMA) -> rpc-shim -> ours x2 over RDMA, the link lean over RC"
 start oA ours $A; start oB ours $B
-RPC_LOG=info "$E2E_SHIM" --worker $ADDR:$A --listen 127.0.0.1:51061 --worker $ADDR:$B --listen 127.0.0.1:51062 > "$W/shim.log" 2>&1 &
+RPC_LOG=info "$E2E_SHIM" --worker $ADDR:$A --listen 127.0.0.1:52061 --worker $ADDR:$B --listen 127.0.0.1:52062 > "$W/shim.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/51062) 2>/dev/null && break; sleep 0.2; done
-p0=$(sent_pkts); gen shim "127.0.0.1:51061,127.0.0.1:51062" GGML_RPC_NO_RDMA=1; count_pkts "$p0"; stop_all
+for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/52062) 2>/dev/null && break; sleep 0.2; done
+p0=$(sent_pkts); gen shim "127.0.0.1:52061,127.0.0.1:52062" GGML_RPC_NO_RDMA=1; count_pkts "$p0"; stop_all
 judge shim "RDMA/RC+lean" "$PKTS" "$W/oA.log" "$W/oB.log"
 grep -qi "rdma" "$W/shim.log" && grep -iE "lean|RDMA" "$W/shim.log" | head -2 | sed 's/^/    shim: /'
 fi
