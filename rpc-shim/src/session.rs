@@ -490,23 +490,7 @@ impl<C: Connector> Session<C> {
                 .map_err(ShimError::upstream(&addr))?;
             left -= device.len() as u64;
         }
-        self.scratch.resize(CHUNK, 0);
-        while left > 0 {
-            let want = (left as usize).min(CHUNK);
-            let n = self
-                .rd
-                .read(&mut self.scratch[..want])
-                .await
-                .map_err(ShimError::Client)?;
-            if n == 0 {
-                return Err(ShimError::Client(io::ErrorKind::UnexpectedEof.into()));
-            }
-            up.send_message(&[&self.scratch[..n]])
-                .await
-                .map_err(ShimError::upstream(&addr))?;
-            left -= n as u64;
-        }
-        Ok(())
+        pump_payload(&mut self.rd, up, left, &mut self.scratch, &addr).await
     }
 
     /// Relays the response to `cmd` from the upstream connection to the client.
@@ -564,6 +548,33 @@ impl<C: Connector> Drop for Session<C> {
             self.worker.session_closed();
         }
     }
+}
+
+/// Streams the next `left` payload bytes of a request from the client to `up`, in pieces of at
+/// most [`CHUNK`] as they arrive (`scratch` is the buffer).
+pub(crate) async fn pump_payload<T: Transport>(
+    rd: &mut BufReader<OwnedReadHalf>,
+    up: &mut T,
+    mut left: u64,
+    scratch: &mut Vec<u8>,
+    addr: &str,
+) -> Result<(), ShimError> {
+    scratch.resize(CHUNK, 0);
+    while left > 0 {
+        let want = (left as usize).min(CHUNK);
+        let n = rd
+            .read(&mut scratch[..want])
+            .await
+            .map_err(ShimError::Client)?;
+        if n == 0 {
+            return Err(ShimError::Client(io::ErrorKind::UnexpectedEof.into()));
+        }
+        up.send_message(&[&scratch[..n]])
+            .await
+            .map_err(ShimError::upstream(addr))?;
+        left -= n as u64;
+    }
+    Ok(())
 }
 
 /// Reads the client's HELLO (`Ok(false)`: it closed before sending anything). Its caps are

@@ -50,8 +50,8 @@ pub use route::{CrossCopy, Route, RouteError, Router};
 use crate::cache::{is_cacheable, DEVICE_COUNT_FRAME};
 use crate::error::ShimError;
 use crate::session::{
-    read_hello, read_response_size, write_hello, Batch, BATCH_MAX, CHUNK, INLINE_MAX, READ_BUFFER,
-    RELAY_CHUNK,
+    pump_payload, read_hello, read_response_size, write_hello, Batch, BATCH_MAX, CHUNK, INLINE_MAX,
+    READ_BUFFER, RELAY_CHUNK,
 };
 use crate::stats::ShimStats;
 use crate::upstream::Connector;
@@ -356,26 +356,8 @@ impl<C: Connector> Endpoint<C> {
             .send_message(&[&frame[FRAME_HEADER_SIZE..]])
             .await
             .map_err(ShimError::upstream(&addr))?;
-        let mut left = rest;
-        self.scratch.resize(CHUNK, 0);
-        while left > 0 {
-            let want = (left as usize).min(CHUNK);
-            let n = self
-                .rd
-                .read(&mut self.scratch[..want])
-                .await
-                .map_err(ShimError::Client)?;
-            if n == 0 {
-                return Err(ShimError::Client(io::ErrorKind::UnexpectedEof.into()));
-            }
-            let up = self.ups[w].as_mut().expect("opened above");
-            up.conn
-                .send_message(&[&self.scratch[..n]])
-                .await
-                .map_err(ShimError::upstream(&addr))?;
-            left -= n as u64;
-        }
-        Ok(())
+        let up = self.ups[w].as_mut().expect("opened above");
+        pump_payload(&mut self.rd, &mut up.conn, rest, &mut self.scratch, &addr).await
     }
 
     /// A query to worker `w` while this connection has no upstream connection there: from the
