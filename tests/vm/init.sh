@@ -13,6 +13,10 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
 echo 1 > /proc/sys/kernel/printk
+# The test scripts listen on fixed ports in 50000-53999 (a server's link port is its port + 1000);
+# keep the kernel from handing them out as ephemeral source ports of earlier connections (a
+# llama-server once failed to bind 50200 in CI for that reason).
+echo 50000-53999 > /proc/sys/net/ipv4/ip_local_reserved_ports
 echo "===RVM-BOOTED==="
 
 fail() {
