@@ -57,11 +57,14 @@ impl Major {
         }
     }
 
-    /// Parse a command byte: 0..=17 in 7.0.0, 0..=22 in 8.0.0. `RPC_CMD_NONE` (18 in 7, 23 in 8)
-    /// and everything above give `None`.
+    /// Parse a command byte: 0..=17 in 7.0.0, 0..=22 in 8.0.0 and, on 8.0.0 connections, our
+    /// [extensions](Command::EXTENSIONS) (0xE0..=0xE4). Every other byte gives `None`.
     pub fn command(self, b: u8) -> Option<Command> {
-        let c = Command::ALL.get(usize::from(b)).copied()?;
-        (self == Major::V8 || !c.is_v8_only()).then_some(c)
+        if let Some(&c) = Command::ALL.get(usize::from(b)) {
+            return (self == Major::V8 || !c.is_v8_only()).then_some(c);
+        }
+        let c = Command::EXTENSIONS.into_iter().find(|c| c.as_u8() == b)?;
+        (self == Major::V8).then_some(c)
     }
 }
 
@@ -123,6 +126,20 @@ pub enum Command {
     CommAllreduce = 21,
     /// 8.0: leave the communicator of a device (no response).
     CommFree = 22,
+    /// Extension (ours, 8.0 connections only; a stock server closes the connection on it): is
+    /// this one of ours, and which RPC port does it serve? Reply: extension version, port.
+    LinkProbe = 0xE0,
+    /// Extension: open a worker-to-worker link in a slot of this connection (a COMM_INIT's
+    /// rank, world and rank 0's host and port, under the same policy); reply one byte, 1 = open.
+    LinkOpen = 0xE1,
+    /// Extension: send a tensor's bytes over a slot's link, after the commands before it (no
+    /// response); the peer's matching LINK_RECV takes them.
+    LinkSend = 0xE2,
+    /// Extension: receive bytes over a slot's link into a tensor, before the commands after it
+    /// (no response).
+    LinkRecv = 0xE3,
+    /// Extension: close a slot's link (no response; fine without one).
+    LinkClose = 0xE4,
 }
 
 /// The payload size a request of some command must have (spec §5.1).
@@ -167,9 +184,51 @@ impl Command {
         Command::CommFree,
     ];
 
-    /// Whether the command exists only in 8.0.0.
+    /// Our extensions to 8.0.0, for worker-to-worker copies (`rpc-shim --one-endpoint` over our
+    /// servers): outside llama.cpp's command range, valid on 8.0.0 connections only.
+    pub const EXTENSIONS: [Command; 5] = [
+        Command::LinkProbe,
+        Command::LinkOpen,
+        Command::LinkSend,
+        Command::LinkRecv,
+        Command::LinkClose,
+    ];
+
+    /// Every command: [`Command::ALL`], then [`Command::EXTENSIONS`] (`EVERY[c.index()] == c`).
+    pub const EVERY: [Command; 28] = {
+        let mut every = [Command::AllocBuffer; 28];
+        let mut i = 0;
+        while i < Command::ALL.len() {
+            every[i] = Command::ALL[i];
+            i += 1;
+        }
+        let mut j = 0;
+        while j < Command::EXTENSIONS.len() {
+            every[i + j] = Command::EXTENSIONS[j];
+            j += 1;
+        }
+        every
+    };
+
+    /// The command's place in [`Command::EVERY`]: its byte for llama.cpp's commands, then ours
+    /// (for tables indexed by command).
+    pub fn index(self) -> usize {
+        if self.is_extension() {
+            Command::ALL.len() + usize::from(self.as_u8() - Command::LinkProbe.as_u8())
+        } else {
+            usize::from(self.as_u8())
+        }
+    }
+
+    /// Whether the command exists only in 8.0.0 (our extensions included).
     pub fn is_v8_only(self) -> bool {
         self.as_u8() >= Command::SetTensor2d.as_u8()
+    }
+
+    /// Whether the command is one of our [extensions](Command::EXTENSIONS), which no stock
+    /// client sends and no stock server knows.
+    pub fn is_extension(self) -> bool {
+        self.as_u8() >= Command::LinkProbe.as_u8()
     }
 
     /// The command byte.
@@ -195,7 +254,9 @@ impl Command {
             | Command::Hello
             | Command::DeviceCount
             | Command::GetTensor2d
-            | Command::CommInit => true,
+            | Command::CommInit
+            | Command::LinkProbe
+            | Command::LinkOpen => true,
             Command::FreeBuffer
             | Command::BufferClear
             | Command::SetTensor
@@ -205,7 +266,10 @@ impl Command {
             | Command::MemsetTensor
             | Command::SetTensor2d
             | Command::CommAllreduce
-            | Command::CommFree => false,
+            | Command::CommFree
+            | Command::LinkSend
+            | Command::LinkRecv
+            | Command::LinkClose => false,
         }
     }
 
@@ -242,7 +306,12 @@ impl Command {
             | Command::GetTensor2d
             | Command::CommInit
             | Command::CommAllreduce
-            | Command::CommFree => false,
+            | Command::CommFree
+            | Command::LinkProbe
+            | Command::LinkOpen
+            | Command::LinkSend
+            | Command::LinkRecv
+            | Command::LinkClose => false,
         }
     }
 
@@ -289,6 +358,11 @@ impl Command {
             Command::CommInit => "COMM_INIT",
             Command::CommAllreduce => "COMM_ALLREDUCE",
             Command::CommFree => "COMM_FREE",
+            Command::LinkProbe => "LINK_PROBE",
+            Command::LinkOpen => "LINK_OPEN",
+            Command::LinkSend => "LINK_SEND",
+            Command::LinkRecv => "LINK_RECV",
+            Command::LinkClose => "LINK_CLOSE",
         }
     }
 
@@ -308,7 +382,12 @@ impl Command {
             | Command::GetMaxSize
             | Command::GetDeviceMemory
             | Command::GraphRecompute
-            | Command::CommFree => PayloadSize::Exact(4),
+            | Command::CommFree
+            | Command::LinkClose => PayloadSize::Exact(4),
+            Command::LinkProbe => PayloadSize::Exact(0),
+            Command::LinkOpen => PayloadSize::Exact(4 + w(COMM_INIT_SIZE)),
+            Command::LinkSend => PayloadSize::Exact(4 + RT + 8),
+            Command::LinkRecv => PayloadSize::Exact(4 + RT + 8),
             Command::BufferGetBase | Command::FreeBuffer => PayloadSize::Exact(8),
             Command::BufferClear => PayloadSize::Exact(8 + 1),
             Command::SetTensor => PayloadSize::AtLeast(w(SET_TENSOR_HEADER_SIZE)),
@@ -355,15 +434,33 @@ mod tests {
         for b in 18..=u8::MAX {
             assert_eq!(Major::V7.command(b), None);
         }
+        // 8.0: RPC_CMD_NONE and above are not commands, but for our five extensions.
         for b in 23..=u8::MAX {
-            assert_eq!(Major::V8.command(b), None);
+            let ext = Command::EXTENSIONS.into_iter().find(|c| c.as_u8() == b);
+            assert_eq!(Major::V8.command(b), ext);
+        }
+        for c in Command::EXTENSIONS {
+            assert!(
+                c.is_extension() && c.is_v8_only() && !c.is_device_query(),
+                "{c}"
+            );
+            assert_eq!(Major::V7.command(c.as_u8()), None);
+        }
+        assert!(Command::ALL.iter().all(|c| !c.is_extension()));
+        for (i, c) in Command::EVERY.iter().enumerate() {
+            assert_eq!(c.index(), i, "{c}");
         }
         for m in Major::ALL {
             let none = m.cmd_none();
             assert_eq!(m.command(none), None, "{m}");
             assert!(m.command(none - 1).is_some(), "{m}");
+            let ext = if m == Major::V8 {
+                Command::EXTENSIONS.len()
+            } else {
+                0
+            };
             assert_eq!(
-                usize::from(none),
+                usize::from(none) + ext,
                 (0..=u8::MAX).filter(|&b| m.command(b).is_some()).count()
             );
         }

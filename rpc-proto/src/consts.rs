@@ -42,3 +42,13 @@ pub const GRAPH_CACHE_MAX: usize = 1024;
 pub const COMM_BF16_MIN_ELEMENTS: u64 = 32768;
 /// The comm port is the client's rank-0 endpoint port plus this.
 pub const COMM_PORT_OFFSET: u16 = 1000;
+/// Our extension commands' version, answered to LINK_PROBE (`Command::EXTENSIONS`).
+pub const LINK_VERSION: u32 = 1;
+/// Worker-to-worker link slots a connection may hold (LINK_OPEN's `slot` is below this), besides
+/// one COMM_INIT link per device.
+pub const LINK_SLOTS: u32 = 8;
+/// The header of every LINK_SEND's message on a link: `u32` [`LINK_MAGIC`], `u32` status (1 =
+/// the bytes follow, 0 = the sender failed and none follow), `u64` byte count.
+pub const LINK_HEADER_SIZE: usize = 16;
+/// First word of a LINK_SEND's message ("LNK1" little-endian).
+pub const LINK_MAGIC: u32 = u32::from_le_bytes(*b"LNK1");

@@ -163,6 +163,41 @@ pub enum Request<'a> {
         /// Device index.
         device: u32,
     },
+    /// LINK_PROBE (0xE0, ours): empty payload.
+    LinkProbe,
+    /// LINK_OPEN (0xE1, ours): open the link of `slot` (< [`LINK_SLOTS`](crate::LINK_SLOTS)) as
+    /// a COMM_INIT would (`init.device` is ignored: the link belongs to no device).
+    LinkOpen {
+        /// The connection's link slot.
+        slot: u32,
+        /// Rank, world, and rank 0's port and host.
+        init: CommInit,
+    },
+    /// LINK_SEND (0xE2, ours); no response: `size` bytes of `tensor` from its start go over the
+    /// slot's link (`size` must be the tensor's byte count).
+    LinkSend {
+        /// The connection's link slot.
+        slot: u32,
+        /// Source tensor.
+        tensor: RpcTensor,
+        /// Bytes to send.
+        size: u64,
+    },
+    /// LINK_RECV (0xE3, ours); no response: `size` bytes from the slot's link go into `tensor`
+    /// from its start.
+    LinkRecv {
+        /// The connection's link slot.
+        slot: u32,
+        /// Destination tensor.
+        tensor: RpcTensor,
+        /// Bytes to receive (what the peer's LINK_SEND sends).
+        size: u64,
+    },
+    /// LINK_CLOSE (0xE4, ours); no response.
+    LinkClose {
+        /// The connection's link slot.
+        slot: u32,
+    },
 }
 
 /// The geometry of SET_TENSOR_2D / GET_TENSOR_2D: `n_copies` chunks of `size` bytes at tensor
@@ -230,6 +265,24 @@ pub struct CommInit {
 }
 
 impl CommInit {
+    fn read(r: &mut Reader<'_>) -> Result<CommInit, DecodeError> {
+        Ok(CommInit {
+            device: r.u32()?,
+            rank: r.u32()?,
+            world: r.u32()?,
+            port: r.u32()?,
+            host: r.array()?,
+        })
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        put_u32(out, self.device);
+        put_u32(out, self.rank);
+        put_u32(out, self.world);
+        put_u32(out, self.port);
+        out.extend_from_slice(&self.host);
+    }
+
     /// The host text up to its first NUL, if it is UTF-8.
     pub fn host_str(&self) -> Option<&str> {
         let end = self
@@ -278,6 +331,11 @@ impl<'a> Request<'a> {
             Request::CommInit(_) => Command::CommInit,
             Request::CommAllreduce { .. } => Command::CommAllreduce,
             Request::CommFree { .. } => Command::CommFree,
+            Request::LinkProbe => Command::LinkProbe,
+            Request::LinkOpen { .. } => Command::LinkOpen,
+            Request::LinkSend { .. } => Command::LinkSend,
+            Request::LinkRecv { .. } => Command::LinkRecv,
+            Request::LinkClose { .. } => Command::LinkClose,
         }
     }
 
@@ -397,18 +455,28 @@ impl<'a> Request<'a> {
                 tensor: r.tensor()?,
                 region: Region2d::read(&mut r)?,
             },
-            Command::CommInit => Request::CommInit(CommInit {
-                device: r.u32()?,
-                rank: r.u32()?,
-                world: r.u32()?,
-                port: r.u32()?,
-                host: r.array()?,
-            }),
+            Command::CommInit => Request::CommInit(CommInit::read(&mut r)?),
             Command::CommAllreduce => Request::CommAllreduce {
                 device: r.u32()?,
                 tensor: r.tensor()?,
             },
             Command::CommFree => Request::CommFree { device: r.u32()? },
+            Command::LinkProbe => Request::LinkProbe,
+            Command::LinkOpen => Request::LinkOpen {
+                slot: r.u32()?,
+                init: CommInit::read(&mut r)?,
+            },
+            Command::LinkSend => Request::LinkSend {
+                slot: r.u32()?,
+                tensor: r.tensor()?,
+                size: r.u64()?,
+            },
+            Command::LinkRecv => Request::LinkRecv {
+                slot: r.u32()?,
+                tensor: r.tensor()?,
+                size: r.u64()?,
+            },
+            Command::LinkClose => Request::LinkClose { slot: r.u32()? },
         };
         r.finish("trailing bytes after request")?;
         Ok(req)
@@ -529,13 +597,18 @@ impl<'a> Request<'a> {
                 put_tensor(out, tensor);
                 region.encode(out);
             }
-            Request::CommInit(c) => {
-                put_u32(out, c.device);
-                put_u32(out, c.rank);
-                put_u32(out, c.world);
-                put_u32(out, c.port);
-                out.extend_from_slice(&c.host);
+            Request::CommInit(c) => c.encode(out),
+            Request::LinkProbe => {}
+            Request::LinkOpen { slot, init } => {
+                put_u32(out, *slot);
+                init.encode(out);
             }
+            Request::LinkSend { slot, tensor, size } | Request::LinkRecv { slot, tensor, size } => {
+                put_u32(out, *slot);
+                put_tensor(out, tensor);
+                put_u64(out, *size);
+            }
+            Request::LinkClose { slot } => put_u32(out, *slot),
             Request::CommAllreduce { device, tensor } => {
                 put_u32(out, *device);
                 put_tensor(out, tensor);

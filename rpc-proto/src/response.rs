@@ -78,6 +78,19 @@ pub enum Response {
         /// 1 or 0.
         ok: u8,
     },
+    /// LINK_PROBE (ours): the extension version and the RPC port the server serves the
+    /// connection on (a link's rank 0 listens on that port + 1000).
+    LinkProbe {
+        /// [`LINK_VERSION`](crate::LINK_VERSION) of the server.
+        version: u32,
+        /// The server's own RPC port.
+        port: u32,
+    },
+    /// LINK_OPEN (ours): 1 = the slot's link is open, 0 = no link.
+    LinkOpen {
+        /// 1 or 0.
+        ok: u8,
+    },
 }
 
 impl Response {
@@ -108,6 +121,8 @@ impl Response {
             Response::DeviceCount { .. } => Command::DeviceCount,
             Response::GetTensor2d(_) => Command::GetTensor2d,
             Response::CommInit { .. } => Command::CommInit,
+            Response::LinkProbe { .. } => Command::LinkProbe,
+            Response::LinkOpen { .. } => Command::LinkOpen,
         }
     }
 
@@ -120,8 +135,12 @@ impl Response {
             Command::GetAlignment
             | Command::GetMaxSize
             | Command::BufferGetBase
-            | Command::GetAllocSize => Some(8),
-            Command::SetTensorHash | Command::CopyTensor | Command::CommInit => Some(1),
+            | Command::GetAllocSize
+            | Command::LinkProbe => Some(8),
+            Command::SetTensorHash
+            | Command::CopyTensor
+            | Command::CommInit
+            | Command::LinkOpen => Some(1),
             Command::DeviceCount => Some(4),
             Command::GetTensor
             | Command::GetTensor2d
@@ -134,7 +153,10 @@ impl Response {
             | Command::MemsetTensor
             | Command::SetTensor2d
             | Command::CommAllreduce
-            | Command::CommFree => None,
+            | Command::CommFree
+            | Command::LinkSend
+            | Command::LinkRecv
+            | Command::LinkClose => None,
         }
     }
 
@@ -218,7 +240,12 @@ impl Response {
             | Response::GetAllocSize { alloc_size: v } => put_u64(out, *v),
             Response::SetTensorHash { result }
             | Response::CopyTensor { result }
-            | Response::CommInit { ok: result } => put_u8(out, *result),
+            | Response::CommInit { ok: result }
+            | Response::LinkOpen { ok: result } => put_u8(out, *result),
+            Response::LinkProbe { version, port } => {
+                put_u32(out, *version);
+                put_u32(out, *port);
+            }
             Response::GetTensor(data) | Response::GetTensor2d(data) => out.extend_from_slice(data),
             Response::GetDeviceMemory { free, total } => {
                 put_u64(out, *free);
@@ -275,6 +302,11 @@ impl Response {
             },
             Command::DeviceCount => Response::DeviceCount { count: r.u32()? },
             Command::CommInit => Response::CommInit { ok: r.u8()? },
+            Command::LinkProbe => Response::LinkProbe {
+                version: r.u32()?,
+                port: r.u32()?,
+            },
+            Command::LinkOpen => Response::LinkOpen { ok: r.u8()? },
             _ => return Err(DecodeError::NoResponse(cmd)),
         };
         r.finish("trailing bytes after response")?;

@@ -46,7 +46,7 @@ fn fixed_size_commands_need_the_exact_size() {
 
 fn fixed_sizes(major: Major) {
     let l = Limits::default();
-    for cmd in Command::ALL
+    for cmd in Command::EVERY
         .into_iter()
         .filter(|c| major.command(c.as_u8()).is_some())
     {
@@ -310,7 +310,7 @@ fn graph_limits_are_inclusive() {
 
 #[test]
 fn bad_responses() {
-    for cmd in Command::ALL
+    for cmd in Command::EVERY
         .into_iter()
         .filter(|c| c.has_response() && !matches!(c, Command::GetTensor | Command::GetTensor2d))
     {

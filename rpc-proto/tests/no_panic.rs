@@ -55,7 +55,7 @@ fn exercise_major(major: Major, bytes: &[u8], limits: &Limits) -> bool {
         }
     }
     // As a payload of every command.
-    for cmd in Command::ALL {
+    for cmd in Command::EVERY {
         if let Ok(req) = Request::decode(major, cmd, bytes, limits) {
             assert_eq!(req.command(), cmd);
             let mut again = Vec::new();

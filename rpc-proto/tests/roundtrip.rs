@@ -21,7 +21,7 @@ fn request_round_trips(major: Major) {
     let covered: HashSet<Command> = reqs.iter().map(Request::command).collect();
     assert_eq!(
         covered,
-        Command::ALL
+        Command::EVERY
             .into_iter()
             .filter(|c| major.command(c.as_u8()).is_some())
             .collect(),
@@ -54,7 +54,7 @@ fn request_round_trips(major: Major) {
 fn every_response_round_trips() {
     let rsps = responses();
     let covered: HashSet<Command> = rsps.iter().map(Response::command).collect();
-    let expected: HashSet<Command> = Command::ALL
+    let expected: HashSet<Command> = Command::EVERY
         .into_iter()
         .filter(|c| c.has_response())
         .collect();
@@ -82,7 +82,7 @@ fn every_response_round_trips() {
 
 #[test]
 fn commands_without_response_have_no_response_size() {
-    for cmd in Command::ALL {
+    for cmd in Command::EVERY {
         assert_eq!(
             Response::expected_size(cmd, 5).is_some(),
             cmd.has_response(),

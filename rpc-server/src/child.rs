@@ -185,7 +185,7 @@ impl crate::comm::Connector for FrontConnector {
         // Checked here as the front checks it (a host name is checked by the front, once
         // resolved).
         self.policy
-            .check(init, self.devices)
+            .check(init, crate::comm::link_targets(self.devices))
             .map_err(crate::comm::refused)?;
         let links = self
             .front
@@ -215,6 +215,10 @@ impl crate::comm::Connector for FrontConnector {
                 "no answer from the front",
             )),
         }
+    }
+
+    fn port(&self) -> Option<u16> {
+        Some(self.policy.local.port())
     }
 }
 

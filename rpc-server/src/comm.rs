@@ -51,6 +51,11 @@ use crate::link::{not_rpc, nothing_more_after};
 pub trait Connector: Send + Sync + std::fmt::Debug {
     /// The link for `init`, or why there is none (then COMM_INIT answers 0).
     fn connect(&self, init: &CommInit) -> std::io::Result<Box<dyn PeerLink>>;
+    /// The RPC port the client reached this server at (rank 0 of a link listens on it + 1000),
+    /// for LINK_PROBE.
+    fn port(&self) -> Option<u16> {
+        None
+    }
 }
 
 /// How long rank 0 waits for its peer (rank 1 of a stock server dials for ~5 s).
@@ -125,6 +130,17 @@ impl Connector for CommPolicy {
         let stream = self.establish(&target)?;
         crate::link::finish(stream, init.rank, &self.rdma, self.io_timeout)
     }
+
+    fn port(&self) -> Option<u16> {
+        Some(self.local.port())
+    }
+}
+
+/// The links a session of `devices` devices may hold at once: one per device (COMM_INIT) and
+/// the connection's [`LINK_SLOTS`](rpc_proto::LINK_SLOTS) (LINK_OPEN asks for slot `s` as
+/// "device" `devices + s`, under the same policy otherwise).
+pub fn link_targets(devices: usize) -> usize {
+    devices.saturating_add(rpc_proto::LINK_SLOTS as usize)
 }
 
 /// A refusal as an I/O error (COMM_INIT answers 0).
@@ -478,14 +494,24 @@ pub(crate) mod memory {
     pub(crate) struct MemLink {
         pub(crate) tx: Sender<Vec<u8>>,
         pub(crate) rx: Receiver<Vec<u8>>,
+        /// What `recv` took of a message and has not handed out yet.
+        pub(crate) pending: Vec<u8>,
     }
 
     pub(crate) fn pair() -> (MemLink, MemLink) {
         let (a_tx, b_rx) = channel();
         let (b_tx, a_rx) = channel();
         (
-            MemLink { tx: a_tx, rx: a_rx },
-            MemLink { tx: b_tx, rx: b_rx },
+            MemLink {
+                tx: a_tx,
+                rx: a_rx,
+                pending: Vec::new(),
+            },
+            MemLink {
+                tx: b_tx,
+                rx: b_rx,
+                pending: Vec::new(),
+            },
         )
     }
 
@@ -502,6 +528,30 @@ pub(crate) mod memory {
                 return Err(std::io::Error::other("length mismatch"));
             }
             recv.copy_from_slice(&got);
+            Ok(())
+        }
+
+        fn send(&mut self, data: &[u8]) -> std::io::Result<()> {
+            self.tx
+                .send(data.to_vec())
+                .map_err(|_| std::io::Error::other("peer gone"))
+        }
+
+        fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
+            // Messages are taken whole or in order, like a byte stream.
+            let mut done = 0;
+            while done < buf.len() {
+                if self.pending.is_empty() {
+                    self.pending = self
+                        .rx
+                        .recv()
+                        .map_err(|_| std::io::Error::other("peer gone"))?;
+                }
+                let n = self.pending.len().min(buf.len() - done);
+                buf[done..done + n].copy_from_slice(&self.pending[..n]);
+                self.pending.drain(..n);
+                done += n;
+            }
             Ok(())
         }
     }

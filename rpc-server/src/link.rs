@@ -29,6 +29,10 @@ use rpc_transport::rdma::{Caps, Flavor, Flavored, KEEPALIVE};
 pub trait PeerLink: Send {
     /// Sends `send` and receives exactly `recv.len()` bytes, in the rank's order.
     fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()>;
+    /// Sends `data` only (a worker-to-worker copy's sending side, LINK_SEND).
+    fn send(&mut self, data: &[u8]) -> std::io::Result<()>;
+    /// Receives exactly `buf.len()` bytes only (LINK_RECV).
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<()>;
     /// What the link runs on (`"TCP"`, `"RDMA/RC+lean"`, …).
     fn transport(&self) -> &'static str {
         "TCP"
@@ -320,6 +324,14 @@ impl PeerLink for TcpLink {
         }
     }
 
+    fn send(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(data)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
+        self.stream.read_exact(buf)
+    }
+
     fn transport(&self) -> &'static str {
         "TCP"
     }
@@ -344,6 +356,16 @@ impl<F: Flavored + Send> PeerLink for RdmaLink<F> {
             link.recv_exact(recv, deadline)?;
             link.send(send, deadline)
         }
+    }
+
+    fn send(&mut self, data: &[u8]) -> std::io::Result<()> {
+        let deadline = Instant::now() + self.io_timeout;
+        self.held()?.send(data, deadline)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
+        let deadline = Instant::now() + self.io_timeout;
+        self.held()?.recv_exact(buf, deadline)
     }
 
     fn transport(&self) -> &'static str {

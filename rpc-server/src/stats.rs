@@ -80,7 +80,7 @@ impl Histogram {
     }
 }
 
-const NCMD: usize = Command::ALL.len();
+const NCMD: usize = Command::EVERY.len();
 
 #[derive(Default)]
 pub struct Stats {
@@ -190,7 +190,7 @@ impl Stats {
     /// Counts one command on `transport` with its request payload size and reply size (prefix
     /// included).
     pub fn command(&self, transport: &str, cmd: Command, req: u64, rsp: u64) {
-        let i = cmd as usize;
+        let i = cmd.index();
         let wire_in = req.saturating_add(rpc_proto::FRAME_HEADER_SIZE as u64);
         self.commands[i].fetch_add(1, Relaxed);
         self.bytes_in[i].fetch_add(wire_in, Relaxed);
@@ -209,10 +209,10 @@ impl Stats {
 
     /// `(command, count, bytes in, bytes out)` for every command seen at least once.
     pub fn snapshot(&self) -> Vec<CommandCounts> {
-        Command::ALL
+        Command::EVERY
             .iter()
             .map(|&c| {
-                let i = c as usize;
+                let i = c.index();
                 (
                     c,
                     self.commands[i].load(Relaxed),

@@ -22,7 +22,7 @@
 //! (process killed, machine gone), or the connection fails, [`Worker::down`] fires and every client connection without
 //! an upstream connection of its own is closed, like a direct client connection would be.
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,7 +68,13 @@ pub(crate) struct Core {
     sessions: AtomicUsize,
     /// The major the worker announced in its last HELLO reply (0: not known yet).
     major: AtomicU8,
+    /// What LINK_PROBE found: [`LINKS_UNKNOWN`] before the first probe, 0 for a worker
+    /// without our LINK_* extension (stock), else the RPC port it serves on.
+    link_port: AtomicU32,
 }
+
+/// [`Core::link_port`] before the worker was probed.
+const LINKS_UNKNOWN: u32 = u32::MAX;
 
 impl Core {
     /// Signals that the worker is gone: client connections without their own upstream close.
@@ -79,6 +85,28 @@ impl Core {
     /// The protocol major the worker announced in its last HELLO reply, once one was read.
     pub fn major(&self) -> Option<Major> {
         Major::from_number(self.major.load(SeqCst))
+    }
+
+    /// What LINK_PROBE found: `None` before the first probe, `Some(None)` for a worker without
+    /// worker-to-worker links, `Some(Some(port))` for one of ours serving on `port`.
+    pub fn links(&self) -> Option<Option<u16>> {
+        match self.link_port.load(SeqCst) {
+            LINKS_UNKNOWN => None,
+            p => Some(u16::try_from(p).ok().filter(|&p| p != 0)),
+        }
+    }
+
+    /// Records what LINK_PROBE found (see [`Core::links`]).
+    pub fn set_links(&self, port: Option<u16>) {
+        let old = self.link_port.swap(port.map_or(0, u32::from), SeqCst);
+        if old == LINKS_UNKNOWN {
+            match port {
+                Some(port) => tracing::info!(worker = %self.addr, port,
+                    "the worker has worker-to-worker links (LINK_*)"),
+                None => tracing::info!(worker = %self.addr,
+                    "the worker has no worker-to-worker links (a stock server): copies from and to it pass through the shim"),
+            }
+        }
     }
 
     /// Records the major of a HELLO reply of the worker (control or upstream connection).
@@ -288,6 +316,7 @@ impl<C: Connector> Worker<C> {
             down,
             sessions: AtomicUsize::new(0),
             major: AtomicU8::new(0),
+            link_port: AtomicU32::new(LINKS_UNKNOWN),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(control_task(core.clone(), rx));

@@ -74,7 +74,7 @@ DEV_BUF_RE = re.compile(rb"load_tensors: (RPC\d+)\[([^\]]+)\] model buffer size"
 DEVICE_RE = re.compile(rb"llama_prepare_model_devices: (?:using device|- device \d+:) (RPC\d+) \(([^)]+)\)")
 # rpc-shim's own count when a one-endpoint client leaves (informational; its wording may change).
 SHIM_COPIES_RE = re.compile(r"copies of this client connection .*?between_workers=(\d+) "
-                            r"bytes_between_workers=(\d+) within_a_worker=(\d+)")
+                            r"bytes_between_workers=(\d+) over_worker_links=(\d+) within_a_worker=(\d+)")
 
 # Requests the server answers (rpc-proto's Command::has_response; the rest get no answer).
 ANSWERED = {"ALLOC_BUFFER", "GET_ALIGNMENT", "GET_MAX_SIZE", "BUFFER_GET_BASE", "SET_TENSOR_HASH", "GET_TENSOR",
@@ -389,7 +389,8 @@ class Suite:
                 problems.append("reads %.0f B/token more than 1 endpoint, over the margin of %.0f (half the "
                                 "2-endpoint reference's excess): hidden states crossed the client" % (over, margin))
             self.judge("layer", gemma, mode, n, one, ref, problems, "= %d endpoints; %s; reads over 1 endpoint: "
-                       "%s B/token (margin %s); %s" % (n, c.brief(), fmt(over), fmt(margin), self.shim_copies(n)),
+                       "%s B/token (margin %s); %s" % (n, c.brief(), fmt(over), fmt(margin),
+                                                      self.shim_copies(n, problems)),
                        shim=self.shims.get(n))
 
     def devices(self, run_, proxies, n, weights):
@@ -425,9 +426,10 @@ class Suite:
             problems.append("%d bytes of answers to no request" % c.answers["UNASKED"])
         return problems
 
-    def shim_copies(self, n):
-        """What the shim's log says of the copies of the client connections of the last attempt
-        (informational)."""
+    def shim_copies(self, n, problems):
+        """What the shim's log says of the copies of the client connections of the last attempt;
+        every copy between workers (all ours) must have gone over the workers' own link, else a
+        problem is added."""
         shim = self.shims.get(n)
         deadline = time.monotonic() + 2.0
         while shim is not None:
@@ -441,9 +443,14 @@ class Suite:
                 break
             time.sleep(0.1)
         if shim is None or not found:
+            problems.append("the shim logged no copy count")
             return "shim log: no copy count"
-        between, nbytes, within = (sum(int(f[i]) for f in found) for i in range(3))
-        return "shim log: %d copies between workers (%d B), %d within one" % (between, nbytes, within)
+        between, nbytes, linked, within = (sum(int(f[i]) for f in found) for i in range(4))
+        if linked != between:
+            problems.append("%d of %d copies between workers passed through the shim, not over the workers' "
+                            "own link (LINK_*)" % (between - linked, between))
+        return "shim log: %d copies between workers (%d B), %d of them over the workers' own link, %d within one" % (
+            between, nbytes, linked, within)
 
     # --- tensor split ------------------------------------------------------------------------------
 
@@ -484,7 +491,7 @@ class Suite:
             self.judge("tensor", synth, mode, n, one, ref, problems, "= %d endpoints; %s; communicator: %s; %s; "
                        "reference reads %.0f B/token; %s" % (
                            n, comm_note, "yes" if COMM_OK in one[2] else "no", c1.brief(), c.per_token(c.reads),
-                           self.shim_copies(n)), shim=self.shims.get(n))
+                           self.shim_copies(n, problems)), shim=self.shims.get(n))
 
     # --- summary -----------------------------------------------------------------------------------
 

@@ -196,6 +196,28 @@ impl Fixture {
                 tensor: t,
             },
             Request::CommFree { device: 3 },
+            Request::LinkProbe,
+            Request::LinkOpen {
+                slot: 2,
+                init: CommInit {
+                    device: 0,
+                    rank: 0,
+                    world: 2,
+                    port: 51052,
+                    host: [0; rpc_proto::COMM_HOST_SIZE],
+                },
+            },
+            Request::LinkSend {
+                slot: 2,
+                tensor: t,
+                size: 2560,
+            },
+            Request::LinkRecv {
+                slot: 7,
+                tensor: t,
+                size: 2560,
+            },
+            Request::LinkClose { slot: 7 },
         ]
     }
 }
@@ -231,6 +253,11 @@ pub fn responses() -> Vec<Response> {
         Response::GetTensor2d(vec![1, 2, 3, 4]),
         Response::CommInit { ok: 1 },
         Response::CommInit { ok: 0 },
+        Response::LinkProbe {
+            version: rpc_proto::LINK_VERSION,
+            port: 50052,
+        },
+        Response::LinkOpen { ok: 1 },
         Response::Hello {
             major: 7,
             minor: 0,

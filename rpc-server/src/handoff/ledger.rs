@@ -274,7 +274,7 @@ impl<'a> Ledger<'a> {
         };
         let target = self
             .comm
-            .check(&init, self.devices)
+            .check(&init, crate::comm::link_targets(self.devices))
             .map_err(|r| ControlError::Link(r.to_string()))?;
         Ok((init.device, target))
     }

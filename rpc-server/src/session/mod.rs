@@ -10,6 +10,7 @@ mod error;
 mod graph;
 mod graph_cache;
 mod limits;
+mod links;
 mod strided;
 mod tensor;
 #[cfg(test)]
@@ -65,6 +66,8 @@ pub struct Session {
     connector: Option<Arc<dyn Connector>>,
     /// Per device: the pairwise link of 8.0's collectives, between COMM_INIT and COMM_FREE.
     links: Vec<Option<collectives::Joined>>,
+    /// The connection's worker-to-worker links (our LINK_* extension, `links.rs`).
+    slots: links::Slots,
     /// Bytes sent and received on those links since [`Session::take_link_bytes`].
     link_bytes: (u64, u64),
     /// Server-wide memory account; `held` is this session's share of it (buffers and stored
@@ -93,6 +96,7 @@ impl Session {
             graphs: (0..n).map(|_| GraphCache::default()).collect(),
             connector: None,
             links: (0..n).map(|_| None).collect(),
+            slots: links::Slots::default(),
             link_bytes: (0, 0),
             budget,
             held: 0,
@@ -322,6 +326,22 @@ impl Session {
             Request::CommFree { device } => {
                 self.device(device)?;
                 self.comm_free(device);
+                None
+            }
+            Request::LinkProbe => Some(self.link_probe()),
+            Request::LinkOpen { slot, init } => Some(Response::LinkOpen {
+                ok: u8::from(self.link_open(slot, &init)),
+            }),
+            Request::LinkSend { slot, tensor, size } => {
+                self.link_send(slot, &tensor, size)?;
+                None
+            }
+            Request::LinkRecv { slot, tensor, size } => {
+                self.link_recv(slot, &tensor, size)?;
+                None
+            }
+            Request::LinkClose { slot } => {
+                self.link_close(slot);
                 None
             }
         })

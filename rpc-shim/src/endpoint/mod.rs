@@ -29,6 +29,7 @@
 //! The bytes pass through the shim's process (both of its connections); they never reach the
 //! client.
 
+mod direct;
 pub mod route;
 
 use std::io;
@@ -75,7 +76,7 @@ pub(crate) async fn serve<C: Connector>(
     let r = s.run().await;
     if s.copies.0 + s.copies.1 > 0 {
         tracing::info!(%peer, between_workers = s.copies.0, bytes_between_workers = s.copies.2,
-            within_a_worker = s.copies.1, "copies of this client connection");
+            over_worker_links = s.copies.3, within_a_worker = s.copies.1, "copies of this client connection");
     }
     match r {
         Ok(()) => tracing::debug!(%peer, "client connection closed"),
@@ -102,8 +103,11 @@ struct Endpoint<C: Connector> {
     /// Built at the first command past HELLO (it needs every worker's device count).
     router: Option<Router>,
     scratch: Vec<u8>,
-    /// COPY_TENSORs between workers, within one worker, bytes between workers.
-    copies: (u64, u64, u64),
+    /// COPY_TENSORs between workers, within one worker, bytes between workers, and how many of
+    /// the copies between workers went over the workers' own link.
+    copies: (u64, u64, u64, u64),
+    /// Worker pairs `(i, j)`, `i < j`, whose link was tried (`direct.rs`).
+    pairs: std::collections::HashMap<(usize, usize), direct::Pair>,
 }
 
 impl<C: Connector> Endpoint<C> {
@@ -118,7 +122,8 @@ impl<C: Connector> Endpoint<C> {
             ups,
             router: None,
             scratch: Vec::with_capacity(4096),
-            copies: (0, 0, 0),
+            copies: (0, 0, 0, 0),
+            pairs: Default::default(),
         }
     }
 
@@ -249,6 +254,20 @@ impl<C: Connector> Endpoint<C> {
     /// This client connection's own connection to worker `w`, opened on first need.
     async fn up(&mut self, w: usize) -> Result<&mut Up<C::Conn>, ShimError> {
         if self.ups[w].is_none() {
+            self.open_up(w).await?;
+            if self.workers[w].core.links().is_none() && !self.probe(w).await? {
+                // A stock worker closed the connection on LINK_PROBE: again, without.
+                self.ups[w] = None;
+                self.workers[w].session_closed();
+                self.open_up(w).await?;
+            }
+        }
+        Ok(self.ups[w].as_mut().expect("opened above"))
+    }
+
+    /// Opens this client connection's own connection to worker `w`.
+    async fn open_up(&mut self, w: usize) -> Result<(), ShimError> {
+        {
             let worker = self.workers[w].clone();
             worker.release_control();
             let (conn, major) = worker.connector.open().await?;
@@ -267,7 +286,7 @@ impl<C: Connector> Endpoint<C> {
             });
             self.check_worker_major(w, major)?;
         }
-        Ok(self.ups[w].as_mut().expect("opened above"))
+        Ok(())
     }
 
     /// A routed request to worker `w`: `frame` holds its header and its routed head (the whole
@@ -419,6 +438,9 @@ impl<C: Connector> Endpoint<C> {
 
     /// COPY_TENSOR between two workers (see the module docs).
     async fn copy(&mut self, c: CrossCopy) -> Result<(), ShimError> {
+        if self.copy_direct(&c).await? {
+            return Ok(());
+        }
         self.respond(&[1]).await?;
         let (from_addr, to_addr) = (self.addr(c.from), self.addr(c.to));
         self.up(c.from).await?;

@@ -238,6 +238,14 @@ impl Router {
             }
             Command::CommInit => Ok(Route::Answer(vec![0])),
             Command::CommAllreduce => Err(RouteError::NoCommunicator(read_u32(payload))),
+            Command::LinkProbe
+            | Command::LinkOpen
+            | Command::LinkSend
+            | Command::LinkRecv
+            | Command::LinkClose => Err(malformed(
+                cmd,
+                "worker-to-worker links are the endpoint's own, not a client's".into(),
+            )),
         }
     }
 
