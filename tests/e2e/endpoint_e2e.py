@@ -61,7 +61,7 @@ from run_e2e import (CLIENT_ATTEMPTS, EVAL_RE, GEMMA_PROMPT, SYNTH_PROMPT, Model
 from shim_e2e import resolve_shim  # noqa: E402
 import synth_models  # noqa: E402
 
-GROUPS = ("layer", "tensor")
+GROUPS = ("layer", "tensor", "mixed")
 LAYER_NS = (2, 4)
 TENSOR_NS = (2, 3, 4)
 NAMES = "ABCD"  # our servers, in --rpc and --worker order
@@ -426,10 +426,10 @@ class Suite:
             problems.append("%d bytes of answers to no request" % c.answers["UNASKED"])
         return problems
 
-    def shim_copies(self, n, problems):
+    def shim_copies(self, n, problems, linked_all=True):
         """What the shim's log says of the copies of the client connections of the last attempt;
-        every copy between workers (all ours) must have gone over the workers' own link, else a
-        problem is added."""
+        every copy between workers must have gone over the workers' own link (all ours), or, with
+        `linked_all` false (a stock worker among them), none; else a problem is added."""
         shim = self.shims.get(n)
         deadline = time.monotonic() + 2.0
         while shim is not None:
@@ -446,7 +446,11 @@ class Suite:
             problems.append("the shim logged no copy count")
             return "shim log: no copy count"
         between, nbytes, linked, within = (sum(int(f[i]) for f in found) for i in range(4))
-        if linked != between:
+        if not linked_all:
+            if between == 0 or linked != 0:
+                problems.append("%d copies between workers, %d over a worker link: expected copies, all through "
+                                "the shim (a stock worker has no LINK_*)" % (between, linked))
+        elif linked != between:
             problems.append("%d of %d copies between workers passed through the shim, not over the workers' "
                             "own link (LINK_*)" % (between - linked, between))
         return "shim log: %d copies between workers (%d B), %d of them over the workers' own link, %d within one" % (
@@ -492,6 +496,30 @@ class Suite:
                        "reference reads %.0f B/token; %s" % (
                            n, comm_note, "yes" if COMM_OK in one[2] else "no", c1.brief(), c.per_token(c.reads),
                            self.shim_copies(n, problems)), shim=self.shims.get(n))
+
+    # --- ours and stock behind one endpoint ------------------------------------------------------------
+
+    def mixed(self, gemma):
+        """One endpoint over ours A and a stock 8.0 server (layer split): the stock server closes the
+        connection on the shim's LINK_PROBE, the shim reopens it and copies between the two pass
+        through the shim; the text equals the same two servers as two endpoints."""
+        stock = self.servers.add(Server("stock8", os.path.join(self.args.stock_bin, "ggml-rpc-server"), free_port(),
+                                        self.workdir, threads=1, proto=8))
+        self.px["S"] = ReplyCountingProxy(stock.port, port=free_port())
+        pxs = [self.px["A"], self.px["S"]]
+        sep = self.complete("mixed-sep", gemma, pxs)
+        ref = self.judge("mixed", gemma, "ours + stock: 2 endpoints", 2, sep, None, self.devices(sep, pxs, 2, True),
+                         "reference; " + sep[4].brief())
+        key = "mixed"
+        shim = self.servers.add(OneEndpointShim("shim-mixed", self.args.shim, free_port(),
+                                                [self.srv["A"].endpoint, stock.endpoint], self.workdir))
+        self.shims[key] = shim
+        self.shim_px[key] = ReplyCountingProxy(shim.port, port=free_port())
+        one = self.complete("mixed-one", gemma, [self.shim_px[key]])
+        problems = self.devices(one, [self.shim_px[key]], 2, True) + self.copies(one)
+        note = self.shim_copies(key, problems, linked_all=False)
+        self.judge("mixed", gemma, "ours + stock: one endpoint", 2, one, ref, problems,
+                   "= 2 endpoints; %s; %s" % (one[4].brief(), note), shim=shim)
 
     # --- summary -----------------------------------------------------------------------------------
 
@@ -539,9 +567,10 @@ def main():
     # A client that aborts (a server or the shim that closed) would first attach gdb for a backtrace.
     os.environ["GGML_NO_BACKTRACE"] = "1"
     models = {}
-    if "layer" in groups:
+    if "layer" in groups or "mixed" in groups:
         models["layer"] = Model("gemma-3-270m", args.model or script_output("test-model.sh", timeout=900),
                                 GEMMA_PROMPT)
+        models["mixed"] = models["layer"]
     if "tensor" in groups:
         tpath = args.tensor_model
         if not tpath:
@@ -552,7 +581,7 @@ def main():
         models["tensor"] = Model(os.path.basename(tpath)[:-5], tpath, SYNTH_PROMPT)
     workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="rpc-endpoint-e2e-"))
     os.makedirs(workdir, exist_ok=True)
-    n_max = max((LAYER_NS if g == "layer" else TENSOR_NS)[-1] for g in groups)
+    n_max = max({"layer": LAYER_NS, "tensor": TENSOR_NS, "mixed": (1,)}[g][-1] for g in groups)
     log("workdir: %s\nstock 8.0: %s\nours: %s\nshim: %s (%s: %s)\ngroups: %s; -n %d"
         % (workdir, args.stock_bin, args.ours, args.shim, FLAG, help_mentions(args.shim, FLAG), ", ".join(groups),
            args.n_predict))

@@ -437,9 +437,28 @@ mod tests {
                 target: Target::Dial { port: 51000, .. }
             }
         ));
+        // Past the devices: the connection's LINK_* slots (one device here: slot s is device
+        // 1 + s), under the same policy.
+        assert!(matches!(
+            l.on(
+                comm_init(1, rpc_proto::LINK_SLOTS, 2, "127.0.0.1", 51000),
+                now
+            ),
+            Action::Link {
+                device: 8,
+                target: Target::Dial { port: 51000, .. }
+            }
+        ));
         for (what, msg) in [
             ("rank 0 elsewhere", comm_init(0, 0, 2, "", 51053)),
-            ("device 1 of 1", comm_init(1, 1, 2, "127.0.0.1", 51000)),
+            (
+                "past the device and the link slots",
+                comm_init(1, 1 + rpc_proto::LINK_SLOTS, 2, "127.0.0.1", 51000),
+            ),
+            (
+                "rank 0 elsewhere, in a link slot",
+                comm_init(0, 3, 2, "", 51053),
+            ),
             ("world 3", comm_init(1, 0, 3, "127.0.0.1", 51000)),
             ("no RPC port + 1000", comm_init(1, 0, 2, "127.0.0.1", 6379)),
             ("no host", comm_init(1, 0, 2, "", 51000)),

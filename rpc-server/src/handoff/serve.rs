@@ -612,7 +612,10 @@ mod tests {
         );
         drop(peer.join().unwrap());
         for (what, line) in [
-            ("device 1 of 1", comm_line(1, 1, "127.0.0.1", rpc_port)),
+            (
+                "past device 0 of 1 and the connection's LINK_SLOTS link slots",
+                comm_line(1, 1 + rpc_proto::LINK_SLOTS, "127.0.0.1", rpc_port),
+            ),
             (
                 "a port that is no RPC port + 1000",
                 comm_line(1, 0, "127.0.0.1", 6379),

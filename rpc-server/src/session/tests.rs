@@ -1034,6 +1034,208 @@ fn comm_free_without_a_link_is_accepted() {
     assert!(!s.holds_state());
 }
 
+// ---- our LINK_* extension (worker-to-worker copies) -------------------------------------------
+
+fn link_open(slot: u32, rank: u32) -> Request<'static> {
+    let Request::CommInit(init) = comm_init(0, rank, 2) else {
+        unreachable!()
+    };
+    Request::LinkOpen { slot, init }
+}
+
+/// Two sessions whose slot `slot` holds the two ends of one in-memory link.
+fn linked_sessions(slot: u32) -> (Session, Session) {
+    let (a_end, b_end) = pair();
+    let mut a = session(Major::V8);
+    let mut b = session(Major::V8);
+    a.set_connector(Arc::new(OneLink(Mutex::new(Some(a_end)))));
+    b.set_connector(Arc::new(OneLink(Mutex::new(Some(b_end)))));
+    for (s, rank) in [(&mut a, 0), (&mut b, 1)] {
+        assert_eq!(
+            s.handle(link_open(slot, rank)).unwrap(),
+            Some(Response::LinkOpen { ok: 1 })
+        );
+    }
+    (a, b)
+}
+
+#[test]
+fn link_probe_answers_the_version_and_the_port_the_connector_knows() {
+    let s = session(Major::V8);
+    assert_eq!(
+        s.link_probe(),
+        Response::LinkProbe {
+            version: rpc_proto::LINK_VERSION,
+            port: 0
+        }
+    );
+    let mut s = session(Major::V8);
+    let policy = crate::comm::CommPolicy::new(
+        "127.0.0.1:50052".parse().unwrap(),
+        crate::cidr::AllowList::default(),
+        Vec::new(),
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(1),
+    );
+    s.set_connector(Arc::new(policy));
+    assert_eq!(
+        s.handle(Request::LinkProbe).unwrap(),
+        Some(Response::LinkProbe {
+            version: rpc_proto::LINK_VERSION,
+            port: 50052
+        })
+    );
+}
+
+#[test]
+fn link_send_and_recv_copy_a_tensor_from_one_session_into_another() {
+    let (mut a, mut b) = linked_sessions(3);
+    let (ha, base_a) = alloc(&mut a, 4096);
+    let (hb, base_b) = alloc(&mut b, 4096);
+    let src = f32_at(1, 4, ha, base_a);
+    let dst = f32_at(2, 4, hb, base_b + 64);
+    for want in [[1., 2., 3., 4.], [5., 6., 7., 8.]] {
+        set(&mut a, &src, 0, &f32s(&want));
+        assert!(matches!(
+            a.handle(Request::LinkSend {
+                slot: 3,
+                tensor: src,
+                size: 16
+            }),
+            Ok(None)
+        ));
+        assert!(matches!(
+            b.handle(Request::LinkRecv {
+                slot: 3,
+                tensor: dst,
+                size: 16
+            }),
+            Ok(None)
+        ));
+        assert_eq!(floats(&get(&mut b, &dst, 0, 16)), want);
+    }
+    assert_eq!(a.take_link_bytes(), (32, 0));
+    assert_eq!(b.take_link_bytes(), (0, 32));
+    // Closed: the slot has no link any more.
+    assert!(matches!(a.handle(Request::LinkClose { slot: 3 }), Ok(None)));
+    assert!(matches!(
+        a.handle(Request::LinkSend {
+            slot: 3,
+            tensor: src,
+            size: 16
+        }),
+        Err(SessionError::Comm(_))
+    ));
+}
+
+#[test]
+fn link_commands_refuse_bad_slots_sizes_and_tensors_without_hanging_the_peer() {
+    let (mut a, mut b) = linked_sessions(0);
+    let (ha, base_a) = alloc(&mut a, 4096);
+    let (hb, base_b) = alloc(&mut b, 4096);
+    let src = f32_at(1, 4, ha, base_a);
+    let dst = f32_at(2, 4, hb, base_b);
+    // Slots past LINK_SLOTS: no link opens, and copies on them are refused.
+    assert_eq!(
+        a.handle(link_open(rpc_proto::LINK_SLOTS, 0)).unwrap(),
+        Some(Response::LinkOpen { ok: 0 })
+    );
+    assert!(matches!(
+        a.handle(Request::LinkSend {
+            slot: rpc_proto::LINK_SLOTS,
+            tensor: src,
+            size: 16
+        }),
+        Err(SessionError::Comm(_))
+    ));
+    assert!(matches!(
+        a.handle(Request::LinkClose { slot: u32::MAX }),
+        Ok(None)
+    ));
+    // A world other than 2 or a rank outside it: 0 (as COMM_INIT).
+    let Request::LinkOpen { init, .. } = link_open(5, 0) else {
+        unreachable!()
+    };
+    for bad in [CommInit { world: 3, ..init }, CommInit { rank: 2, ..init }] {
+        assert_eq!(
+            a.handle(Request::LinkOpen { slot: 5, init: bad }).unwrap(),
+            Some(Response::LinkOpen { ok: 0 })
+        );
+    }
+    // A size that is not the tensor's: refused, and the peer told at once (no wait).
+    assert!(matches!(
+        a.handle(Request::LinkSend {
+            slot: 0,
+            tensor: src,
+            size: 12
+        }),
+        Err(SessionError::InvalidTensor { .. })
+    ));
+    let r = b.handle(Request::LinkRecv {
+        slot: 0,
+        tensor: dst,
+        size: 12,
+    });
+    assert!(
+        matches!(&r, Err(SessionError::Comm(m)) if m.contains("failed")),
+        "{r:?}"
+    );
+    // The link is still in step: a good copy goes through.
+    set(&mut a, &src, 0, &f32s(&[1., 2., 3., 4.]));
+    a.handle(Request::LinkSend {
+        slot: 0,
+        tensor: src,
+        size: 16,
+    })
+    .unwrap();
+    // A receiver that expects another count than was sent: refused (the link is dropped).
+    let r = b.handle(Request::LinkRecv {
+        slot: 0,
+        tensor: dst,
+        size: 8,
+    });
+    assert!(
+        matches!(&r, Err(SessionError::Comm(m)) if m.contains("LINK_SEND of 16")),
+        "{r:?}"
+    );
+    // A destination outside its buffer is refused before a byte is read.
+    let (mut c, mut d) = linked_sessions(1);
+    let (hc, base_c) = alloc(&mut c, 4096);
+    let (hd, base_d) = alloc(&mut d, 4096);
+    let big = f32_at(1, 4, hc, base_c);
+    let near_end = f32_at(2, 4, hd, base_d + 4096 - 8);
+    c.handle(Request::LinkSend {
+        slot: 1,
+        tensor: big,
+        size: 16,
+    })
+    .unwrap();
+    let r = d.handle(Request::LinkRecv {
+        slot: 1,
+        tensor: near_end,
+        size: 16,
+    });
+    assert!(
+        matches!(
+            &r,
+            Err(SessionError::OutOfBounds {
+                what: "LINK_RECV",
+                ..
+            }) | Err(SessionError::InvalidTensor { .. })
+        ),
+        "{r:?}"
+    );
+    // A handle this session never gave: refused.
+    let foreign = f32_at(3, 4, 0xdead_beef, base_d);
+    assert!(d
+        .handle(Request::LinkRecv {
+            slot: 1,
+            tensor: foreign,
+            size: 16
+        })
+        .is_err());
+}
+
 // ---- HELLO -----------------------------------------------------------------------------------
 
 #[test]
