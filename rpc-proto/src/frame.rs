@@ -1,9 +1,8 @@
 //! Request frame header (`u8 cmd | u64 size`) and the checks done before a payload is read.
 
 use crate::command::{Command, Major, PayloadSize};
-use crate::consts::{FRAME_HEADER_SIZE, GRAPH_HEADER_SIZE};
+use crate::consts::{FRAME_HEADER_SIZE, GRAPH_HEADER_SIZE, RPC_TENSOR_SIZE};
 use crate::error::DecodeError;
-use crate::graph::graph_payload_size;
 
 /// The 9-byte header in front of every request: command byte and payload size.
 ///
@@ -131,6 +130,18 @@ impl Limits {
     }
 }
 
+/// Payload size of a 7.0.0 graph (GRAPH_COMPUTE, [`Graph`](crate::Graph)) with `n_nodes` nodes
+/// and `n_tensors` tensors (`12 + 8·n_nodes + 296·n_tensors`; 8.0.0 adds 8 for the uid), or
+/// `None` on `u64` overflow. Here, below `graph.rs`, because [`Limits::max_payload`] bounds a
+/// GRAPH_COMPUTE frame by it before its payload is read.
+pub fn graph_payload_size(n_nodes: u64, n_tensors: u64) -> Option<u64> {
+    let nodes = n_nodes.checked_mul(8)?;
+    let tensors = n_tensors.checked_mul(RPC_TENSOR_SIZE as u64)?;
+    (GRAPH_HEADER_SIZE as u64)
+        .checked_add(nodes)?
+        .checked_add(tensors)
+}
+
 fn payload_what(cmd: Command) -> &'static str {
     match cmd {
         Command::SetTensor => "SET_TENSOR payload",
@@ -186,4 +197,16 @@ pub fn check_frame(major: Major, h: &FrameHeader, limits: &Limits) -> Result<Com
         .ok_or(DecodeError::UnknownCommand(h.cmd))?;
     check_payload_size(major, cmd, h.size, limits)?;
     Ok(cmd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn graph_payload_size_formula() {
+        assert_eq!(graph_payload_size(0, 0), Some(12));
+        assert_eq!(graph_payload_size(726, 1007), Some(303_892));
+        assert_eq!(graph_payload_size(u64::MAX, 0), None);
+    }
 }

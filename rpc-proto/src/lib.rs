@@ -73,11 +73,13 @@ pub use command::{Command, Major, PayloadSize};
 pub use consts::*;
 pub use error::DecodeError;
 pub use fnv::{fnv1a64, Fnv1a};
-pub use frame::{check_frame, check_payload_size, encode_raw, FrameHeader, Limits, Parts};
+pub use frame::{
+    check_frame, check_payload_size, encode_raw, graph_payload_size, FrameHeader, Limits, Parts,
+};
 pub use ggml_ids::{ggml_op, ggml_type};
 pub use graph::{
-    encode_graph, graph_device_with_uid, graph_frame_with_uid, graph_header_with_uid,
-    graph_payload_size, Graph, GRAPH_DEVICE_SIZE,
+    encode_graph, graph_device_with_uid, graph_frame_with_uid, graph_header_with_uid, Graph,
+    GRAPH_DEVICE_SIZE,
 };
 pub use request::{CommInit, Region2d, Request, SetTensorHeader};
 pub use response::Response;

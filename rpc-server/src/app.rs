@@ -78,9 +78,6 @@ async fn shutdown_signal() {
 
 /// The whole program: exits the process with status 1 on an error.
 pub fn main() {
-    // Before any thread exists: a few malloc arenas, a fixed mmap threshold (see tune_malloc).
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    crate::ggml::tune_malloc(cores.clamp(2, 8));
     if let Err(e) = real_main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
@@ -337,13 +334,33 @@ fn session_config(o: &SessionOptions, in_child: bool) -> anyhow::Result<SessionC
     })
 }
 
+/// What every process does first with its options, before any thread exists: the allocator
+/// tuning (`ggml::tune_malloc`: a few malloc arenas, a fixed mmap threshold) and the log (to
+/// stderr, filtered by `RPC_LOG` as read into the options; with the front's per-peer `limiter`).
+fn start_up(options: &ServerOptions, ansi: bool, limiter: Option<crate::peer_log::PeerLimiter>) {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (arenas, fixed_mmap_threshold) = options.malloc.plan(cores.clamp(2, 8));
+    crate::ggml::tune_malloc(arenas, fixed_mmap_threshold);
+    let filter = options
+        .log_filter
+        .as_deref()
+        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .finish();
+    tracing_subscriber::util::SubscriberInitExt::init(
+        tracing_subscriber::layer::SubscriberExt::with(log, limiter),
+    );
+}
+
 /// A session process (`--session-child`), or the front's containment probe
-/// (`--sandbox-probe`): configured by the front's message alone.
+/// (`--sandbox-probe`): configured by the front's message alone (`start`, its switches
+/// included).
 #[cfg(unix)]
-fn session_main(probe: bool, pooled: bool) -> anyhow::Result<()> {
-    let start = SessionStart::from_env()
-        .context("a session process is started by its front, which passes its configuration")?
-        .map_err(|e| anyhow::anyhow!("the front's message: {e}"))?;
+fn session_main(start: SessionStart, probe: bool, pooled: bool) -> anyhow::Result<()> {
     crate::ggml::use_huge_pages(start.options.session.huge_pages);
     #[cfg(target_os = "linux")]
     if start.options.sandbox {
@@ -352,7 +369,7 @@ fn session_main(probe: bool, pooled: bool) -> anyhow::Result<()> {
     if probe {
         bail!("--sandbox-probe: no containment to probe (--no-sandbox)");
     }
-    crate::ggml::load_backends();
+    crate::ggml::load_backends_from(start.options.backend_path.as_deref());
     let config = Arc::new(session_config(&start.options.session, true)?);
     if !pooled {
         let handed = crate::child::Handed::from_stdio()
@@ -377,28 +394,23 @@ fn session_main(probe: bool, pooled: bool) -> anyhow::Result<()> {
 fn real_main() -> anyhow::Result<()> {
     let args = Args::parse();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    // The front limits what each peer can make it log (`peer_log.rs`); a session process's log
-    // is limited where the front relays it (and a session process may start no thread here).
-    let limiter = (!(args.session_child || args.sandbox_probe))
-        .then(|| crate::peer_log::PeerLimiter::new(ansi));
-    let log = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RPC_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .finish();
-    tracing_subscriber::util::SubscriberInitExt::init(
-        tracing_subscriber::layer::SubscriberExt::with(log, limiter.clone()),
-    );
+    // A session process's log is limited where the front relays it (and a session process may
+    // start no thread here); its options, the environment switches included, are the front's.
     #[cfg(unix)]
     if args.session_child || args.sandbox_probe {
-        return session_main(args.sandbox_probe, args.session_wait);
+        let start = SessionStart::from_env()
+            .context("a session process is started by its front, which passes its configuration")?
+            .map_err(|e| anyhow::anyhow!("the front's message: {e}"))?;
+        start_up(&start.options, ansi, None);
+        return session_main(start, args.sandbox_probe, args.session_wait);
     }
-    let opts = args.options();
+    // The environment is read here, once (`options.rs` lists the switches).
+    let opts = args.options().with_environment();
+    // The front limits what each peer can make it log (`peer_log.rs`).
+    let limiter = Some(crate::peer_log::PeerLimiter::new(ansi));
+    start_up(&opts, ansi, limiter.clone());
     crate::ggml::use_huge_pages(opts.session.huge_pages);
-    crate::ggml::load_backends();
+    crate::ggml::load_backends_from(opts.backend_path.as_deref());
 
     if let Some(crate::cli::SubCommand::Doctor { peer, probe }) = &args.command {
         crate::doctor::protocols(probe.as_deref());

@@ -435,8 +435,9 @@ fn limit_memory(on: bool, budget: u64) -> Result<(), String> {
 
 /// Once the transport is up: the Seatbelt profile on macOS (`sandbox_mac.rs`; on Linux the
 /// sandbox is in place since the process started, `namespaces.rs` and `sandbox.rs`); then the
-/// self-test when `RPC_SANDBOX_SELFTEST=1`.
-fn restrict_syscalls(on: bool, cache_dir: Option<&std::path::Path>) {
+/// self-test when `selftest` (`ServerOptions::sandbox_selftest`: `RPC_SANDBOX_SELFTEST=1` where
+/// the front started).
+fn restrict_syscalls(on: bool, selftest: bool, cache_dir: Option<&std::path::Path>) {
     #[cfg(target_os = "macos")]
     if on {
         let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
@@ -452,7 +453,7 @@ fn restrict_syscalls(on: bool, cache_dir: Option<&std::path::Path>) {
         }
     }
     let _ = on;
-    if std::env::var_os("RPC_SANDBOX_SELFTEST").is_some_and(|v| v == "1") {
+    if selftest {
         self_test(cache_dir);
     }
 }
@@ -638,7 +639,7 @@ pub fn child_main(start: SessionStart, config: Arc<SessionConfig>, handed: Hande
             return 2;
         }
     };
-    let sandbox = options.sandbox;
+    let (sandbox, selftest) = (options.sandbox, options.sandbox_selftest);
     let ctx = ConnectionContext {
         options,
         config,
@@ -649,7 +650,7 @@ pub fn child_main(start: SessionStart, config: Arc<SessionConfig>, handed: Hande
         comm: Some(comm),
         shutdown: stop_rx,
     };
-    let ready = move || restrict_syscalls(sandbox, cache_dir.as_deref());
+    let ready = move || restrict_syscalls(sandbox, selftest, cache_dir.as_deref());
     let r = match start.pending {
         // The front answered the HELLO: the session starts at the command it read.
         Some(_) => rt.block_on(crate::connection::serve_commands(tcp, ctx, ready)),

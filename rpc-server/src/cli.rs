@@ -325,11 +325,11 @@ impl Args {
     /// cache serves entries seeded before this moment).
     pub fn options(&self) -> ServerOptions {
         let secs = Duration::from_secs;
+        // Where `-c` caches without `--cache-dir`, from the environment (`LLAMA_CACHE`,
+        // `XDG_CACHE_HOME`, `HOME`), as the stock tool has it; read once, here.
+        let default_dir = crate::cache::default_cache_dir();
         let cache_dir = match self.cache || self.cache_dir.is_some() {
-            true => self
-                .cache_dir
-                .clone()
-                .or_else(crate::cache::default_cache_dir),
+            true => self.cache_dir.clone().or_else(|| default_dir.clone()),
             false => None,
         };
         let rdma = self.rdma.options();
@@ -365,7 +365,7 @@ impl Args {
                 threads: self.threads,
                 gguf_index: cache_dir
                     .clone()
-                    .or_else(crate::cache::default_cache_dir)
+                    .or(default_dir)
                     .map(|d| d.join(crate::local_weights::INDEX_FILE)),
                 cache_dir,
                 cache_max_size: self.cache_max_size,
@@ -408,9 +408,10 @@ mod tests {
         assert!(parse_size("5X").is_err());
     }
 
-    /// The library's defaults are the command line's: a bare `rpc-server` (no environment
-    /// switches) makes exactly `ServerOptions::default()`, but for what the defaults derive from
-    /// this machine (the cache directory the `--gguf` index would use).
+    /// The library's defaults are the command line's: a bare `rpc-server` makes exactly
+    /// `ServerOptions::default()` (the environment switches are the program's to read, at
+    /// start-up: `ServerOptions::with_environment`), but for what the defaults derive from this
+    /// machine (the cache directory the `--gguf` index would use).
     #[test]
     fn the_library_and_the_command_line_share_their_defaults() {
         std::env::remove_var("GGML_RDMA_DEV");

@@ -2,6 +2,30 @@
 //! library (`server::serve`), the CLI (`cli::Args::options`) and a session process (which gets
 //! the front's options as one message, `control::SessionStart`) all read [`ServerOptions`];
 //! `cli.rs`'s test checks that a bare `rpc-server` parses to [`ServerOptions::default`].
+//!
+//! # Environment switches
+//!
+//! The program reads its environment once, at start-up, into these options
+//! ([`ServerOptions::with_environment`], called by `app.rs` on the command line's options);
+//! nothing else in the server reads a variable, and a session process gets the front's values
+//! with the rest of its options. [`ServerOptions::default`] is every switch unset.
+//!
+//! | variable | option | effect |
+//! |---|---|---|
+//! | `GGML_RPC_NO_RDMA` (upstream's; set to anything) | [`ServerOptions::no_rdma`] | RDMA off, as `--transport tcp` |
+//! | `RPC_RDMA_LEAN` (`0`, `off`, `false`, `no`) | [`ServerOptions::rdma_lean`] | no lean framing: upstream's framing for every RDMA peer |
+//! | `RPC_MALLOC_TUNING` (`0`) | [`MallocTuning::on`] | glibc's allocator defaults (`ggml::tune_malloc`) |
+//! | `MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_` (glibc's; set) | [`MallocTuning::arena_max`], [`MallocTuning::mmap_threshold`] | glibc's value stands instead of ours |
+//! | `GGML_BACKEND_PATH` (upstream's) | [`ServerOptions::backend_path`] | dynamically built ggml backends loaded from there |
+//! | `RPC_LOG` | [`ServerOptions::log_filter`] | the log filter (`tracing` `EnvFilter` syntax; default `info`) |
+//! | `RPC_SANDBOX_SELFTEST` (`1`) | [`ServerOptions::sandbox_selftest`] | each session process tries what its sandbox forbids and logs each outcome |
+//!
+//! Read elsewhere, and why: `RPC_SESSION_START` (`control.rs`) carries these options to a
+//! session process; `LLAMA_CACHE`, `XDG_CACHE_HOME` and `HOME` give `-c` its directory
+//! (`cache::default_cache_dir`, read by `cli::Args::options` into
+//! [`SessionOptions::cache_dir`]); `HOME` names the home directory a session's sandbox
+//! (macOS) and self-test deny (`child.rs`); `GGML_RDMA_DEV` / `GGML_RDMA_GID` are read by the
+//! command line's parser (`--rdma-device`, `--rdma-gid-index`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,11 +58,6 @@ pub const DEFAULT_MAX_REQUEST_SIZE: u64 = 16 << 30;
 pub const DEFAULT_MAX_GRAPH_SIZE: u32 = 1 << 20;
 /// Default `--session-pool`: session processes kept started, contained and waiting.
 pub const DEFAULT_SESSION_POOL: usize = 0;
-
-/// Whether upstream's switch `GGML_RPC_NO_RDMA` is set, to anything ([`ServerOptions::no_rdma`]).
-fn no_rdma_from_env() -> bool {
-    std::env::var_os("GGML_RPC_NO_RDMA").is_some()
-}
 
 /// Default `-t`: half the cores (at least one).
 pub fn default_threads() -> usize {
@@ -92,10 +111,14 @@ pub struct ServerOptions {
     pub transport: TransportMode,
     /// Upstream's switch `GGML_RPC_NO_RDMA` was set (to anything, even empty): RDMA is off
     /// whatever `transport` says: client connections and comm links stay on TCP, and a session
-    /// process is not given the RDMA device (`app.rs`). Read from the environment once, by
-    /// [`ServerOptions::default`] (so by the command line, `cli::Args::options`, too); a session
-    /// process gets the front's value with the rest of its options.
+    /// process is not given the RDMA device (`app.rs`). Default `false`; read at start-up
+    /// ([`ServerOptions::with_environment`]).
     pub no_rdma: bool,
+    /// Accept the lean framing from RDMA clients that offer it, and offer and accept it on a
+    /// comm link (`rdma::RdmaConfig::lean`, `link::LinkRdma::lean`); `false`: upstream's framing
+    /// of their flavor for everyone. `RPC_RDMA_LEAN` set to `0`, `off`, `false` or `no` (any
+    /// case, blanks around ignored) makes it `false`; default `true`.
+    pub rdma_lean: bool,
     /// The RDMA flavor this server offers as rank 1 of a comm link (`--comm-rdma-flavor`; as
     /// rank 0 it answers the flavor its peer offers).
     #[serde(with = "value_enum")]
@@ -115,6 +138,50 @@ pub struct ServerOptions {
     pub session_pool: usize,
     /// What each session computes with.
     pub session: SessionOptions,
+    /// The glibc allocator tuning done at start-up, before any thread (`ggml::tune_malloc`).
+    pub malloc: MallocTuning,
+    /// Where dynamically built ggml backends are loaded from (`ggml::load_backends_from`):
+    /// upstream's `GGML_BACKEND_PATH`; default `None` (none loaded: the static build has them).
+    pub backend_path: Option<String>,
+    /// The log filter (`tracing` `EnvFilter` directives), `RPC_LOG`; `None`, or directives that
+    /// do not parse: `info`.
+    pub log_filter: Option<String>,
+    /// `RPC_SANDBOX_SELFTEST=1`: each session process, once it serves, tries what its sandbox
+    /// forbids and logs each outcome (`child.rs`; `tests/tests/isolate.rs` reads the lines).
+    pub sandbox_selftest: bool,
+}
+
+/// Which of glibc's allocator tunables the server sets at start-up (`ggml::tune_malloc`; only
+/// on Linux with glibc). Default: all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MallocTuning {
+    /// Tune at all; `RPC_MALLOC_TUNING=0` makes it `false` (glibc's defaults).
+    pub on: bool,
+    /// Limit the malloc arenas; `false` when glibc's own `MALLOC_ARENA_MAX` is set (it stands).
+    pub arena_max: bool,
+    /// Fix the mmap threshold; `false` when glibc's own `MALLOC_MMAP_THRESHOLD_` is set.
+    pub mmap_threshold: bool,
+}
+
+impl Default for MallocTuning {
+    fn default() -> Self {
+        MallocTuning {
+            on: true,
+            arena_max: true,
+            mmap_threshold: true,
+        }
+    }
+}
+
+impl MallocTuning {
+    /// What `ggml::tune_malloc` is asked to set: the arena limit (`arenas`, when ours to set)
+    /// and whether to fix the mmap threshold.
+    pub fn plan(&self, arenas: usize) -> (Option<usize>, bool) {
+        (
+            (self.on && self.arena_max).then_some(arenas),
+            self.on && self.mmap_threshold,
+        )
+    }
 }
 
 /// The settings a session's [`crate::session::SessionConfig`] is built from.
@@ -162,7 +229,8 @@ impl Default for ServerOptions {
             max_alloc_per_connection: None,
             max_alloc_total: None,
             transport: TransportMode::Auto,
-            no_rdma: no_rdma_from_env(),
+            no_rdma: false,
+            rdma_lean: true,
             comm_rdma_flavor: FlavorChoice::Native,
             rdma_device: None,
             rdma_gid_index: None,
@@ -172,6 +240,10 @@ impl Default for ServerOptions {
             session_exe: None,
             session_pool: DEFAULT_SESSION_POOL,
             session: SessionOptions::default(),
+            malloc: MallocTuning::default(),
+            backend_path: None,
+            log_filter: None,
+            sandbox_selftest: false,
         }
     }
 }
@@ -194,6 +266,38 @@ impl Default for SessionOptions {
 }
 
 impl ServerOptions {
+    /// These options with the environment switches (the module's table) as this process's
+    /// environment sets them: what the program does once, at start-up.
+    pub fn with_environment(self) -> ServerOptions {
+        self.with_switches(|k| std::env::var_os(k))
+    }
+
+    /// These options with the environment switches as `var` answers them (`None`: unset).
+    fn with_switches(self, var: impl Fn(&str) -> Option<std::ffi::OsString>) -> ServerOptions {
+        // A value that is not UTF-8 counts as unset where a text is needed, as `std::env::var`
+        // has it.
+        let text = |k: &str| var(k).and_then(|v| v.into_string().ok());
+        ServerOptions {
+            no_rdma: var("GGML_RPC_NO_RDMA").is_some(),
+            rdma_lean: text("RPC_RDMA_LEAN").is_none_or(|v| {
+                !matches!(
+                    v.trim().to_ascii_lowercase().as_str(),
+                    "0" | "off" | "false" | "no"
+                )
+            }),
+            malloc: MallocTuning {
+                on: var("RPC_MALLOC_TUNING").is_none_or(|v| v != "0"),
+                arena_max: var("MALLOC_ARENA_MAX").is_none(),
+                mmap_threshold: var("MALLOC_MMAP_THRESHOLD_").is_none(),
+            },
+            // Set but not UTF-8: an empty path, as before the switch was an option.
+            backend_path: var("GGML_BACKEND_PATH").map(|v| v.into_string().unwrap_or_default()),
+            log_filter: text("RPC_LOG"),
+            sandbox_selftest: var("RPC_SANDBOX_SELFTEST").is_some_and(|v| v == "1"),
+            ..self
+        }
+    }
+
     /// The request limits every frame is checked against.
     pub fn limits(&self) -> rpc_proto::Limits {
         rpc_proto::Limits {
@@ -251,7 +355,7 @@ impl ServerOptions {
             flavor: self.comm_rdma_flavor.flavor(),
             mode: self.rdma_mode(),
             opts: self.rdma_options(),
-            lean: crate::rdma::lean_from_env(),
+            lean: self.rdma_lean,
         }
     }
 
@@ -273,11 +377,14 @@ impl ServerOptions {
 
     /// The RDMA settings and counters these options make (one per server).
     pub fn rdma_config(&self) -> Arc<RdmaConfig> {
-        Arc::new(RdmaConfig::new(
-            self.rdma_mode(),
-            self.rdma_options(),
-            self.rdma_max_connections.max(1),
-        ))
+        Arc::new(
+            RdmaConfig::new(
+                self.rdma_mode(),
+                self.rdma_options(),
+                self.rdma_max_connections.max(1),
+            )
+            .with_lean(self.rdma_lean),
+        )
     }
 
     /// How long a connection may stay silent between requests, and stall inside one.
@@ -378,6 +485,64 @@ mod tests {
         o.session.trusted_seeded_before = Some(42);
         let text = serde_json::to_string(&o).unwrap();
         assert_eq!(serde_json::from_str::<ServerOptions>(&text).unwrap(), o);
+    }
+
+    /// Each switch, read from a given environment, moves its option only, with the values the
+    /// server has always given it; an empty environment leaves the defaults.
+    #[test]
+    fn environment_switches_are_read_into_their_options() {
+        use std::ffi::OsString;
+        let with = |pairs: &[(&str, &str)]| {
+            let env: Vec<(String, OsString)> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.into()))
+                .collect();
+            ServerOptions::default()
+                .with_switches(move |k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+        };
+        let d = ServerOptions::default();
+        assert_eq!(with(&[]), d);
+        assert!(with(&[("GGML_RPC_NO_RDMA", "")]).no_rdma, "set to anything");
+        assert_eq!(
+            with(&[("GGML_RPC_NO_RDMA", "0")]).rdma_mode(),
+            TransportMode::Tcp
+        );
+        for off in ["0", "off", " FALSE ", "No"] {
+            assert!(!with(&[("RPC_RDMA_LEAN", off)]).rdma_lean, "{off:?}");
+            assert!(!with(&[("RPC_RDMA_LEAN", off)]).link_rdma().lean);
+            assert!(!with(&[("RPC_RDMA_LEAN", off)]).rdma_config().lean);
+        }
+        for on in ["1", "", "yes"] {
+            assert!(with(&[("RPC_RDMA_LEAN", on)]).rdma_lean, "{on:?}");
+        }
+        let m = |pairs: &[(&str, &str)]| with(pairs).malloc.plan(4);
+        assert_eq!(m(&[]), (Some(4), true));
+        assert_eq!(m(&[("RPC_MALLOC_TUNING", "1")]), (Some(4), true));
+        assert_eq!(m(&[("RPC_MALLOC_TUNING", "0")]), (None, false));
+        assert_eq!(m(&[("MALLOC_ARENA_MAX", "2")]), (None, true));
+        assert_eq!(m(&[("MALLOC_MMAP_THRESHOLD_", "")]), (Some(4), false));
+        let b = with(&[("GGML_BACKEND_PATH", "/opt/ggml")]);
+        assert_eq!(b.backend_path.as_deref(), Some("/opt/ggml"));
+        assert_eq!(
+            with(&[("RPC_LOG", "debug")]).log_filter.as_deref(),
+            Some("debug")
+        );
+        assert!(with(&[("RPC_SANDBOX_SELFTEST", "1")]).sandbox_selftest);
+        assert!(!with(&[("RPC_SANDBOX_SELFTEST", "yes")]).sandbox_selftest);
+        // A switch moves its own option only; the flags' options stay.
+        let flagged = ServerOptions {
+            max_connections: 3,
+            ..ServerOptions::default()
+        }
+        .with_switches(|k| (k == "RPC_RDMA_LEAN").then(|| "0".into()));
+        assert_eq!(
+            flagged,
+            ServerOptions {
+                max_connections: 3,
+                rdma_lean: false,
+                ..ServerOptions::default()
+            }
+        );
     }
 
     #[test]

@@ -26,7 +26,9 @@ pub struct RdmaConfig {
     pub opts: RdmaOptions,
     budget: Arc<Semaphore>,
     pub max_connections: usize,
-    /// Accept the lean framing from clients that offer it (`RPC_RDMA_LEAN=0` turns it off).
+    /// Accept the lean framing from clients that offer it: [`RdmaConfig::with_lean`], from
+    /// `ServerOptions::rdma_lean` (`RPC_RDMA_LEAN=0` turns it off); `true` from
+    /// [`RdmaConfig::new`].
     pub lean: bool,
     pub activated: AtomicU64,
     pub lean_activated: AtomicU64,
@@ -91,7 +93,7 @@ impl RdmaConfig {
             opts,
             budget: Arc::new(Semaphore::new(max_connections)),
             max_connections,
-            lean: lean_from_env(),
+            lean: true,
             activated: AtomicU64::new(0),
             lean_activated: AtomicU64::new(0),
             sends: AtomicU64::new(0),
@@ -99,6 +101,12 @@ impl RdmaConfig {
             activations: Default::default(),
             fallbacks: Default::default(),
         }
+    }
+
+    /// This configuration accepting the lean framing (`lean`) or not (upstream's framing of
+    /// their flavor for every client).
+    pub fn with_lean(self, lean: bool) -> RdmaConfig {
+        RdmaConfig { lean, ..self }
     }
 
     /// Whether a client's HELLO offers RDMA this server may engage: its session process must then
@@ -177,18 +185,6 @@ impl RdmaConfig {
     pub fn record(&self, (sends, recvs): (u64, u64)) {
         self.sends.fetch_add(sends, Relaxed);
         self.recvs.fetch_add(recvs, Relaxed);
-    }
-}
-
-/// `RPC_RDMA_LEAN`: `0`, `off`, `false` or `no` turn the lean framing off (clients offering it
-/// then get upstream's framing of their flavor).
-pub(crate) fn lean_from_env() -> bool {
-    match std::env::var("RPC_RDMA_LEAN") {
-        Ok(v) => !matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "0" | "off" | "false" | "no"
-        ),
-        Err(_) => true,
     }
 }
 

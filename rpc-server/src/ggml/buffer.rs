@@ -110,7 +110,7 @@ impl Memory {
         }
         let _held = self.try_exclusive()?;
         let len = out.len();
-        super::tensor::with_byte_tensor(self.raw, self.base, off, len, |t| {
+        super::context::with_byte_tensor(self.raw, self.base, off, len, |t| {
             // SAFETY: t is a byte tensor exactly covering the checked region of this buffer,
             // whose flag we hold exclusively; out is a live, writable slice of len bytes.
             unsafe { sys::ggml_backend_tensor_get(t, out.as_mut_ptr().cast(), 0, len) }
@@ -303,7 +303,7 @@ impl Buffer {
         if data.is_empty() {
             return Ok(());
         }
-        super::tensor::with_byte_tensor(mem.raw, mem.base, off, data.len(), |t| {
+        super::context::with_byte_tensor(mem.raw, mem.base, off, data.len(), |t| {
             // SAFETY: t is a byte tensor exactly covering the checked region of this buffer,
             // whose flag we hold exclusively; data is a live slice of data.len() bytes.
             unsafe { sys::ggml_backend_tensor_set(t, data.as_ptr().cast(), 0, data.len()) }
@@ -329,7 +329,7 @@ impl Buffer {
         if len == 0 {
             return Ok(());
         }
-        super::tensor::with_byte_tensor(mem.raw, mem.base, off, len, |t| {
+        super::context::with_byte_tensor(mem.raw, mem.base, off, len, |t| {
             // SAFETY: t is a byte tensor exactly covering the checked region of this buffer,
             // whose flag we hold exclusively.
             unsafe { sys::ggml_backend_tensor_memset(t, value, 0, len) }
@@ -441,18 +441,14 @@ fn advise_huge_pages(_base: usize, _size: usize) {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ggml::{Device, DeviceKind, Graph, GraphError, GraphLinks, TensorSpec};
-    use rpc_proto::{ggml_op, ggml_type};
 
-    fn cpu() -> Device {
-        Device::all()
-            .into_iter()
-            .find(|d| d.kind() == DeviceKind::Cpu)
-            .expect("a CPU device")
-    }
-
-    fn host_buffer(size: u64) -> Buffer {
-        let b = cpu().alloc_buffer(size).expect("allocation");
+    /// A buffer of the CPU's buffer type (host memory), without the device layer above this one.
+    fn host_buffer(size: usize) -> Buffer {
+        // SAFETY: the CPU buffer type is a static object; NULL is handled by from_raw.
+        let raw = unsafe {
+            sys::ggml_backend_buft_alloc_buffer(sys::ggml_backend_cpu_buffer_type(), size)
+        };
+        let b = Buffer::from_raw(raw).expect("allocation");
         assert!(b.mem.host(), "the CPU buffer is host memory");
         b
     }
@@ -540,72 +536,5 @@ mod tests {
         r2.read(0, &mut out).unwrap();
         assert_eq!(out, [42]);
         assert_eq!(dedup([r, r2]).len(), 1);
-    }
-
-    fn f32_spec(buf: &BufferRef, off: u64, op: u32) -> TensorSpec {
-        TensorSpec {
-            type_: ggml_type::F32,
-            ne: [4, 1, 1, 1],
-            nb: [4, 16, 16, 16],
-            op,
-            op_params: [0; 16],
-            // ggml's backends run only the nodes flagged for computation.
-            flags: if op == ggml_op::NONE {
-                0
-            } else {
-                rpc_proto::TENSOR_FLAG_COMPUTE
-            },
-            buffer: Some((buf.clone(), off)),
-            view_offs: 0,
-            name: [0; 64],
-        }
-    }
-
-    /// ggml writes a graph's buffers only while no view of them is alive: a computation with a
-    /// view alive is refused, and runs once the view is gone.
-    #[test]
-    fn a_graph_is_not_computed_under_a_view_of_its_buffer() {
-        let dev = cpu();
-        let mut b = dev.alloc_buffer(48).unwrap();
-        b.clear(0).unwrap();
-        let ones: Vec<u8> = [1.0f32; 8].iter().flat_map(|x| x.to_le_bytes()).collect();
-        b.write(0, &ones).unwrap();
-        let r = b.share();
-        let specs = [
-            f32_spec(&r, 0, ggml_op::NONE),
-            f32_spec(&r, 16, ggml_op::NONE),
-            f32_spec(&r, 32, ggml_op::ADD),
-        ];
-        let mut links = [GraphLinks::default(); 3];
-        links[2].src[0] = Some(0);
-        links[2].src[1] = Some(1);
-        let mut graph = Graph::build(&specs, &links, &[2], &[]).unwrap();
-        assert!(graph.uses(&b));
-        let mut backend = dev.init_backend(1).unwrap();
-        {
-            let view = b.host(32, 16).unwrap();
-            assert!(matches!(
-                backend.compute(&mut graph, 0),
-                Err(GraphError::BufferBusy)
-            ));
-            assert!(view.iter().all(|&x| x == 0), "nothing was written");
-        }
-        {
-            let _view = b.host_mut(0, 4).unwrap();
-            assert!(matches!(
-                backend.compute(&mut graph, 0),
-                Err(GraphError::BufferBusy)
-            ));
-        }
-        backend.compute(&mut graph, 0).unwrap();
-        let mut out = [0u8; 16];
-        b.read(32, &mut out).unwrap();
-        let sums: Vec<f32> = out
-            .chunks(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        assert_eq!(sums, [2.0; 4]);
-        // The flags are given back after each computation.
-        assert!(b.host_mut(0, 48).is_some());
     }
 }

@@ -1,9 +1,9 @@
-//! ggml devices (CPU, Metal, CUDA, ...) and per-session backend instances.
+//! ggml devices (CPU, Metal, CUDA, ...): what they are, their memory, their buffers. A backend
+//! instance on a device (`Device::init_backend`) is `backend.rs`'s, above graphs.
 
 use std::ffi::{CStr, CString};
 
 use super::buffer::Buffer;
-use super::graph::{Graph, GraphError};
 use super::sys;
 
 /// What kind of device ggml reports.
@@ -172,32 +172,20 @@ impl Device {
         self.buft()
     }
 
-    /// Creates a backend instance (stream, thread pool) on this device.
-    pub(crate) fn init_backend(&self, n_threads: usize) -> Option<Backend> {
-        // SAFETY: valid device; NULL params selects the defaults; NULL return handled below.
-        let raw = unsafe { sys::ggml_backend_dev_init(self.raw, std::ptr::null()) };
-        if raw.is_null() {
-            return None;
-        }
-        if self.kind == DeviceKind::Cpu {
-            let n = i32::try_from(n_threads.max(1)).unwrap_or(i32::MAX);
-            // SAFETY: raw is a freshly created CPU backend.
-            unsafe { sys::ggml_backend_cpu_set_n_threads(raw, n) };
-        }
-        Some(Backend {
-            raw,
-            device: self.name.clone(),
-        })
+    pub(super) fn raw(&self) -> sys::ggml_backend_dev_t {
+        self.raw
     }
 }
 
-/// Loads dynamically built backends (no-op in a static build), once per process.
-pub fn load_backends() {
+/// Loads dynamically built backends (no-op in a static build) from `path`, once per process,
+/// and installs the `GGML_ASSERT` callback (`abort.rs`). The program passes upstream's
+/// `GGML_BACKEND_PATH`, read once at start-up (`ServerOptions::backend_path`); `None` loads none.
+pub fn load_backends_from(path: Option<&str>) {
     super::abort::install();
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if std::env::var_os("GGML_BACKEND_PATH").is_some() {
-            if let Ok(p) = CString::new(std::env::var("GGML_BACKEND_PATH").unwrap_or_default()) {
+        if let Some(path) = path {
+            if let Ok(p) = CString::new(path) {
                 // SAFETY: p is a valid NUL-terminated path string that outlives the call.
                 unsafe { sys::ggml_backend_load_all_from_path(p.as_ptr()) };
             }
@@ -205,39 +193,8 @@ pub fn load_backends() {
     });
 }
 
-/// A backend instance: executes graphs on one device. Owned by one session at a time.
-pub struct Backend {
-    raw: sys::ggml_backend_t,
-    device: String,
-}
-
-// SAFETY: a backend instance is used by one thread at a time (the owning session holds it by
-// value / &mut); ggml backends may be moved between threads.
-unsafe impl Send for Backend {}
-
-impl Backend {
-    /// Runs every node of segment `segment` of `graph` on this backend.
-    pub fn compute(&mut self, graph: &mut Graph, segment: usize) -> Result<(), GraphError> {
-        let (g, _locked) = graph.segment_locked(segment)?;
-        // SAFETY: self.raw is live; the graph's tensors point into its own context and into
-        // buffers the graph keeps alive (BufferRef) and whose flags `_locked` holds exclusively,
-        // so no Rust view of their bytes exists while ggml writes them; validated by the session
-        // before building.
-        let status = unsafe { sys::ggml_backend_graph_compute(self.raw, g) };
-        if status == sys::GGML_STATUS_SUCCESS {
-            Ok(())
-        } else {
-            Err(GraphError::ComputeFailed {
-                device: self.device.clone(),
-                status: status as i32,
-            })
-        }
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        // SAFETY: raw came from ggml_backend_dev_init and is freed exactly once.
-        unsafe { sys::ggml_backend_free(self.raw) };
-    }
+/// `load_backends_from` without a path (a library user's, e.g. the tests' in-process server;
+/// the program reads `GGML_BACKEND_PATH` into its options instead).
+pub fn load_backends() {
+    load_backends_from(None);
 }

@@ -1,9 +1,10 @@
 //! Compute graphs rebuilt from GRAPH_COMPUTE requests.
 
 use super::buffer::{self, Buffer, BufferRef};
+use super::context::Context;
 use super::device::Device;
 use super::sys;
-use super::tensor::{Context, TensorSpec};
+use super::tensor::TensorSpec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
@@ -64,7 +65,7 @@ impl Graph {
         let seg_sizes: Vec<usize> = bounds.windows(2).map(|w| (w[1] - w[0]).max(1)).collect();
         let mut ctx = Context::new_for_graphs(specs.len(), &seg_sizes)
             .ok_or(GraphError::Context(specs.len()))?;
-        let tensors: Vec<*mut sys::ggml_tensor> = specs.iter().map(|s| ctx.new_tensor(s)).collect();
+        let tensors: Vec<*mut sys::ggml_tensor> = specs.iter().map(|s| s.build(&mut ctx)).collect();
         let get = |i: u32| {
             tensors
                 .get(i as usize)

@@ -14,16 +14,23 @@
 // casts below are no-ops on this target and needed on others.
 #![allow(clippy::unnecessary_cast)]
 
+// The layer's modules, bottom up; each imports only those before it (and `sys`, `ops`, `abort`):
+// `context` (ggml contexts, the byte tensor) < `buffer` < `device` (makes buffers) < `tensor`
+// (descriptions made into tensors; allocation sizes on a device) < `graph` < `backend` (runs a
+// graph on a device; adds `Device::init_backend`). `abort`, `ids` and `ops` import none of them.
 pub mod abort;
+mod backend;
 mod buffer;
+mod context;
 mod device;
 mod graph;
 #[cfg(target_os = "macos")]
 pub mod seatbelt;
 mod tensor;
 
+pub use backend::Backend;
 pub use buffer::{use_huge_pages, Access, Buffer, BufferRef, HostMut, HostRef};
-pub use device::{load_backends, Backend, Device, DeviceKind};
+pub use device::{load_backends, load_backends_from, Device, DeviceKind};
 pub use graph::{Graph, GraphError, GraphLinks};
 pub use tensor::{type_info, ScratchTensors, TensorSpec};
 
@@ -82,22 +89,24 @@ pub fn trim_heap() {
     }
 }
 
-/// Tunes glibc's allocator for a long-running server, unless `MALLOC_ARENA_MAX` /
-/// `MALLOC_MMAP_THRESHOLD_` are set:
+/// Tunes glibc's allocator for a long-running server (the program's options say what:
+/// `options::MallocTuning`, from `RPC_MALLOC_TUNING`, `MALLOC_ARENA_MAX` and
+/// `MALLOC_MMAP_THRESHOLD_` read at start-up):
 ///
-/// - at most `arenas` malloc arenas (default: 8 per core): every thread that allocates (tokio
-///   workers, one blocking thread per compute burst, ggml's threads) may get its own arena, and
-///   each keeps its high-water mark of small allocations;
-/// - a fixed 1 MiB mmap threshold: by default glibc raises the threshold to the size of every
-///   mmapped block that is freed (up to 32 MiB), so after the first model is unloaded, compute
-///   buffers and graph contexts of later sessions come from the heap and stay resident there.
+/// - `arena_max`: at most that many malloc arenas (the program: 2 to 8, one per core): every
+///   thread that allocates (tokio workers, one blocking thread per compute burst, ggml's threads)
+///   may get its own arena, and each keeps its high-water mark of small allocations;
+/// - `fixed_mmap_threshold`: a fixed 1 MiB mmap threshold: by default glibc raises the threshold
+///   to the size of every mmapped block that is freed (up to 32 MiB), so after the first model is
+///   unloaded, compute buffers and graph contexts of later sessions come from the heap and stay
+///   resident there.
 ///
-/// With the defaults a server under many short connections during generation grew round after
+/// With glibc's defaults a server under many short connections during generation grew round after
 /// round to ~37 MB resident before levelling off. Called once at start-up, before any thread.
-/// `RPC_MALLOC_TUNING=0` leaves glibc's defaults.
-pub fn tune_malloc(arenas: usize) {
+/// `None` and `false` leave glibc's settings; a no-op on other systems.
+pub fn tune_malloc(arena_max: Option<usize>, fixed_mmap_threshold: bool) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("RPC_MALLOC_TUNING").is_none_or(|v| v != "0") {
+    {
         const M_MMAP_THRESHOLD: std::os::raw::c_int = -3;
         const M_ARENA_MAX: std::os::raw::c_int = -8;
         extern "C" {
@@ -106,22 +115,16 @@ pub fn tune_malloc(arenas: usize) {
                 value: std::os::raw::c_int,
             ) -> std::os::raw::c_int;
         }
-        if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        if let Some(arenas) = arena_max {
             let n = std::os::raw::c_int::try_from(arenas.max(1)).unwrap_or(8);
             // SAFETY: mallopt only changes an allocator tunable; M_ARENA_MAX is valid at any time.
             unsafe { mallopt(M_ARENA_MAX, n) };
         }
-        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+        if fixed_mmap_threshold {
             // SAFETY: as above; 1 MiB is within the allowed range (at most 32 MiB on 64-bit).
             unsafe { mallopt(M_MMAP_THRESHOLD, 1 << 20) };
         }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let _ = arenas;
-}
-
-/// Size in bytes of the bookkeeping ggml needs per tensor inside a context.
-pub(crate) fn tensor_overhead() -> usize {
-    // SAFETY: pure function without arguments.
-    unsafe { sys::ggml_tensor_overhead() }
+    let _ = (arena_max, fixed_mmap_threshold);
 }

@@ -1,6 +1,9 @@
-//! Building ggml tensors from validated descriptions.
+//! Building ggml tensors from validated descriptions: [`TensorSpec`] (what the session checked),
+//! made into a ggml tensor in a [`Context`], and [`ScratchTensors`], the few tensors of one
+//! command. Above buffers and devices, below graphs (`mod.rs` lists the order).
 
 use super::buffer::{self, Access, BufferRef};
+use super::context::Context;
 use super::device::Device;
 use super::sys;
 
@@ -84,149 +87,48 @@ pub struct TensorSpec {
     pub name: [u8; 64],
 }
 
-/// An owned, no-alloc ggml context (tensor metadata only; data lives in buffers).
-pub(crate) struct Context {
-    raw: *mut sys::ggml_context,
-    /// Bytes of the context's memory pool.
-    size: usize,
-}
-
-// SAFETY: a context is plain memory owned by one session at a time.
-unsafe impl Send for Context {}
-
-impl Context {
-    /// A context with room for `n_tensors` tensors and, optionally, a graph of `graph_size` nodes.
-    pub(crate) fn new(n_tensors: usize, graph_size: Option<usize>) -> Option<Context> {
-        let graph_mem = match graph_size {
-            // SAFETY: pure size computation.
-            Some(n) => unsafe { sys::ggml_graph_overhead_custom(n, false) },
-            None => 0,
-        };
-        let mem = super::tensor_overhead()
-            .checked_mul(n_tensors.checked_add(1)?)?
-            .checked_add(graph_mem)?
-            .checked_add(1024)?;
-        let params = sys::ggml_init_params {
-            mem_size: mem,
-            mem_buffer: std::ptr::null_mut(),
-            no_alloc: true,
-        };
-        // SAFETY: valid params; ggml allocates the pool itself; NULL handled below.
-        let raw = unsafe { sys::ggml_init(params) };
-        (!raw.is_null()).then_some(Context { raw, size: mem })
-    }
-
-    /// A context with room for `n_tensors` tensors and one graph of each size in `graph_sizes`.
-    pub(crate) fn new_for_graphs(n_tensors: usize, graph_sizes: &[usize]) -> Option<Context> {
-        let mut graph_mem = 0usize;
-        for &n in graph_sizes {
-            // SAFETY: pure size computation.
-            let m = unsafe { sys::ggml_graph_overhead_custom(n, false) };
-            graph_mem = graph_mem.checked_add(m)?;
-        }
-        let mem = super::tensor_overhead()
-            .checked_mul(n_tensors.checked_add(1)?)?
-            .checked_add(graph_mem)?
-            .checked_add(1024)?;
-        let params = sys::ggml_init_params {
-            mem_size: mem,
-            mem_buffer: std::ptr::null_mut(),
-            no_alloc: true,
-        };
-        // SAFETY: valid params; ggml allocates the pool itself; NULL handled below.
-        let raw = unsafe { sys::ggml_init(params) };
-        (!raw.is_null()).then_some(Context { raw, size: mem })
-    }
-
-    pub(crate) fn raw(&self) -> *mut sys::ggml_context {
-        self.raw
-    }
-
-    /// Bytes of the context's memory pool.
-    pub(crate) fn size(&self) -> usize {
-        self.size
-    }
-
-    /// Creates the tensor described by `spec` inside this context.
+impl TensorSpec {
+    /// Creates the tensor this describes inside `ctx`.
     ///
-    /// The context must have room for one more tensor (guaranteed by the sizing in `new`, which
-    /// callers respect by creating at most `n_tensors` tensors).
-    pub(crate) fn new_tensor(&mut self, spec: &TensorSpec) -> *mut sys::ggml_tensor {
-        // SAFETY: spec.type_ is a valid type with ne[0] a multiple of its block size (validated by
-        // the session), so ggml_new_tensor_4d's asserts hold; no_alloc means no data allocation;
-        // the context has room (sizing above).
+    /// The context must have room for one more tensor (guaranteed by the sizing in
+    /// `Context::new`, which callers respect by creating at most `n_tensors` tensors).
+    pub(crate) fn build(&self, ctx: &mut Context) -> *mut sys::ggml_tensor {
+        // SAFETY: self.type_ is a valid type with ne[0] a multiple of its block size (validated
+        // by the session), so ggml_new_tensor_4d's asserts hold; no_alloc means no data
+        // allocation; the context has room (sizing above).
         let t = unsafe {
             sys::ggml_new_tensor_4d(
-                self.raw,
-                spec.type_ as sys::ggml_type,
-                spec.ne[0] as i64,
-                spec.ne[1] as i64,
-                spec.ne[2] as i64,
-                spec.ne[3] as i64,
+                ctx.raw(),
+                self.type_ as sys::ggml_type,
+                self.ne[0] as i64,
+                self.ne[1] as i64,
+                self.ne[2] as i64,
+                self.ne[3] as i64,
             )
         };
         // SAFETY: t is a fresh tensor in our context; we only write plain fields.
         unsafe {
             let r = &mut *t;
             for i in 0..4 {
-                r.nb[i] = spec.nb[i] as usize;
+                r.nb[i] = self.nb[i] as usize;
             }
-            r.op = spec.op as sys::ggml_op;
-            r.op_params = spec.op_params;
-            r.flags = spec.flags;
-            r.view_offs = spec.view_offs as usize;
-            if let Some((buf, off)) = &spec.buffer {
+            r.op = self.op as sys::ggml_op;
+            r.op_params = self.op_params;
+            r.flags = self.flags;
+            r.view_offs = self.view_offs as usize;
+            if let Some((buf, off)) = &self.buffer {
                 let (raw, base) = buf.raw_parts();
                 r.buffer = raw;
                 r.data = (base + *off as usize) as *mut std::ffi::c_void;
             }
             let mut name = [0 as std::os::raw::c_char; 64];
-            for (d, s) in name.iter_mut().zip(spec.name.iter().take(63)) {
+            for (d, s) in name.iter_mut().zip(self.name.iter().take(63)) {
                 *d = *s as std::os::raw::c_char;
             }
             r.name = name;
         }
         t
     }
-}
-
-impl Drop for Context {
-    fn drop(&mut self) {
-        // SAFETY: raw came from ggml_init and is freed exactly once.
-        unsafe { sys::ggml_free(self.raw) };
-    }
-}
-
-/// Runs `f` with a one-dimensional I8 tensor covering `[off, off+len)` of the buffer `raw`
-/// whose memory starts at `base` (already bounds-checked by the caller, who holds the buffer's
-/// flag). Used for reads and writes on non-host buffers.
-pub(super) fn with_byte_tensor<R>(
-    raw: sys::ggml_backend_buffer_t,
-    base: usize,
-    off: usize,
-    len: usize,
-    f: impl FnOnce(*mut sys::ggml_tensor) -> R,
-) -> Option<R> {
-    let mut ctx = Context::new(1, None)?;
-    let i8_ty = rpc_proto::ggml_type::I8;
-    let spec = TensorSpec {
-        type_: i8_ty,
-        ne: [u32::try_from(len).ok()?, 1, 1, 1],
-        nb: [1, len as u64, len as u64, len as u64],
-        op: 0,
-        op_params: [0; 16],
-        flags: 0,
-        buffer: None,
-        view_offs: 0,
-        name: [0; 64],
-    };
-    let t = ctx.new_tensor(&spec);
-    // SAFETY: t is live in ctx; the region [off, off+len) is inside the buffer (caller checked).
-    unsafe {
-        (*t).buffer = raw;
-        (*t).data = (base + off) as *mut std::ffi::c_void;
-    }
-    Some(f(t))
 }
 
 /// A few tensors built for one command (INIT_TENSOR, GET_ALLOC_SIZE, COPY_TENSOR).
@@ -250,7 +152,7 @@ extern "C" {
 impl ScratchTensors {
     pub fn new(specs: &[TensorSpec]) -> Option<ScratchTensors> {
         let mut ctx = Context::new(specs.len(), None)?;
-        let tensors = specs.iter().map(|s| ctx.new_tensor(s)).collect();
+        let tensors = specs.iter().map(|s| s.build(&mut ctx)).collect();
         let buffers = buffer::dedup(
             specs
                 .iter()
