@@ -91,8 +91,8 @@ suite "RDMA end to end in a soft-RoCE VM (stock llama.cpp RDMA clients, both fla
   tests/vm/test-rdma.sh
 # The link suite's reference and its RDMA cases with 8 tokens (the --transport tcp baseline and
 # upstream RC between two of ours run with tests/vm/test-link.sh alone).
-suite "tensor split's server-to-server link over RDMA in the soft-RoCE VM (stock 8.0 client; ours x2 lean RC and UC, ours with a stock RDMA server in either rank, a TCP fallback, through rpc-shim; same text as stock x2, nothing on the link's TCP after set-up)" "linux:$VM" -- \
-  env E2E_N=8 E2E_ONLY="ours2 ours2-uc stock0-ours1 ours0-stock1 fallback shim" tests/vm/test-link.sh
+suite "tensor split's server-to-server link over RDMA in the soft-RoCE VM (stock 8.0 client; ours x2 lean RC and UC, ours with a stock RDMA server in either rank, a TCP fallback, through rpc-shim, through rpc-shim --one-endpoint with the copies over LINK_*; same text as stock x2, nothing on the link's TCP after set-up)" "linux:$VM" -- \
+  env E2E_N=8 E2E_ONLY="ours2 ours2-uc stock0-ours1 ours0-stock1 fallback shim one-endpoint" tests/vm/test-link.sh
 suite "lean RDMA framing in the soft-RoCE VM (per-token SENDs/packets: stock flavors vs rpc-shim lean; fallbacks)" "linux:$VM" -- \
   tests/vm/test-lean.sh
 hostile() {

@@ -2,7 +2,7 @@
 //! definition the server, its validator, the client and the tests use.
 //!
 //! They are wire values: a tensor's `type` and `op` fields carry them. The server checks every one
-//! against the ggml it links, at compile time (`rpc-server/src/ggml/ids.rs`), so a ggml whose enums
+//! against the ggml it links, at compile time (`rpc-ggml/src/ids.rs`), so a ggml whose enums
 //! moved does not build.
 
 /// `enum ggml_type` (`ggml.h`). Holes are types ggml removed; they are not valid.

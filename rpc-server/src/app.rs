@@ -7,7 +7,6 @@ use std::sync::Arc;
 use crate::cache::WeightCache;
 use crate::cli::Args;
 use crate::control::{SessionStart, SANDBOX_REFUSED};
-use crate::ggml::{Device, DeviceKind};
 use crate::local_weights::LocalWeights;
 use crate::options::{ServerOptions, SessionOptions};
 use crate::rdma::TransportMode;
@@ -16,6 +15,7 @@ use crate::session::SessionConfig;
 use crate::stats::Stats;
 use anyhow::{bail, Context};
 use clap::Parser;
+use rpc_ggml::{Device, DeviceKind};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -335,12 +335,12 @@ fn session_config(o: &SessionOptions, in_child: bool) -> anyhow::Result<SessionC
 }
 
 /// What every process does first with its options, before any thread exists: the allocator
-/// tuning (`ggml::tune_malloc`: a few malloc arenas, a fixed mmap threshold) and the log (to
+/// tuning (`rpc_ggml::tune_malloc`: a few malloc arenas, a fixed mmap threshold) and the log (to
 /// stderr, filtered by `RPC_LOG` as read into the options; with the front's per-peer `limiter`).
 fn start_up(options: &ServerOptions, ansi: bool, limiter: Option<crate::peer_log::PeerLimiter>) {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let (arenas, fixed_mmap_threshold) = options.malloc.plan(cores.clamp(2, 8));
-    crate::ggml::tune_malloc(arenas, fixed_mmap_threshold);
+    rpc_ggml::tune_malloc(arenas, fixed_mmap_threshold);
     let filter = options
         .log_filter
         .as_deref()
@@ -361,7 +361,7 @@ fn start_up(options: &ServerOptions, ansi: bool, limiter: Option<crate::peer_log
 /// included).
 #[cfg(unix)]
 fn session_main(start: SessionStart, probe: bool, pooled: bool) -> anyhow::Result<()> {
-    crate::ggml::use_huge_pages(start.options.session.huge_pages);
+    rpc_ggml::use_huge_pages(start.options.session.huge_pages);
     #[cfg(target_os = "linux")]
     if start.options.sandbox {
         contain(&start, probe);
@@ -369,7 +369,7 @@ fn session_main(start: SessionStart, probe: bool, pooled: bool) -> anyhow::Resul
     if probe {
         bail!("--sandbox-probe: no containment to probe (--no-sandbox)");
     }
-    crate::ggml::load_backends_from(start.options.backend_path.as_deref());
+    rpc_ggml::load_backends_from(start.options.backend_path.as_deref());
     let config = Arc::new(session_config(&start.options.session, true)?);
     if !pooled {
         let handed = crate::child::Handed::from_stdio()
@@ -409,8 +409,8 @@ fn real_main() -> anyhow::Result<()> {
     // The front limits what each peer can make it log (`peer_log.rs`).
     let limiter = Some(crate::peer_log::PeerLimiter::new(ansi));
     start_up(&opts, ansi, limiter.clone());
-    crate::ggml::use_huge_pages(opts.session.huge_pages);
-    crate::ggml::load_backends_from(opts.backend_path.as_deref());
+    rpc_ggml::use_huge_pages(opts.session.huge_pages);
+    rpc_ggml::load_backends_from(opts.backend_path.as_deref());
 
     if let Some(crate::cli::SubCommand::Doctor { peer, probe }) = &args.command {
         crate::doctor::protocols(probe.as_deref());

@@ -512,7 +512,7 @@ fn self_test(cache_dir: Option<&std::path::Path>) {
 pub fn child_main(start: SessionStart, config: Arc<SessionConfig>, handed: Handed) -> i32 {
     let span = tracing::info_span!("session", peer = %start.peer, pid = std::process::id());
     let _enter = span.enter();
-    crate::ggml::abort::abort_on_assertions();
+    rpc_ggml::abort::abort_on_assertions();
     let Some(major) = rpc_proto::Major::from_number(start.major) else {
         tracing::error!(
             major = start.major,

@@ -14,7 +14,7 @@ use std::time::SystemTime;
 
 use rpc_proto::Fnv1a;
 
-use crate::ggml::Buffer;
+use rpc_ggml::Buffer;
 
 /// Read granularity: the staging buffer for device memory, and the hashing steps.
 pub const CHUNK: usize = 8 << 20;
@@ -253,9 +253,9 @@ mod tests {
         let data: Vec<u8> = (0..4096u32).map(|i| (i * 13) as u8).collect();
         fs::write(&p, &data).unwrap();
         let f = File::open(&p).unwrap();
-        let cpu = crate::ggml::Device::all()
+        let cpu = rpc_ggml::Device::all()
             .into_iter()
-            .find(|d| d.kind() == crate::ggml::DeviceKind::Cpu)
+            .find(|d| d.kind() == rpc_ggml::DeviceKind::Cpu)
             .unwrap();
         let mut buf = cpu.alloc_buffer(8192).unwrap();
         let mut h = Fnv1a::new();

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Read, Seek};
 use std::path::Path;
 
-use crate::ggml::type_info;
+use rpc_ggml::type_info;
 
 /// `GGUF` in file order.
 const MAGIC: [u8; 4] = *b"GGUF";

@@ -5,14 +5,15 @@
 //! per-peer shares); [`front`] takes each one through its HELLO and either serves it here or
 //! hands it to a session process ([`handoff`] in the front, [`child`] in the session process);
 //! [`connection`] frames bytes and drives a [`session::Session`] per client; the session
-//! validates requests and calls the `ggml` FFI layer (the only `unsafe` code); [`options`] holds
+//! validates requests and calls ggml through the `rpc-ggml` crate (the FFI layer); [`options`] holds
 //! every setting, with the command line's defaults;
 //! [`cache`] is the SET_TENSOR_HASH weight cache; [`local_weights`] answers SET_TENSOR_HASH from
 //! the worker's own GGUF files (`--gguf`, headers read by [`gguf`]); [`comm`] is 8.0's
 //! server-to-server link for tensor split's collectives.
 
-// `unsafe` only in the FFI layers (ggml, and `sys_linux` for the OS calls rustix marks unsafe),
-// each block with a `// SAFETY:` line.
+// No `unsafe` here but in the two OS FFI modules (`sys_linux`: the OS calls rustix marks unsafe;
+// `seatbelt`: macOS's sandbox_init), each block with a `// SAFETY:` line; ggml's FFI is the
+// `rpc-ggml` crate.
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -30,13 +31,6 @@ pub mod disk_read;
 pub mod doctor;
 #[cfg(unix)]
 pub mod front;
-#[allow(unsafe_code)]
-pub(crate) mod ggml;
-/// What of the `ggml` layer is used outside the crate (tests, fuzz targets): the devices, and
-/// the two process-wide settings made at start-up.
-pub mod backend {
-    pub use crate::ggml::{load_backends, use_huge_pages, Device, DeviceKind, GraphError};
-}
 pub mod gguf;
 #[cfg(unix)]
 pub mod handoff;
@@ -51,6 +45,9 @@ pub mod rdma;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 pub mod sandbox_mac;
+#[cfg(target_os = "macos")]
+#[allow(unsafe_code)]
+mod seatbelt;
 pub mod server;
 pub mod session;
 pub mod stats;

@@ -14,7 +14,7 @@
 //! |---|---|---|
 //! | `GGML_RPC_NO_RDMA` (upstream's; set to anything) | [`ServerOptions::no_rdma`] | RDMA off, as `--transport tcp` |
 //! | `RPC_RDMA_LEAN` (`0`, `off`, `false`, `no`) | [`ServerOptions::rdma_lean`] | no lean framing: upstream's framing for every RDMA peer |
-//! | `RPC_MALLOC_TUNING` (`0`) | [`MallocTuning::on`] | glibc's allocator defaults (`ggml::tune_malloc`) |
+//! | `RPC_MALLOC_TUNING` (`0`) | [`MallocTuning::on`] | glibc's allocator defaults (`rpc_ggml::tune_malloc`) |
 //! | `MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_` (glibc's; set) | [`MallocTuning::arena_max`], [`MallocTuning::mmap_threshold`] | glibc's value stands instead of ours |
 //! | `GGML_BACKEND_PATH` (upstream's) | [`ServerOptions::backend_path`] | dynamically built ggml backends loaded from there |
 //! | `RPC_LOG` | [`ServerOptions::log_filter`] | the log filter (`tracing` `EnvFilter` syntax; default `info`) |
@@ -138,9 +138,9 @@ pub struct ServerOptions {
     pub session_pool: usize,
     /// What each session computes with.
     pub session: SessionOptions,
-    /// The glibc allocator tuning done at start-up, before any thread (`ggml::tune_malloc`).
+    /// The glibc allocator tuning done at start-up, before any thread (`rpc_ggml::tune_malloc`).
     pub malloc: MallocTuning,
-    /// Where dynamically built ggml backends are loaded from (`ggml::load_backends_from`):
+    /// Where dynamically built ggml backends are loaded from (`rpc_ggml::load_backends_from`):
     /// upstream's `GGML_BACKEND_PATH`; default `None` (none loaded: the static build has them).
     pub backend_path: Option<String>,
     /// The log filter (`tracing` `EnvFilter` directives), `RPC_LOG`; `None`, or directives that
@@ -151,7 +151,7 @@ pub struct ServerOptions {
     pub sandbox_selftest: bool,
 }
 
-/// Which of glibc's allocator tunables the server sets at start-up (`ggml::tune_malloc`; only
+/// Which of glibc's allocator tunables the server sets at start-up (`rpc_ggml::tune_malloc`; only
 /// on Linux with glibc). Default: all of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MallocTuning {
@@ -174,7 +174,7 @@ impl Default for MallocTuning {
 }
 
 impl MallocTuning {
-    /// What `ggml::tune_malloc` is asked to set: the arena limit (`arenas`, when ours to set)
+    /// What `rpc_ggml::tune_malloc` is asked to set: the arena limit (`arenas`, when ours to set)
     /// and whether to fix the mmap threshold.
     pub fn plan(&self, arenas: usize) -> (Option<usize>, bool) {
         (

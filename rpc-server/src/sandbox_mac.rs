@@ -142,7 +142,7 @@ pub fn profile(i: &Inputs) -> String {
     // --- The process itself.
     rule(
         &mut p,
-        "A ggml assertion aborts the process (ggml/abort.rs): SIGABRT to itself.\n\
+        "A ggml assertion aborts the process (rpc-ggml's abort.rs): SIGABRT to itself.\n\
          Chromium common.sb (crbug.com/20370).",
         "(allow signal (target self))",
     );
@@ -363,14 +363,14 @@ pub fn apply_with(cache_dir: Option<&Path>, gguf: &[PathBuf]) -> Result<(), Stri
     let inputs = Inputs {
         cache_dir: cache_dir.map(Path::to_path_buf),
         gguf: gguf.to_vec(),
-        darwin_cache_dir: crate::ggml::seatbelt::darwin_user_cache_dir(),
+        darwin_cache_dir: crate::seatbelt::darwin_user_cache_dir(),
         exe: std::env::current_exe().ok(),
         pid: std::process::id(),
     };
     let text = profile(&inputs);
     tracing::debug!(profile = %text, "Seatbelt profile");
     let c = std::ffi::CString::new(text).map_err(|_| "a path holds a NUL byte".to_string())?;
-    crate::ggml::seatbelt::apply_profile(&c)
+    crate::seatbelt::apply_profile(&c)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The operating system calls that need `unsafe` (Linux: `unshare`, which rustix marks unsafe,
 //! and `fork`), wrapped where the condition that makes them sound is checked or fixed by the
-//! wrapper itself. With `ggml/`, the only module allowed `unsafe` code.
+//! wrapper itself. With `seatbelt.rs` (macOS), the only module of the crate allowed `unsafe`
+//! code (ggml's FFI is the `rpc-ggml` crate).
 
 use rustix::thread::UnshareFlags;
 

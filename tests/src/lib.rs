@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rpc_client::{ops, Client, ClientError, Major, RpcTensor, TensorBuilder, TENSOR_FLAG_COMPUTE};
-use rpc_server::backend::{Device, DeviceKind};
+use rpc_ggml::{Device, DeviceKind};
 use rpc_server::cache::WeightCache;
 use rpc_server::local_weights::LocalWeights;
 use rpc_server::options::ServerOptions;
@@ -59,7 +59,7 @@ fn init_logging() {
 
 /// The CPU device.
 pub fn cpu_device() -> Device {
-    rpc_server::backend::load_backends();
+    rpc_ggml::load_backends();
     Device::all()
         .into_iter()
         .find(|d| d.kind() == DeviceKind::Cpu)

@@ -1,4 +1,4 @@
-//! Admission and request deadlines (`admission.rs`, `server.rs`, `connection.rs`): connections
+//! Admission and request deadlines (`admission.rs`, `server.rs`, `connection/`): connections
 //! from outside `--allow` and over a peer's share are closed unread; a connection takes a slot
 //! only once its HELLO is in, and must send all of it in time; a started request must keep
 //! arriving whatever the idle timeout; a request body is charged to the memory budget before a

@@ -1,6 +1,6 @@
-//! CPU buffers ask Linux for transparent huge pages (`ggml/buffer.rs`): the mapping behind a large
-//! buffer carries the `hg` flag (MADV_HUGEPAGE) by default and not with `--no-huge-pages`
-//! (`use_huge_pages(false)`). Read from the kernel's own account of the mapping
+//! CPU buffers ask Linux for transparent huge pages (`rpc-ggml/src/buffer.rs`): the mapping behind
+//! a large buffer carries the `hg` flag (MADV_HUGEPAGE) by default and not with
+//! `--no-huge-pages` (`use_huge_pages(false)`). Read from the kernel's own account of the mapping
 //! (`/proc/self/smaps`), so the test holds whatever the machine's THP mode is.
 #![cfg(target_os = "linux")]
 
@@ -48,11 +48,11 @@ async fn large_cpu_buffers_are_advised_huge_pages_unless_turned_off() {
         "default: a 16 MiB buffer adds its interior to the advised mappings, grew by {grown} bytes"
     );
 
-    rpc_server::backend::use_huge_pages(false);
+    rpc_ggml::use_huge_pages(false);
     let before = advised_bytes();
     alloc(&mut c, SIZE).await;
     let grown = advised_bytes().saturating_sub(before);
-    rpc_server::backend::use_huge_pages(true);
+    rpc_ggml::use_huge_pages(true);
     assert_eq!(
         grown, 0,
         "--no-huge-pages: nothing more advised MADV_HUGEPAGE"

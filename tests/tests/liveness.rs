@@ -1,4 +1,4 @@
-//! Liveness rules of a connection (`connection.rs`): the idle timeout ends only a connection that
+//! Liveness rules of a connection (`connection/`): the idle timeout ends only a connection that
 //! holds nothing; one that holds a buffer or a stored graph stays open however long it is silent
 //! (a long-running `llama-server` keeps its model on the worker between requests); a request
 //! whose header arrived must keep arriving. Contained (Linux): a session process that does not

@@ -8,7 +8,9 @@
 #   ours with a stock RDMA-built server as rank 0 and as rank 1 (upstream RC), ours x2 whose rank 1
 #   cannot prepare a queue pair (the link falls back to TCP before any partial), ours x2 with the
 #   link on TCP (--transport tcp: the baseline), and a TCP-only client through rpc-shim to two of
-#   ours. Every text must equal stock x2's; our servers' logs name the link's transport and its
+#   ours, and the same client through `rpc-shim --one-endpoint` (no pairwise link: the client
+#   reduces with COPY_TENSORs, which go between the two workers over their LINK_* link). Every
+#   text must equal stock x2's; our servers' logs name the link's transport and its
 #   RDMA SENDs; the link's TCP socket (port A + 1000) carries nothing after the caps exchange
 #   (sampled with ss while the client runs); rxe's counters move. A table of generation time per
 #   token and link traffic goes to $RVM_OUT/link-e2e.md.
@@ -190,6 +192,33 @@ for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/52062) 2>/dev/null && break;
 p0=$(sent_pkts); gen shim "127.0.0.1:52061,127.0.0.1:52062" GGML_RPC_NO_RDMA=1; count_pkts "$p0"; stop_all
 judge shim "RDMA/RC+lean" "$PKTS" "$W/oA.log" "$W/oB.log"
 grep -qi "rdma" "$W/shim.log" && grep -iE "lean|RDMA" "$W/shim.log" | head -2 | sed 's/^/    shim: /'
+fi
+if want one-endpoint; then
+echo "== a TCP-only client -> rpc-shim --one-endpoint -> ours x2 over RDMA: the client's copies between the workers go over their own link (LINK_*), lean over RC"
+start oA ours $A; start oB ours $B
+RPC_LOG=info "$E2E_SHIM" --one-endpoint --worker $ADDR:$A --worker $ADDR:$B --listen 127.0.0.1:52063 > "$W/shim1.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/52063) 2>/dev/null && break; sleep 0.2; done
+p0=$(sent_pkts); gen one "127.0.0.1:52063" GGML_RPC_NO_RDMA=1; count_pkts "$p0"; stop_all
+if [ "$(cat "$W/one.rc")" != 0 ]; then bad "one-endpoint: client exit $(cat "$W/one.rc")"; tail -5 "$W/one.err"; else
+    cmp -s "$W/stock2.out" "$W/one.out" && pass "one-endpoint: text identical to stock x2 ($(wc -c < "$W/one.out") bytes)" \
+        || { bad "one-endpoint: text differs from stock x2"; diff "$W/stock2.out" "$W/one.out" | head -4; }
+fi
+for f in oA oB; do
+    grep "LINK_OPEN: worker-to-worker link open" "$W/$f.log" | grep -qF -e 'transport="RDMA/RC+lean"' -e 'transport=RDMA/RC+lean ' \
+        && pass "one-endpoint: $f: worker-to-worker link on RDMA/RC+lean" \
+        || { bad "one-endpoint: $f: no worker-to-worker link on RDMA/RC+lean"; grep -E "LINK_|link" "$W/$f.log" | head -4; }
+done
+line=$(grep -o 'copies of this client connection.*' "$W/shim1.log" | tail -1)
+between=$(echo "$line" | grep -oE '(^| )between_workers=[0-9]+' | cut -d= -f2)
+linked=$(echo "$line" | grep -o 'over_worker_links=[0-9]*' | cut -d= -f2)
+if [ -n "$between" ] && [ "$between" -gt 0 ] && [ "$linked" = "$between" ]; then
+    pass "one-endpoint: all $between copies between the workers went over their link ($PKTS rxe packets in the run)"
+else bad "one-endpoint: copies between workers ${between:-?}, over their link ${linked:-?}"; tail -3 "$W/shim1.log"; fi
+set -- $(link_tcp_bytes "$W/one.ss"); ls=$1 lr=$2
+[ "$ls" -le 25 ] && [ "$lr" -le 25 ] && pass "one-endpoint: the workers' link's TCP socket carried only the caps exchange ($ls / $lr B)" \
+    || bad "one-endpoint: $ls / $lr bytes on the workers' link's TCP socket: copies went over TCP"
+ROWS+=("| one-endpoint (shim, copies over LINK_*) | RDMA/RC+lean | $(ms_per_token one) | ${between:-?} copies, ${linked:-?} over the link | $ls / $lr | - | $PKTS |")
 fi
 
 {

@@ -22,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 use rpc_proto::{
     check_frame, Command, FrameHeader, Limits, Major, Request, Response, RpcTensor, RPC_TENSOR_SIZE,
 };
-use rpc_server::backend::{Device, DeviceKind};
+use rpc_ggml::{Device, DeviceKind};
 use rpc_server::session::{MemoryBudget, MemoryLimits, Session, SessionConfig};
 
 /// Largest buffer an input may allocate (larger requests are clamped).
@@ -38,7 +38,7 @@ fn config() -> Arc<SessionConfig> {
     static CONFIG: OnceLock<Arc<SessionConfig>> = OnceLock::new();
     CONFIG
         .get_or_init(|| {
-            // No rpc_server::backend::load_backends(): it installs the callback that parks a thread
+            // No rpc_ggml::load_backends(): it installs the callback that parks a thread
             // on a ggml assertion; under the fuzzer an assertion must abort and be reported.
             let cpu = Device::all()
                 .into_iter()

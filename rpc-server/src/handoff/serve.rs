@@ -545,7 +545,7 @@ mod tests {
         use std::io::Read;
         let d = tmpdir("links");
         let (mut ctx, _stop) = front_ctx(&d);
-        let cpu = crate::ggml::Device::all()
+        let cpu = rpc_ggml::Device::all()
             .into_iter()
             .next()
             .expect("a CPU device");

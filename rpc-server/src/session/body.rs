@@ -21,7 +21,7 @@ use rpc_proto::{Command, Response, SetTensorHeader, SET_TENSOR_HEADER_SIZE};
 
 use super::limits::Charge;
 use super::{Session, SessionError};
-use crate::ggml::{HostMut, HostRef};
+use rpc_ggml::{HostMut, HostRef};
 
 /// Device memory is written from host memory in chunks of at most this size.
 pub const STAGING_CHUNK: usize = 8 << 20;

@@ -28,7 +28,7 @@ pub enum SessionError {
     #[error("INIT_TENSOR: {0}")]
     InitTensor(&'static str),
     #[error(transparent)]
-    Graph(#[from] crate::ggml::GraphError),
+    Graph(#[from] rpc_ggml::GraphError),
     #[error("out of memory building {0}")]
     OutOfMemory(&'static str),
     #[error("{0}: the buffer is in use")]
@@ -49,13 +49,13 @@ impl SessionError {
 
     /// A buffer access of command `what` that failed (after its region was checked, so only
     /// the flag of a buffer in use can make it fail).
-    pub(crate) fn access(what: &'static str) -> impl Fn(crate::ggml::Access) -> SessionError {
+    pub(crate) fn access(what: &'static str) -> impl Fn(rpc_ggml::Access) -> SessionError {
         move |a| match a {
-            crate::ggml::Access::OutOfBounds => SessionError::OutOfBounds {
+            rpc_ggml::Access::OutOfBounds => SessionError::OutOfBounds {
                 what,
                 detail: "outside the buffer".into(),
             },
-            crate::ggml::Access::Busy => SessionError::BufferBusy(what),
+            rpc_ggml::Access::Busy => SessionError::BufferBusy(what),
         }
     }
 }

@@ -29,7 +29,7 @@ use rpc_proto::{Graph as WireGraph, RpcTensor};
 use super::tensor::UnknownBuffer;
 use super::validate;
 use super::{Session, SessionError};
-use crate::ggml::{ops, Backend, DeviceKind, Graph, GraphLinks, TensorSpec};
+use rpc_ggml::{ops, Backend, DeviceKind, Graph, GraphLinks, TensorSpec};
 use schedule::DataCheck;
 use walk::{DataNeeds, Ids, Reached};
 

@@ -31,10 +31,10 @@ use tensor::UnknownBuffer;
 
 use crate::cache::WeightCache;
 use crate::comm::Connector;
-use crate::ggml::{Backend, Buffer, Device, ScratchTensors};
 use crate::local_weights::LocalWeights;
 use graph::StoredGraph;
 use graph_cache::GraphCache;
+use rpc_ggml::{Backend, Buffer, Device, ScratchTensors};
 
 /// Server-wide settings every session reads.
 pub struct SessionConfig {
@@ -559,7 +559,7 @@ impl Drop for Session {
         self.graphs.clear();
         self.backends.clear();
         if used_memory {
-            crate::ggml::trim_heap();
+            rpc_ggml::trim_heap();
         }
     }
 }

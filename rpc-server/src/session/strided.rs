@@ -6,7 +6,7 @@ use rpc_proto::{Region2d, RpcTensor};
 
 use super::tensor::{nbytes, UnknownBuffer};
 use super::{Session, SessionError};
-use crate::ggml::Buffer;
+use rpc_ggml::Buffer;
 
 impl Session {
     /// SET_TENSOR_2D: chunk `i` of `data` to tensor offset `offset + i·stride` (overlapping chunks

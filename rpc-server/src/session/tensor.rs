@@ -6,7 +6,7 @@
 use rpc_proto::RpcTensor;
 
 use super::{Session, SessionError};
-use crate::ggml::{ops, type_info, Buffer, BufferRef, TensorSpec};
+use rpc_ggml::{ops, type_info, Buffer, BufferRef, TensorSpec};
 
 /// How to treat a tensor whose buffer handle this connection does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use rpc_proto::{
 use super::*;
 use crate::cache::WeightCache;
 use crate::comm::memory::{pair, MemLink};
-use crate::ggml::{Device, DeviceKind};
+use rpc_ggml::{Device, DeviceKind};
 
 // ---- helpers -----------------------------------------------------------------------------
 

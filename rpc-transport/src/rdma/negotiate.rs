@@ -76,7 +76,7 @@ pub fn client_choice(offered: &Caps, reply: &[u8; CAPS_SIZE]) -> Result<Choice, 
 }
 
 /// Upstream's readiness byte (UC, both framings): sent and expected over TCP after activation
-/// (both roles: the server's `connection.rs`, the client's `rpc_client::negotiate_client`).
+/// (both roles: the server's `connection/rdma.rs`, the client's `rpc_client::negotiate_client`).
 pub const READY: u8 = 0x2A;
 
 /// The client role.

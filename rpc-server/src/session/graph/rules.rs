@@ -3,7 +3,7 @@
 
 use super::validate::{self, IndexCheck};
 use super::{Resolved, SessionError};
-use crate::ggml::ops;
+use rpc_ggml::ops;
 
 /// Every view stays inside the tensor it views.
 pub(super) fn check_views(r: &Resolved<'_>) -> Result<(), SessionError> {

@@ -7,8 +7,8 @@
 
 use super::validate::{self, IndexCheck};
 use super::SessionError;
-use crate::ggml::{ops, BufferRef, GraphLinks, TensorSpec};
 use crate::session::tensor::nbytes;
+use rpc_ggml::{ops, BufferRef, GraphLinks, TensorSpec};
 
 /// Upper bound on (checks x writing nodes) comparisons when scheduling checks.
 const MAX_SCHEDULE_WORK: usize = 200_000_000;

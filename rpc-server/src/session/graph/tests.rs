@@ -7,7 +7,7 @@ use super::schedule::schedule_checks;
 use super::validate::IndexCheck;
 use super::walk::{link, needs_data, running_nodes, walk, Ids, Reached};
 use super::*;
-use crate::ggml::{type_info, BufferRef, Device};
+use rpc_ggml::{type_info, BufferRef, Device};
 
 // ---- wire graphs -------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use rpc_proto::{Graph as WireGraph, RpcTensor};
 
 use super::SessionError;
-use crate::ggml::{ops, GraphLinks};
+use rpc_ggml::{ops, GraphLinks};
 
 /// Edges of a tensor in the walk: `src[0..10]`, then `view_src`.
 const EDGES: usize = 11;

@@ -23,7 +23,7 @@
 //! One file per op family; [`rule`] says which function checks which op. Shared shape and type
 //! helpers (with ggml's exact semantics) are here; views and aliasing in `views.rs`.
 
-use crate::ggml::{ops, type_info, TensorSpec};
+use rpc_ggml::{ops, type_info, TensorSpec};
 
 /// ggml type ids (`enum ggml_type`, fixed by the protocol; defined once in `rpc-proto`).
 pub(crate) use rpc_proto::ggml_type as ty;

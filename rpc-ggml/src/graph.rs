@@ -26,8 +26,8 @@ pub struct GraphLinks {
 }
 
 /// A ggml graph with its own context; keeps every buffer it points into alive. It holds them as
-/// [`BufferRef`]s, which cannot write; ggml writes them only while [`Graph::lock`]'s flags are
-/// held (`Backend::compute`).
+/// [`BufferRef`]s, which cannot write; ggml writes them only while the flags
+/// `Graph::segment_locked` takes are held (`Backend::compute`).
 ///
 /// The nodes may be split into consecutive segments (ggml graphs of their own, computed one after
 /// the other) so that the session can check data between them: index tensors computed inside the

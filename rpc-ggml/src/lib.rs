@@ -1,20 +1,33 @@
-//! The ggml FFI layer: the only module of the server that calls into C.
+//! `rpc-ggml`: the ggml FFI layer of `rpc-server`, the only code of the server that calls into
+//! ggml's C API.
 //!
-//! Everything above this module works with safe types: [`Device`], [`Backend`], [`Buffer`] (a
+//! Everything above this crate works with safe types: [`Device`], [`Backend`], [`Buffer`] (a
 //! buffer's one owner, the only way to write its bytes) and [`BufferRef`] (what tensors and
 //! graphs hold: keeps the memory alive, cannot write it), [`TensorSpec`] and [`Graph`]. Their
 //! API is sound by construction: no safe code can make two overlapping views of a buffer's bytes
 //! one of which writes, nor compute a graph while a view of one of its buffers is alive (see
-//! `buffer.rs`). Every `unsafe` block states why it is sound in a `// SAFETY:` line. The module is
-//! private to the crate; what others need is re-exported as `rpc_server::backend`.
-//! Inputs reaching this layer are already validated by the session (types, shapes, extents inside
-//! their buffer), so nothing here can trip one of ggml's `GGML_ASSERT`s from the network.
+//! `buffer.rs`). Every `unsafe` block states why it is sound in a `// SAFETY:` line; no raw
+//! pointer or ggml handle is part of the public API.
+//!
+//! What the types do not check is the caller's part, as it was when this layer was a module of
+//! the server: a [`TensorSpec`] must be validated before it is built into a [`Graph`] or
+//! [`ScratchTensors`] (a known type, `ne[0]` whole blocks, its extent inside its buffer), and a
+//! graph's ops must have shapes and parameters their kernels accept (the server's session
+//! validator). Those inputs come from the network only through that validation, so nothing the
+//! network sends can trip one of ggml's `GGML_ASSERT`s or make a kernel leave its tensors;
+//! should an assertion fire anyway, [`abort`] decides what happens.
+//!
+//! It depends on `llama-cpp-sys-2` (ggml itself), `rpc-proto` (the op and type ids, checked
+//! against the linked ggml at compile time) and nothing of the server.
 
+// The FFI layer: `unsafe` is its job; every block states why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 // bindgen types ggml's enum constants by platform (`u32` here, `i32` with MSVC): the `as u32`
 // casts below are no-ops on this target and needed on others.
 #![allow(clippy::unnecessary_cast)]
 
-// The layer's modules, bottom up; each imports only those before it (and `sys`, `ops`, `abort`):
+// The crate's modules, bottom up; each imports only those before it (and `sys`, `ops`, `abort`):
 // `context` (ggml contexts, the byte tensor) < `buffer` < `device` (makes buffers) < `tensor`
 // (descriptions made into tensors; allocation sizes on a device) < `graph` < `backend` (runs a
 // graph on a device; adds `Device::init_backend`). `abort`, `ids` and `ops` import none of them.
@@ -24,15 +37,13 @@ mod buffer;
 mod context;
 mod device;
 mod graph;
-#[cfg(target_os = "macos")]
-pub mod seatbelt;
 mod tensor;
 
 pub use backend::Backend;
 pub use buffer::{use_huge_pages, Access, Buffer, BufferRef, HostMut, HostRef};
 pub use device::{load_backends, load_backends_from, Device, DeviceKind};
 pub use graph::{Graph, GraphError, GraphLinks};
-pub use tensor::{type_info, ScratchTensors, TensorSpec};
+pub use tensor::{type_info, ScratchTensors, TensorSpec, TypeInfo};
 
 use llama_cpp_sys_2 as sys;
 

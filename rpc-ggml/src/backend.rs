@@ -18,7 +18,7 @@ unsafe impl Send for Backend {}
 
 impl Device {
     /// Creates a backend instance (stream, thread pool) on this device.
-    pub(crate) fn init_backend(&self, n_threads: usize) -> Option<Backend> {
+    pub fn init_backend(&self, n_threads: usize) -> Option<Backend> {
         // SAFETY: valid device; NULL params selects the defaults; NULL return handled below.
         let raw = unsafe { sys::ggml_backend_dev_init(self.raw(), std::ptr::null()) };
         if raw.is_null() {
@@ -66,7 +66,7 @@ impl Drop for Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ggml::{BufferRef, GraphLinks, TensorSpec};
+    use crate::{BufferRef, GraphLinks, TensorSpec};
     use rpc_proto::{ggml_op, ggml_type};
 
     fn cpu() -> Device {

@@ -1,5 +1,6 @@
 //! macOS's `sandbox_init` (libSystem), the one C call of the session sandbox on macOS
-//! (`sandbox_mac.rs` builds the profile); here because this module is the crate's FFI layer.
+//! (`sandbox_mac.rs` builds the profile); a module of its own because it needs `unsafe`, which
+//! the crate allows only here and in `sys_linux.rs`.
 //!
 //! The other call here, [`darwin_user_cache_dir`] (libc's `confstr`), only looks up where Darwin
 //! keeps this user's caches, for the profile's Metal shader-cache rule; it changes nothing.

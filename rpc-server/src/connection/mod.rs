@@ -2,24 +2,27 @@
 //!
 //! Framing (spec §3): `| cmd u8 | size u64 LE | payload |` in, `| size u64 LE | payload |` out,
 //! only for commands that have a reply. Requests without a reply arrive pipelined, so the loop
-//! reads strictly by framing, never in request/response lockstep.
+//! reads strictly by framing, never in request/response lockstep. The one loop ([`run`]) serves
+//! every transport: TCP here, an activated queue pair of either flavor or the lean framing
+//! through `rdma.rs`.
+
+mod framing;
+mod rdma;
+
+pub(crate) use framing::{encode_reply, read_hello, read_payload, send_reply};
+use framing::{read_exact_by, read_header, read_streamed};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_proto::{check_frame, Command, DecodeError, FrameHeader, Limits, Major, Request, Response};
-use rpc_transport::rdma::negotiate::{lean_name, READY};
-use rpc_transport::rdma::{Flavor, RdmaTransport};
 use rpc_transport::{BlockingTcpTransport, Transport};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::admission::Admitted;
 use crate::options::{Deadlines, ServerOptions};
-use crate::rdma::{Activated, RdmaConfig};
-use crate::session::{
-    Intake, MemoryBudget, Reply, Session, SessionConfig, SessionError, SetTensorBody,
-};
+use crate::rdma::RdmaConfig;
+use crate::session::{Intake, MemoryBudget, Reply, Session, SessionConfig, SessionError};
 use crate::stats::Stats;
 
 /// Request bodies larger than this are charged to the memory budget while they are read and
@@ -53,51 +56,6 @@ pub enum ConnectionError {
     Stalled(u64),
 }
 
-/// Reads a frame header: waits up to `idle` for its first byte (`Ok(None)` on a clean end of
-/// stream before it), then up to `stall` for the rest. The first read asks for the whole header
-/// (a transport that reads no further than asked, the front's, then takes it in one `recv`),
-/// and the rest is read only if it did not all come.
-async fn read_header<R: Transport>(
-    rd: &mut R,
-    idle: Option<Duration>,
-    stall: Option<Duration>,
-) -> Result<Option<FrameHeader>, ConnectionError> {
-    let mut b = [0u8; rpc_proto::FRAME_HEADER_SIZE];
-    let deadline = idle.map(|t| Instant::now() + t);
-    let Some(n) = rd.read_by(&mut b, deadline).await? else {
-        return Err(ConnectionError::Idle(idle.unwrap_or_default().as_secs()));
-    };
-    if n == 0 {
-        return Ok(None);
-    }
-    if n < b.len() {
-        read_body(rd, &mut b[n..], stall).await?;
-    }
-    Ok(Some(FrameHeader::decode(&b)))
-}
-
-/// Reads exactly `buf.len()` bytes by `deadline`: `Ok(false)` when it passed first.
-async fn read_exact_by<R: Transport>(
-    rd: &mut R,
-    buf: &mut [u8],
-    deadline: Option<Instant>,
-) -> std::io::Result<bool> {
-    let mut done = 0;
-    while done < buf.len() {
-        match rd.read_by(&mut buf[done..], deadline).await? {
-            None => return Ok(false),
-            Some(0) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "peer closed the connection mid-request",
-                ))
-            }
-            Some(n) => done += n,
-        }
-    }
-    Ok(true)
-}
-
 /// A session of this connection: its major, the shared budget, and the collectives link set up
 /// from the address the client reached us at (`comm.rs`), unless the context brings its own way
 /// (a session process asks its front).
@@ -108,58 +66,6 @@ fn new_session(ctx: &ConnectionContext, local: std::net::SocketAddr) -> Session 
         None => Arc::new(ctx.options.comm_policy(local)),
     });
     s
-}
-
-/// Bytes read per stall deadline: a body must keep arriving, however large it is.
-const STALL_CHUNK: usize = 1 << 20;
-
-/// Reads exactly `buf.len()` bytes of a request whose header has arrived; fails when no
-/// [`STALL_CHUNK`] completes within `stall` (a slow link is fine, a silent one is not).
-async fn read_body<R: Transport>(
-    rd: &mut R,
-    buf: &mut [u8],
-    stall: Option<Duration>,
-) -> Result<(), ConnectionError> {
-    let Some(t) = stall else {
-        return Ok(rd.read_exact(buf).await?);
-    };
-    for chunk in buf.chunks_mut(STALL_CHUNK) {
-        if !read_exact_by(rd, chunk, Some(Instant::now() + t)).await? {
-            return Err(ConnectionError::Stalled(t.as_secs()));
-        }
-    }
-    Ok(())
-}
-
-/// Reads the HELLO that opens a connection, all of it `within` the given time; `Ok(None)` on a clean end
-/// of stream before its first byte.
-pub(crate) async fn read_hello<R: Transport>(
-    rd: &mut R,
-    within: Duration,
-    major: Major,
-    limits: &Limits,
-) -> Result<Option<[u8; rpc_proto::CONN_CAPS_SIZE]>, ConnectionError> {
-    let deadline = Instant::now() + within;
-    let no_hello = || ConnectionError::NoHello(within.as_secs());
-    let mut b = [0u8; rpc_proto::FRAME_HEADER_SIZE];
-    match rd.read_by(&mut b[..1], Some(deadline)).await? {
-        None => return Err(no_hello()),
-        Some(0) => return Ok(None),
-        Some(_) => {}
-    }
-    if !read_exact_by(rd, &mut b[1..], Some(deadline)).await? {
-        return Err(no_hello());
-    }
-    let h = FrameHeader::decode(&b);
-    if h.cmd != Command::Hello as u8 {
-        return Err(ConnectionError::ExpectedHello(h.cmd));
-    }
-    check_frame(major, &h, limits)?;
-    let mut caps = [0u8; rpc_proto::CONN_CAPS_SIZE];
-    if !read_exact_by(rd, &mut caps, Some(deadline)).await? {
-        return Err(no_hello());
-    }
-    Ok(Some(caps))
 }
 
 /// What serving one connection needs besides its socket: the server's options, shared state
@@ -215,65 +121,14 @@ pub(crate) async fn serve_hello_in<F: FnOnce()>(
     let session = new_session(&ctx, tcp.local_addr()?);
     send_hello(&mut tcp, session.hello(reply_caps), &ctx.stats).await?;
     ready();
-    let (stats, rdma, shutdown) = (ctx.stats, ctx.rdma, ctx.shutdown);
     let Some(activated) = activated else {
         if let Some(s) = slot {
             s.release();
         }
+        let (stats, shutdown) = (ctx.stats, ctx.shutdown);
         return run_in(&mut tcp, session, limits, stats, deadlines, shutdown, slot).await;
     };
-    match activated {
-        Activated::Rc(link, _permit) => {
-            let mut t = RdmaTransport::new(link, Some(into_anchor(tcp)?), "RDMA/RC");
-            tracing::info!("RDMA activated (Linux RC flavor)");
-            let r = run_rdma(&mut t, session, limits, stats, deadlines, shutdown).await;
-            finish_rdma(&rdma, &t);
-            r
-        }
-        Activated::Uc(link, _permit) => {
-            if !exchange_ready(&mut tcp).await? {
-                rdma.fallback(crate::rdma::Fallback::ClientNotReady);
-                drop(link);
-                return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
-            }
-            let mut t = RdmaTransport::new(link, Some(into_anchor(tcp)?), "RDMA/UC");
-            tracing::info!("RDMA activated (Apple UC flavor)");
-            let r = run_rdma(&mut t, session, limits, stats, deadlines, shutdown).await;
-            finish_rdma(&rdma, &t);
-            r
-        }
-        Activated::Lean(link, flavor, _permit) => {
-            // Our own client: the lean framing. Over UC the readiness exchange comes first, as
-            // for upstream's UC flavor (receives are posted on both sides before any frame).
-            if flavor == Flavor::AppleUc && !exchange_ready(&mut tcp).await? {
-                rdma.fallback(crate::rdma::Fallback::ClientNotReady);
-                drop(link);
-                return run(&mut tcp, session, limits, stats, deadlines, shutdown).await;
-            }
-            let anchor = into_anchor(tcp)?;
-            let mut t = RdmaTransport::new(link, Some(anchor), lean_name(flavor));
-            tracing::info!(
-                "RDMA activated (lean framing over {})",
-                if flavor == Flavor::AppleUc {
-                    "UC"
-                } else {
-                    "RC"
-                }
-            );
-            let r = run_rdma(&mut t, session, limits, stats, deadlines, shutdown).await;
-            let lean = t.link().stats();
-            tracing::info!(
-                data_frames = lean.data_frames,
-                credit_frames = lean.credit_frames,
-                inline_frames = lean.inline_frames,
-                bytes_sent = lean.bytes_sent,
-                frames_received = lean.frames_received,
-                "lean framing stats"
-            );
-            finish_rdma(&rdma, &t);
-            r
-        }
-    }
+    rdma::serve(tcp, activated, session, limits, ctx, deadlines).await
 }
 
 /// Sends a session's HELLO reply ([`Session::hello`]), counted.
@@ -314,64 +169,6 @@ pub async fn serve_commands<F: FnOnce()>(
         ctx.shutdown,
     )
     .await
-}
-
-const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Upstream's UC readiness exchange: one byte each way over TCP, [`READY`] = ready. `Ok(false)`
-/// when the client could not activate its side (the connection then stays on TCP).
-async fn exchange_ready(tcp: &mut BlockingTcpTransport) -> Result<bool, ConnectionError> {
-    tcp.send_message(&[&[READY]]).await?;
-    let mut b = [0u8; 1];
-    if !read_exact_by(tcp, &mut b, Some(Instant::now() + READY_TIMEOUT)).await? {
-        return Err(ConnectionError::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "no RDMA readiness byte from the client",
-        )));
-    }
-    if b[0] != READY {
-        tracing::warn!(
-            "client could not activate RDMA (readiness byte {:#x}); staying on TCP",
-            b[0]
-        );
-        return Ok(false);
-    }
-    Ok(true)
-}
-
-/// The TCP socket kept open, idle, as the liveness anchor of an RDMA connection (registered
-/// with this thread's runtime: the RDMA transport waits on it).
-fn into_anchor(tcp: BlockingTcpTransport) -> Result<TcpStream, ConnectionError> {
-    let s = tcp.into_stream()?;
-    s.set_nonblocking(true)?;
-    Ok(TcpStream::from_std(s)?)
-}
-
-/// The command loop over an activated queue pair (the connection holds it: no idle timeout).
-async fn run_rdma<F: rpc_transport::rdma::Flavored>(
-    t: &mut RdmaTransport<F>,
-    session: Session,
-    limits: Limits,
-    stats: Arc<Stats>,
-    deadlines: Deadlines,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), ConnectionError> {
-    let deadlines = deadlines.holding_queue_pair();
-    run(t, session, limits, stats, deadlines, shutdown).await
-}
-
-fn finish_rdma<F: rpc_transport::rdma::Flavored>(rdma: &RdmaConfig, t: &RdmaTransport<F>) {
-    let counters = t.counters();
-    rdma.record(counters);
-    let (idle, event_wakeups, timer_wakeups) = t.idle_stats();
-    tracing::info!(
-        sends = counters.0,
-        recvs = counters.1,
-        idle,
-        event_wakeups,
-        timer_wakeups,
-        "RDMA connection done"
-    );
 }
 
 /// The next request's header, or `None` when the client closed or the server stops (a blocking
@@ -526,112 +323,4 @@ async fn run_in<T: Transport>(
         }
     }
     Ok(())
-}
-
-/// Reads a request body of `size` bytes into `payload` (cleared first), growing it by at most
-/// [`STALL_CHUNK`] ahead of the bytes received: memory follows the bytes that arrive, not the
-/// size a header claims.
-pub(crate) async fn read_payload<R: Transport>(
-    rd: &mut R,
-    payload: &mut Vec<u8>,
-    size: u64,
-    stall: Option<Duration>,
-) -> Result<(), ConnectionError> {
-    let size = usize::try_from(size).map_err(|_| ConnectionError::OutOfMemory(size))?;
-    payload.clear();
-    while payload.len() < size {
-        let at = payload.len();
-        let n = (size - at).min(STALL_CHUNK);
-        payload
-            .try_reserve(n)
-            .map_err(|_| ConnectionError::OutOfMemory(size as u64))?;
-        payload.resize(at + n, 0);
-        read_body(rd, &mut payload[at..], stall).await?;
-    }
-    Ok(())
-}
-
-/// Encodes a reply into `out` (except GET_TENSOR's data, sent from where it is); returns its
-/// size on the wire.
-pub(crate) fn encode_reply(r: &Reply<'_>, out: &mut Vec<u8>) -> u64 {
-    match r {
-        Reply::Tensor(data) => (rpc_proto::RESPONSE_HEADER_SIZE + data.len()) as u64,
-        Reply::Owned(Response::GetTensor(data)) => {
-            (rpc_proto::RESPONSE_HEADER_SIZE + data.len()) as u64
-        }
-        Reply::Owned(r) => {
-            out.clear();
-            r.encode(out);
-            out.len() as u64
-        }
-    }
-}
-
-/// Writes a reply encoded by [`encode_reply`] as upstream does: the size prefix and the payload
-/// as two sends.
-pub(crate) async fn send_reply<T: Transport>(
-    t: &mut T,
-    r: &Reply<'_>,
-    out: &[u8],
-) -> Result<(), ConnectionError> {
-    let data: &[u8] = match r {
-        Reply::Tensor(data) => data,
-        Reply::Owned(Response::GetTensor(data)) => data,
-        Reply::Owned(_) => {
-            let (head, body) = out.split_at(rpc_proto::RESPONSE_HEADER_SIZE.min(out.len()));
-            return Ok(t.send_message(&[head, body]).await?);
-        }
-    };
-    let prefix = Response::header(data.len() as u64);
-    t.send_message(&[&prefix, data]).await?;
-    Ok(())
-}
-
-/// Reads a streamed body (SET_TENSOR) into the slices its session hands out, as they are
-/// needed: the session decides where each byte goes (`session/body.rs`).
-async fn read_streamed<R: Transport>(
-    rd: &mut R,
-    session: &mut Session,
-    size: u64,
-    stall: Option<Duration>,
-) -> Result<(), StreamError> {
-    let mut body = SetTensorBody::new(size);
-    loop {
-        let Some(mut space) = session.body_space(&mut body)? else {
-            return Ok(());
-        };
-        read_body(rd, &mut space, stall).await?;
-        drop(space);
-        session.body_filled(&mut body)?;
-    }
-}
-
-/// Why a streamed body failed: the transport, or the session (named by its command).
-enum StreamError {
-    Connection(ConnectionError),
-    Session(SessionError),
-}
-
-impl From<ConnectionError> for StreamError {
-    fn from(e: ConnectionError) -> Self {
-        StreamError::Connection(e)
-    }
-}
-
-impl From<SessionError> for StreamError {
-    fn from(e: SessionError) -> Self {
-        StreamError::Session(e)
-    }
-}
-
-impl StreamError {
-    fn named(self, cmd: Command) -> ConnectionError {
-        match self {
-            StreamError::Connection(e) => e,
-            StreamError::Session(err) => ConnectionError::Session {
-                cmd: cmd.name(),
-                err,
-            },
-        }
-    }
 }

@@ -154,7 +154,7 @@ impl Device {
     }
 
     /// Allocates a buffer of the default buffer type; `None` when ggml cannot.
-    pub(crate) fn alloc_buffer(&self, size: u64) -> Option<Buffer> {
+    pub fn alloc_buffer(&self, size: u64) -> Option<Buffer> {
         let size = usize::try_from(size).ok()?;
         // SAFETY: valid buffer type; ggml returns NULL on failure, which Buffer::from_raw handles.
         let raw = unsafe { sys::ggml_backend_buft_alloc_buffer(self.buft(), size) };
