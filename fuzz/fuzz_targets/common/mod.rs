@@ -19,10 +19,10 @@
 
 use std::sync::{Arc, OnceLock};
 
+use rpc_ggml::{Device, DeviceKind};
 use rpc_proto::{
     check_frame, Command, FrameHeader, Limits, Major, Request, Response, RpcTensor, RPC_TENSOR_SIZE,
 };
-use rpc_ggml::{Device, DeviceKind};
 use rpc_server::session::{MemoryBudget, MemoryLimits, Session, SessionConfig};
 
 /// Largest buffer an input may allocate (larger requests are clamped).
