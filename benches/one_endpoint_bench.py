@@ -25,7 +25,23 @@ split (rpc-bench's chart of ms per token).
 
   python3 benches/one_endpoint_bench.py [--splits layer,tensor] [--ns 1,2,3,4] [-p 32 -n 32 -r 3]
       [--tensor-pnr 128,128,5] [--rounds 2] [--tensor-rounds 4] [--direct tensor]
-      [--out docs/bench-one-endpoint.md]
+      [--out docs/bench-one-endpoint.md] [--link tb5-tcp]
+
+With --link PROFILE (an `rpc-bench relay` profile: tb5-tcp, 2.5gbe, 10gbe, custom:RTT_US:GBIT_S)
+every worker is behind an emulated link, as on a cluster where the client (and with it the shim)
+is one machine and every worker another: per server, one `rpc-bench relay --link PROFILE
+--comm-link` process listens on a loopback address of its own (127.0.0.3, 127.0.0.4, ...) at the
+server's port and forwards to the server on 127.0.0.1, and at that port + 1000 carries the
+servers' own link (8.0's COMM_INIT, our LINK_OPEN) over the same emulated link to the server's
+port + 1000 (for stock servers, which listen on every interface at the port they are told, the
+relay moves rank 0's COMM_INIT to a spare port: --comm-rank0-port). stockN and oursN name the
+relays (`--rpc 127.0.0.3:P1,127.0.0.4:P2,..`), the shims run on loopback for the client with
+`-w` naming the same relays, so the client <-> shim hop stays loopback and every shim <-> worker
+and worker <-> worker byte crosses one emulated link. In tensor mode with N = 2 both stock2 and
+ours2 get --own-comm-port (their pairwise link then crosses the emulated link as well). The
+generated tables replace the block between `<!-- emulated:PROFILE begin -->` and
+`<!-- emulated:PROFILE end -->` in --out (appended at its end when missing); the rest of the file
+is left alone. The relays' counters (bytes through each, its link's bytes) are in the block too.
 
 Needs: cargo build --release -p rpc-server -p rpc-shim -p rpc-bench; the stock 8.0 tools with
 llama-bench: STOCK_PROTO=8 STOCK_TARGETS="ggml-rpc-server llama-completion llama-bench"
@@ -35,6 +51,7 @@ scripts/stock-llama.sh (run when --stock-bin and $STOCK_BIN8 are not given; cach
 import argparse
 import csv
 import datetime
+import json
 import os
 import re
 import shlex
@@ -52,6 +69,7 @@ from e2e_common import (CACHE, REPO, Server, Servers, free_port, log, resolve_ou
 SPLITS = ("layer", "tensor")
 COMM_PEERS = ["--comm-peer-ports", "1-64535"]  # as tests/e2e/proto8_e2e.py
 PAIR_HOST = "127.0.0.2"  # rpc-bench e2e --own-comm-port: rank 0's relay and link forwarder
+RELAY_HOST = "127.0.0.%d"  # --link: server k's emulating relay on 127.0.0.(3 + k)
 KINDS = ("stock", "ours", "one")
 KIND_NAME = {"stock": "stock x%d", "ours": "ours x%d", "one": "one endpoint x%d"}
 
@@ -70,6 +88,30 @@ class OneEndpointShim(Server):
         return c + ["--listen", self.endpoint, "--transport", "tcp"]
 
 
+class EmulatedRelay(Server):
+    """`rpc-bench relay` on `host`:`port` in front of `upstream` over `link`, carrying the servers'
+    link at port + 1000 (--comm-link; with `comm_rank0_port` rank 0's COMM_INIT moved there)."""
+
+    def __init__(self, name, binary, host, port, upstream, link, logdir, comm_rank0_port=None):
+        super().__init__(name, binary, port, logdir, host=host, proto=8)
+        self.upstream, self.link, self.comm_rank0_port = upstream, link, comm_rank0_port
+        self.stats = os.path.join(logdir, "relay-%s.json" % name)
+
+    def cmd(self):
+        c = [self.binary, "relay", "--listen", self.endpoint, "--to", self.upstream, "--link", self.link,
+             "--comm-link", "--stats", self.stats, "--stats-every", "200"]
+        if self.comm_rank0_port:
+            c += ["--comm-rank0-port", str(self.comm_rank0_port)]
+        return c
+
+    def counters(self):
+        try:
+            with open(self.stats) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+
 def bindable(host, port):
     if not 0 < port < 65536:
         return False
@@ -83,14 +125,36 @@ def bindable(host, port):
         s.close()
 
 
-def pair_port():
+def pair_port(hosts=(PAIR_HOST,)):
     """A free port P for one of our servers whose relay may take PAIR_HOST:P and whose link
-    forwarder PAIR_HOST:P+1000 (free_port already checks 127.0.0.1:P+1000)."""
+    forwarder PAIR_HOST:P+1000 (free_port already checks 127.0.0.1:P+1000); with --link also
+    its emulating relay's host (`hosts`)."""
     for _ in range(100):
         p = free_port()
-        if bindable(PAIR_HOST, p) and bindable(PAIR_HOST, p + 1000):
+        if all(bindable(h, p) and bindable(h, p + 1000) for h in hosts):
             return p
-    raise RuntimeError("no port free on both 127.0.0.1 and %s" % PAIR_HOST)
+    raise RuntimeError("no port free on 127.0.0.1 and %s" % ", ".join(hosts))
+
+
+def spare_port():
+    """A port free on every interface (a stock rank 0 listens on 0.0.0.0 at it)."""
+    for _ in range(100):
+        p = free_port()
+        if bindable("0.0.0.0", p):
+            return p
+    raise RuntimeError("no port free on 0.0.0.0")
+
+
+def counter_delta(relays, before):
+    """Per relay: bytes through it (both ways), its round trips, and its servers'-link bytes since
+    `before` (relay name -> counters)."""
+    out = []
+    for r in relays:
+        a, b = before.get(r.name, {}), r.counters()
+        d = {k: b.get(k, 0) - a.get(k, 0) for k in ("c2s_bytes", "s2c_bytes", "round_trips", "connections",
+                                                     "comm_c2s_bytes", "comm_s2c_bytes")}
+        out.append((r, d))
+    return out
 
 
 def loadavg():
@@ -230,6 +294,22 @@ def ratio(a, b):
     return "%.2f" % (a / b) if a and b else "-"
 
 
+def splice(path, link, block):
+    """`path`'s text with the block between `<!-- emulated:LINK begin -->` and its end marker
+    replaced by `block` (appended at the end when there is none)."""
+    begin, end = "<!-- emulated:%s begin -->" % link, "<!-- emulated:%s end -->" % link
+    try:
+        with open(path) as f:
+            old = f.read()
+    except FileNotFoundError:
+        old = ""
+    new = "%s\n%s%s" % (begin, block, end)
+    i, j = old.find(begin), old.find(end)
+    if i >= 0 and j > i:
+        return old[:i] + new + old[j + len(end):]
+    return old.rstrip("\n") + "\n\n" + new + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stock-bin", help="stock 8.0 tools with llama-bench (default: $STOCK_BIN8, else "
@@ -245,20 +325,35 @@ def main():
     ap.add_argument("-p", type=int, default=32, help="layer split: llama-bench -p")
     ap.add_argument("-n", type=int, default=32, help="layer split: llama-bench -n")
     ap.add_argument("-r", type=int, default=3, help="layer split: llama-bench -r")
-    ap.add_argument("--tensor-pnr", default="128,128,5", help="tensor split: -p,-n,-r (synth-llama-f16 makes a "
-                    "token in about a millisecond: more tokens, less noise)")
+    ap.add_argument("--tensor-pnr", help="tensor split: -p,-n,-r (synth-llama-f16 makes a token in about a "
+                    "millisecond: more tokens, less noise; default 128,128,5, with --link 64,64,3)")
     ap.add_argument("--rounds", type=int, default=2, help="layer split: rpc-bench e2e --rounds")
-    ap.add_argument("--tensor-rounds", type=int, default=4, help="tensor split: rpc-bench e2e --rounds")
-    ap.add_argument("--direct", default="tensor", help="splits that also run straight to the servers or the shim "
+    ap.add_argument("--tensor-rounds", type=int, help="tensor split: rpc-bench e2e --rounds (default 4, with "
+                    "--link 3)")
+    ap.add_argument("--link", default="none", help="emulate this link between the client machine (client and "
+                    "shim) and every worker, and between the workers (rpc-bench relay; see above): tb5-tcp, "
+                    "2.5gbe, 10gbe, custom:RTT_US:GBIT_S; none (default): everything on plain loopback")
+    ap.add_argument("--direct", help="splits that also run straight to the servers or the shim "
                     "each round (no relay; rpc-bench e2e --direct): comma-separated, or 'none' (default: tensor, "
-                    "whose tokens take about a millisecond, so that the relays' own hops weigh)")
+                    "whose tokens take about a millisecond, so that the relays' own hops weigh; with --link: none)")
     ap.add_argument("--note", default="", help="text for the report's header (e.g. how the binaries were built)")
     ap.add_argument("--max-load", type=float, default=1.5, help="wait before each split until the 1-minute "
                     "load average is below this")
     ap.add_argument("--max-wait", type=float, default=300, help="... for at most this many seconds")
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "bench-one-endpoint.md"))
-    ap.add_argument("--workdir", default=os.path.join(REPO, "target", "one-endpoint-bench"))
+    ap.add_argument("--workdir", help="logs, rpc-bench's reports and charts (default: target/one-endpoint-bench, "
+                    "with --link target/one-endpoint-bench-LINK)")
     args = ap.parse_args()
+    emulated = args.link not in ("none", "native", "loopback")
+    if args.tensor_pnr is None:
+        args.tensor_pnr = "64,64,3" if emulated else "128,128,5"
+    if args.tensor_rounds is None:
+        args.tensor_rounds = 3 if emulated else 4
+    if args.direct is None:
+        args.direct = "none" if emulated else "tensor"
+    if args.workdir is None:
+        args.workdir = os.path.join(REPO, "target", "one-endpoint-bench" + ("-" + args.link.replace(":", "_")
+                                                                            if emulated else ""))
 
     splits = [s for s in args.splits.split(",") if s]
     if any(s not in SPLITS for s in splits):
@@ -290,8 +385,12 @@ def main():
                 os.makedirs(d, exist_ok=True)
                 synth_models.write_model(models["tensor"], "synth-llama-f16", synth_models.specs()["synth-llama-f16"])
     os.makedirs(args.workdir, exist_ok=True)
-    out_dir = os.path.dirname(os.path.abspath(args.out))
     stem = os.path.splitext(os.path.abspath(args.out))[0]
+    if emulated:  # the report is one block of --out; its files stay in the workdir
+        stem = os.path.join(os.path.abspath(args.workdir), "bench-one-endpoint-" + args.link.replace(":", "_"))
+
+    def png_path(split):
+        return "%s-%s.png" % (stem, split)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, stdout=subprocess.PIPE,
                             text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
@@ -303,13 +402,31 @@ def main():
     nmax = max(ns)
     with Servers() as servers:
         srv = {"stock": [], "ours": []}
+        # where the client (and the shim) reach each server: the server, or its emulating relay
+        ep = {"stock": [], "ours": []}
+        relays = []
         for i in range(nmax):
+            hosts = {kind: RELAY_HOST % (3 + 2 * i + j) for j, kind in enumerate(("stock", "ours"))}
+
+            def near(kind):
+                return (PAIR_HOST, hosts[kind]) if emulated else (PAIR_HOST,)
             srv["stock"].append(servers.add(Server("stock%d" % (i + 1), os.path.join(stock, "ggml-rpc-server"),
-                                                   free_port(), args.workdir, threads=1, proto=8)))
-            srv["ours"].append(servers.add(Server("ours%d" % (i + 1), ours, pair_port(), args.workdir, threads=1,
-                                                  proto=8, extra=COMM_PEERS)))
-        shims = {n: servers.add(OneEndpointShim("one%d" % n, args.shim, free_port(),
-                                                [s.endpoint for s in srv["ours"][:n]], args.workdir)) for n in ns}
+                                                   pair_port(near("stock")) if emulated else free_port(),
+                                                   args.workdir, threads=1, proto=8)))
+            srv["ours"].append(servers.add(Server("ours%d" % (i + 1), ours, pair_port(near("ours")), args.workdir,
+                                                  threads=1, proto=8, extra=COMM_PEERS)))
+            for kind in ("stock", "ours"):
+                s = srv[kind][-1]
+                if not emulated:
+                    ep[kind].append(s.endpoint)
+                    continue
+                r = servers.add(EmulatedRelay("link-" + s.name, args.rpc_bench, hosts[kind], s.port, s.endpoint,
+                                              args.link, args.workdir,
+                                              comm_rank0_port=spare_port() if kind == "stock" else None))
+                relays.append(r)
+                ep[kind].append(r.endpoint)
+        shims = {n: servers.add(OneEndpointShim("one%d" % n, args.shim, free_port(), ep["ours"][:n], args.workdir))
+                 for n in ns}
         log("servers: " + ", ".join("%s %s" % (s.name, s.endpoint) for s in servers.items))
         for split in splits:
             p, n, r = pnr[split]
@@ -319,16 +436,19 @@ def main():
                    "--logdir", os.path.join(args.workdir, "logs-" + split),
                    "--csv", os.path.join(args.workdir, split + ".csv"),
                    "--md", os.path.join(args.workdir, split + ".md"),
-                   "--png", "%s-%s.png" % (stem, split)]
+                   "--png", png_path(split)]
             if split in direct:
                 cmd.append("--direct")
             for k in ns:
-                cmd += ["--server", "stock%d=%s" % (k, ",".join(s.endpoint for s in srv["stock"][:k]))]
-                cmd += ["--server", "ours%d=%s" % (k, ",".join(s.endpoint for s in srv["ours"][:k]))]
+                cmd += ["--server", "stock%d=%s" % (k, ",".join(ep["stock"][:k]))]
+                cmd += ["--server", "ours%d=%s" % (k, ",".join(ep["ours"][:k]))]
                 cmd += ["--server", "one%d=%s" % (k, shims[k].endpoint)]
             if split == "tensor" and 2 in ns:
                 cmd += ["--own-comm-port", "ours2"]
+                if emulated:  # the stock rank 0's COMM_INIT is moved off the forwarder's port by its relay
+                    cmd += ["--own-comm-port", "stock2"]
             before = wait_for_load(args.max_load, args.max_wait)
+            counted = {r.name: r.counters() for r in relays}
             log("== %s (load %s): %s" % (split, before, shlex.join(cmd)))
             t0 = time.monotonic()
             with ForeignCpu() as foreign:
@@ -343,8 +463,9 @@ def main():
                 raise SystemExit("rpc-bench e2e (%s) failed with %s after %.0f s" % (split, rc, dt))
             with open(os.path.join(args.workdir, split + ".md")) as f:
                 md = f.read()
+            time.sleep(0.5)  # the relays' last --stats
             results[split] = (read_rows(os.path.join(args.workdir, split + ".csv")), md, before, after, cmd, dt,
-                              foreign.summary())
+                              foreign.summary(), counter_delta(relays, counted))
             log("   %s done in %.0f s (load %s)" % (split, dt, after))
         dead = [s.name for s in servers.items if not s.alive()]
         if dead:
@@ -354,7 +475,11 @@ def main():
     # --- the report --------------------------------------------------------------------------------
     csv_rows = []
     doc = []
-    doc.append("# One endpoint (`rpc-shim --one-endpoint`) vs separate endpoints: generation speed\n")
+    h2 = "####" if emulated else "##"  # the emulated block sits in --out's "## Emulated links" section
+    if emulated:
+        doc.append("### Link `%s`: the tables as the driver wrote them\n" % args.link)
+    else:
+        doc.append("# One endpoint (`rpc-shim --one-endpoint`) vs separate endpoints: generation speed\n")
     doc.append("Generated by `benches/one_endpoint_bench.py` (command below), run from the working tree at commit "
                "`%s`%s, %s, in %.1f min. Binaries: `%s`, `%s`, `%s`."
                % (commit, " (with uncommitted changes)" if dirty else "", started, total / 60, ours, args.shim,
@@ -363,6 +488,12 @@ def main():
                "servers `-t 1` (ours also `%s`), shim `--transport tcp`. All on one machine with %d cores "
                "(`nproc`), on loopback: client, shim and up to 8 servers share them."
                % (stock, " ".join(COMM_PEERS), os.cpu_count()))
+    if emulated:
+        doc.append("Link `%s` emulated between the client machine and every worker and between the workers: every "
+                   "server behind its own `rpc-bench relay --link %s --comm-link` on 127.0.0.(3 + k) (stock ones also "
+                   "`--comm-rank0-port`), which stockN, oursN and the shims' `-w` name; client <-> endpoint (relay or "
+                   "shim) through `rpc-bench e2e`'s counting relay on loopback; tensor x2 with `--own-comm-port "
+                   "ours2 --own-comm-port stock2`." % (args.link, args.link))
     doc.append("Targets per N: **stock xN** = N stock `ggml-rpc-server`s as N endpoints, **ours xN** = N of our "
                "`rpc-server`s as N endpoints, **one endpoint xN** = `rpc-shim --one-endpoint` over the same N of "
                "ours, one endpoint. Every endpoint the client names is a counting relay of `rpc-bench` (no delay): "
@@ -374,11 +505,11 @@ def main():
         doc.append(args.note + "\n")
     doc.append("```sh\npython3 benches/one_endpoint_bench.py %s\n```\n" % " ".join(shlex.quote(a) for a in sys.argv[1:]))
     for split in splits:
-        rows, md, before, after, cmd, dt, foreign = results[split]
+        rows, md, before, after, cmd, dt, foreign, relay_counts = results[split]
         p, n, r = pnr[split]
         lanes = ["none"] + (["direct"] if split in direct else [])
-        doc.append("## %s split (%s), -p %d -n %d -r %d, %d rounds\n" % (
-            split, os.path.basename(models[split]), p, n, r, rounds[split]))
+        doc.append("%s %s split (%s), -p %d -n %d -r %d, %d rounds\n" % (
+            h2, split, os.path.basename(models[split]), p, n, r, rounds[split]))
         doc.append("Load average (1, 5, 15 min) before: %s; after: %s (the benchmark's own processes count in "
                    "it); %.0f s. Other work on the machine meanwhile (sampled from /proc every second): %s.\n"
                    % (before, after, dt, foreign))
@@ -420,12 +551,30 @@ def main():
         doc.append("Commands on the wire between the client and its endpoints (`rpc-bench e2e`, counted through the "
                    "relays; per prompt batch and per generated token):\n")
         doc.append(section(md, "Commands on the wire"))
-        doc.append("\nrpc-bench's chart: [%s](%s). Its command:\n" % (
-            os.path.basename("%s-%s.png" % (stem, split)), os.path.basename("%s-%s.png" % (stem, split))))
+        if relay_counts:
+            doc.append("\nThrough the emulating relays during this split (all targets, counting runs included; "
+                       "`rpc-bench relay --stats`): the link's bytes are the servers' own link (COMM_INIT's pairwise "
+                       "link, the shim's LINK_OPEN pushes):\n")
+            doc.append("| relay | listens | forwards to | connections | round trips | MB through | link MB |")
+            doc.append("|---|---|---|---|---|---|---|")
+            for r, d in relay_counts:
+                doc.append("| %s | %s | %s | %d | %d | %.1f | %.2f |" % (
+                    r.name, r.endpoint, r.upstream, d["connections"], d["round_trips"],
+                    (d["c2s_bytes"] + d["s2c_bytes"]) / 1e6, (d["comm_c2s_bytes"] + d["comm_s2c_bytes"]) / 1e6))
+        if emulated:
+            doc.append("\nrpc-bench's chart: `%s`. Its command:\n" % os.path.relpath(png_path(split), REPO))
+        else:
+            doc.append("\nrpc-bench's chart: [%s](%s). Its command:\n" % (
+                os.path.basename(png_path(split)), os.path.basename(png_path(split))))
         doc.append("```sh\n%s\n```\n" % shlex.join(os.path.relpath(c, REPO) if c.startswith(REPO) else c
                                                     for c in cmd))
+    text = "\n".join(doc) + "\n"
+    if emulated:
+        text = splice(args.out, args.link, text)
+        with open(stem + ".md", "w") as f:
+            f.write("\n".join(doc) + "\n")
     with open(args.out, "w") as f:
-        f.write("\n".join(doc) + "\n")
+        f.write(text)
     fields = ["split", "lane", "n", "target"]
     for ph in ("tg", "pp"):
         fields += [ph + "_tps", ph + "_sd", ph + "_vs_stock", ph + "_vs_ours", ph + "_client_bytes_per_token",

@@ -118,6 +118,10 @@ pub struct RelayOptions {
     /// before giving a client's connection up; zero: one try. For an upstream that starts
     /// listening only when asked to (a rank 0 server's allreduce link, `rpc-bench allreduce`).
     pub upstream_wait: Duration,
+    /// With `protocol`: the port every rank 0's COMM_INIT is rewritten to name
+    /// ([`RequestParser::comm_rank0_port`]), for a stock 8.0 server whose pairwise link is to
+    /// cross a relay listening at the port the client named.
+    pub comm_rank0_port: Option<u32>,
 }
 
 impl Default for RelayOptions {
@@ -126,6 +130,7 @@ impl Default for RelayOptions {
             protocol: true,
             zero_hello_caps: true,
             upstream_wait: Duration::ZERO,
+            comm_rank0_port: None,
         }
     }
 }
@@ -263,7 +268,11 @@ fn spawn_connection(
         socks.push(client.try_clone()?);
         socks.push(server.try_clone()?);
     }
-    let up = Direction::Up(RequestParser::new(opts.zero_hello_caps));
+    let mut requests = RequestParser::new(opts.zero_hello_caps);
+    if let Some(port) = opts.comm_rank0_port {
+        requests = requests.comm_rank0_port(port);
+    }
+    let up = Direction::Up(requests);
     let down = Direction::Down(ResponseParser::default());
     let (p_up, p_down) = if opts.protocol {
         (Some(up), Some(down))
@@ -390,6 +399,7 @@ mod tests {
             protocol: false,
             zero_hello_caps: false,
             upstream_wait: Duration::from_secs(10),
+            ..RelayOptions::default()
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let relay = Relay::on(listener, upstream, Wire::transparent(), opts).unwrap();

@@ -7,7 +7,9 @@
 //! incremental (any chunking, over [`rpc_proto::Scanner`], the frame scanner rpc-shim uses too),
 //! never panic, and count frames, bytes and round trips; the request
 //! parser also zeroes the HELLO transport caps so an RDMA-capable client stays on TCP through the
-//! relay (the relay can only carry bytes).
+//! relay (the relay can only carry bytes), and can move a rank 0's COMM_INIT to another port
+//! ([`RequestParser::comm_rank0_port`]: so that the server-to-server link can cross an emulating
+//! relay of its own).
 //!
 //! Command bytes are named and classified by protocol 8.0.0's table, whichever major the relayed
 //! connection speaks: 0..=17 mean the same in 7.0.0, and 18..=22 (8.0's SET_TENSOR_2D,
@@ -16,14 +18,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use rpc_proto::{Command, FrameHeader, Major, Scanned, Scanner, CONN_CAPS_SIZE};
+use rpc_proto::{Command, FrameHeader, Major, Scanned, Scanner, COMM_INIT_SIZE, CONN_CAPS_SIZE};
 use rpc_transport::rdma::wire::Framing;
 
 use crate::links::LinkProfile;
 
 /// Number of command slots (command bytes 0..=22 of 8.0.0, a superset of 7.0.0's 0..=17, plus
 /// one for unknown bytes).
-pub const CMD_SLOTS: usize = Command::ALL.len() + 1;
+pub const CMD_SLOTS: usize = Command::EVERY.len() + 1;
 const UNKNOWN: usize = CMD_SLOTS - 1;
 
 /// MTUs the RDMA wire-cost counters count packets at: RoCE's common 1024 (soft-RoCE in the test
@@ -228,7 +230,7 @@ impl Traffic {
 
     /// Request frames of `cmd`.
     pub fn count(&self, cmd: Command) -> u64 {
-        self.cmd_count[usize::from(cmd.as_u8())]
+        self.cmd_count[cmd.index()]
     }
 
     /// `"SET_TENSOR×9 GRAPH_RECOMPUTE×1 GET_TENSOR×1"`: non-zero commands, divided by `per`.
@@ -241,7 +243,7 @@ impl Traffic {
             let name = if i == UNKNOWN {
                 "UNKNOWN"
             } else {
-                command(i as u8).map_or("UNKNOWN", Command::name)
+                Command::EVERY.get(i).map_or("UNKNOWN", |c| c.name())
             };
             let v = n as f64 / per;
             if (v - v.round()).abs() < 1e-9 {
@@ -269,6 +271,10 @@ pub struct RequestParser {
     /// Request bytes since the last request with a response: what a lean peer (our shim)
     /// flushes as one burst at best.
     lean_burst: usize,
+    /// [`RequestParser::comm_rank0_port`].
+    comm_rank0_port: Option<u32>,
+    /// Inside a COMM_INIT's payload (when `comm_rank0_port` is set): its rank's bytes so far.
+    comm_rank: Option<[u8; 4]>,
 }
 
 impl RequestParser {
@@ -280,7 +286,19 @@ impl RequestParser {
             hello_left: 0,
             zero_hello_caps,
             lean_burst: 0,
+            comm_rank0_port: None,
+            comm_rank: None,
         }
+    }
+
+    /// Rewrites the port of every rank 0's COMM_INIT (8.0's pairwise link: "listen on this
+    /// port") to `port` in the forwarded data; rank 1's (the port it dials) is left alone. For a
+    /// stock 8.0 server behind this relay: it listens on every interface at the port it is told,
+    /// the port rank 1 dials too, so without the rewrite no relay could sit between the two on
+    /// that port. Any chunking: the rank precedes the port in the payload.
+    pub fn comm_rank0_port(mut self, port: u32) -> RequestParser {
+        self.comm_rank0_port = Some(port);
+        self
     }
 
     /// Parses (and possibly edits) one chunk of the stream, counting into `c`.
@@ -296,6 +314,9 @@ impl RequestParser {
                     data[i..i + z].fill(0);
                     self.hello_left -= z;
                 }
+                Some(Scanned::Payload { offset, len }) if self.comm_rank.is_some() => {
+                    self.comm_payload(offset, &mut data[i..i + len]);
+                }
                 _ => {}
             }
             i += n;
@@ -305,11 +326,7 @@ impl RequestParser {
     /// Counts one request frame by its header.
     fn request(&mut self, h: FrameHeader, c: &Counters) {
         let (cmd, size) = (h.cmd, h.size);
-        let slot = if usize::from(cmd) < UNKNOWN {
-            usize::from(cmd)
-        } else {
-            UNKNOWN
-        };
+        let slot = command(cmd).map_or(UNKNOWN, Command::index);
         c.cmd_count[slot].fetch_add(1, Relaxed);
         c.cmd_bytes[slot].fetch_add(size.saturating_add(9), Relaxed);
         c.c2s_msgs.fetch_add(1, Relaxed);
@@ -335,6 +352,28 @@ impl RequestParser {
         } else {
             0
         };
+        self.comm_rank = (self.comm_rank0_port.is_some()
+            && command == Some(Command::CommInit)
+            && size == COMM_INIT_SIZE as u64)
+            .then_some([0xff; 4]);
+    }
+
+    /// `bytes` of a COMM_INIT payload from `offset` (`| device u32 | rank u32 | world u32 |
+    /// port u32 | host |`, little-endian): notes the rank, rewrites rank 0's port.
+    fn comm_payload(&mut self, offset: u64, bytes: &mut [u8]) {
+        let (Some(rank), Some(port)) = (self.comm_rank.as_mut(), self.comm_rank0_port) else {
+            return;
+        };
+        for (k, b) in bytes.iter_mut().enumerate() {
+            match offset + k as u64 {
+                o @ 4..=7 => rank[o as usize - 4] = *b,
+                o @ 12..=15 if u32::from_le_bytes(*rank) == 0 => {
+                    *b = port.to_le_bytes()[o as usize - 12]
+                }
+                16.. => break,
+                _ => {}
+            }
+        }
     }
 }
 
@@ -537,6 +576,41 @@ mod tests {
         // At MTU 1024: 4 (burst) + 257 × 4 + 2 (last frame) + 2 (credits), against Apple's 2,560:
         // a large response (here 1 MiB of logits) dominates both.
         assert_eq!(lean_uc.packets[0], 4 + 257 * 4 + 2 + 2);
+    }
+
+    /// With `comm_rank0_port`, a rank 0's COMM_INIT leaves with the new port and everything else
+    /// as it was, however the stream is cut; rank 1's (and every other frame) is untouched.
+    #[test]
+    fn moves_rank0_comm_init_to_another_port() {
+        let init = |rank| {
+            let mut v = Vec::new();
+            Request::CommInit(rpc_proto::CommInit {
+                device: 0,
+                rank,
+                world: 2,
+                port: 51234,
+                host: rpc_proto::CommInit::host_field("127.0.0.3").unwrap(),
+            })
+            .encode(&mut v);
+            v
+        };
+        let stream = [frames(), init(0), init(1), frames()].concat();
+        let mut want = stream.clone();
+        let at = frames().len() + 9 + 12; // rank 0's port
+        want[at..at + 4].copy_from_slice(&40999u32.to_le_bytes());
+        for cut in [1, 3, 7, 13, 90, stream.len()] {
+            let c = Counters::default();
+            let mut p = RequestParser::new(false).comm_rank0_port(40999);
+            let mut got = stream.clone();
+            for piece in got.chunks_mut(cut) {
+                p.feed(piece, &c);
+            }
+            assert_eq!(got, want, "cut every {cut} bytes");
+            assert_eq!(c.snapshot().count(Command::CommInit), 2);
+        }
+        let mut same = stream.clone();
+        RequestParser::new(false).feed(&mut same, &Counters::default());
+        assert_eq!(same, stream, "no rewrite unless asked");
     }
 
     #[test]

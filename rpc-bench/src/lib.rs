@@ -1,6 +1,7 @@
 //! `rpc-bench`: what each link between a llama.cpp client and its ggml RPC workers costs. Four
 //! benchmarks, [`latency`], [`e2e`], [`load`] and [`allreduce`] (the link between two servers of
-//! a tensor split) (layout: ARCHITECTURE.md; use: docs/rpc-bench.md).
+//! a tensor split) (layout: ARCHITECTURE.md; use: docs/rpc-bench.md), and [`relay_cmd`], the
+//! emulating relay as a process of its own.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -12,6 +13,7 @@ pub mod e2e;
 pub mod echo;
 pub mod latency;
 pub mod load;
+pub mod relay_cmd;
 pub mod tools;
 
 pub use link_emu::{links, relay, stats, traffic};

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use link_emu::check::{self as emucheck, CheckConfig, CheckRow};
 use rpc_bench::cli::Common;
 use rpc_bench::links::{fmt_dur, LinkKind, LinkProfile, PROFILES_HELP};
-use rpc_bench::{allreduce, e2e, latency, load};
+use rpc_bench::{allreduce, e2e, latency, load, relay_cmd};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
@@ -45,6 +45,11 @@ enum Cmd {
     EmulatorCheck(CheckArgs),
     /// Prints the link profiles and the sources of their figures.
     Links,
+    /// One emulating relay (e.g. between rpc-shim --one-endpoint and a worker), with the
+    /// servers' own link at port + 1000 (--comm-link): serves until killed, prints where it
+    /// listens, writes its counters to --stats.
+    #[command(after_help = PROFILES_HELP)]
+    Relay(relay_cmd::RelayConfig),
     /// Runs the echo floor server (what `latency --echo-floor` starts as a child process):
     /// prints its port, serves until killed.
     #[command(hide = true)]
@@ -93,6 +98,7 @@ fn real_main() -> anyhow::Result<()> {
         Cmd::Load(a) => load::command(a),
         Cmd::Allreduce(a) => allreduce::command(a),
         Cmd::EmulatorCheck(a) => cmd_check(a),
+        Cmd::Relay(a) => relay_cmd::command(a),
         Cmd::EchoFloor { floor } => rpc_bench::echo::run_child(floor),
         Cmd::Links => {
             let t = Table::of(

@@ -60,7 +60,9 @@ pub const PAIR_HOST: [u8; 4] = [127, 0, 0, 2];
 /// endpoint + 1000 and tells rank 1 that endpoint's host, so the first server's relay listens on
 /// [`PAIR_HOST`] at that server's own port, and a forwarder on [`PAIR_HOST`] at that port + 1000
 /// (no delay, not counted: the link is the servers' own, as a stock pair's is) carries rank 1's
-/// link to rank 0. The first server must be on 127.0.0.1.
+/// link to the first server's host at that port + 1000 (rank 0 itself on 127.0.0.1, or an
+/// emulating `rpc-bench relay --comm-link` in front of it). The first server must not be on
+/// [`PAIR_HOST`].
 pub fn through_relay_pairing<T>(
     servers: &[SocketAddr],
     wire: Option<Wire>,
@@ -77,9 +79,9 @@ pub fn through_relay_pairing<T>(
             relays.push(Relay::start(s, wire, RelayOptions::default())?);
             continue;
         }
-        if s.ip() != IpAddr::from([127, 0, 0, 1]) {
+        if s.ip() == IpAddr::from(PAIR_HOST) {
             anyhow::bail!(
-                "rank 0 {s}: its relay takes its port on 127.0.0.2, so it must listen on 127.0.0.1"
+                "rank 0 {s}: its relay takes its port on 127.0.0.2, so it must listen elsewhere"
             );
         }
         let comm = s
@@ -100,6 +102,7 @@ pub fn through_relay_pairing<T>(
             protocol: false,
             zero_hello_caps: false,
             upstream_wait: Duration::from_secs(10),
+            ..RelayOptions::default()
         };
         let rank0 = SocketAddr::new(s.ip(), comm);
         forwarder = Some(Relay::on(bind(comm)?, rank0, Wire::transparent(), link)?);
@@ -156,9 +159,13 @@ mod tests {
             Ok(())
         })
         .unwrap();
-        let far = SocketAddr::from(([10, 0, 0, 2], 50052));
-        assert!(
-            through_relay_pairing(&[far], Some(Wire::transparent()), true, |_| Ok(())).is_err()
-        );
+        let on_pair_host = SocketAddr::from((PAIR_HOST, addr.port()));
+        assert!(through_relay_pairing(
+            &[on_pair_host],
+            Some(Wire::transparent()),
+            true,
+            |_| Ok(())
+        )
+        .is_err());
     }
 }

@@ -162,6 +162,7 @@ impl PairLane {
                 protocol: false,
                 zero_hello_caps: false,
                 upstream_wait: RELAY_UPSTREAM_WAIT,
+                ..RelayOptions::default()
             };
             self.relay = Some(Relay::on(listener, upstream, Wire::of(link), opts)?);
             ("127.0.0.1".to_string(), port)

@@ -69,7 +69,8 @@ pub struct E2eConfig {
     /// port + 1000) and a forwarder on 127.0.0.2 at that port + 1000 carries the link to rank 0
     /// (no delay, not counted). Without it such a pair answers COMM_INIT with 0 through the
     /// relays and the client reduces through itself; never give it for stock servers (their rank
-    /// 0 listens on every interface, where the forwarder is).
+    /// 0 listens on every interface, where the forwarder is) unless their rank 0 is moved to
+    /// another port (an `rpc-bench relay --comm-rank0-port` as the first server).
     #[arg(long, value_name = "LABEL")]
     pub own_comm_port: Vec<String>,
     /// Extra llama-bench arguments (one string, split on whitespace), e.g. "-fa 1 -ub 256".
