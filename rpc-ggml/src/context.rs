@@ -24,23 +24,7 @@ unsafe impl Send for Context {}
 impl Context {
     /// A context with room for `n_tensors` tensors and, optionally, a graph of `graph_size` nodes.
     pub(crate) fn new(n_tensors: usize, graph_size: Option<usize>) -> Option<Context> {
-        let graph_mem = match graph_size {
-            // SAFETY: pure size computation.
-            Some(n) => unsafe { sys::ggml_graph_overhead_custom(n, false) },
-            None => 0,
-        };
-        let mem = tensor_overhead()
-            .checked_mul(n_tensors.checked_add(1)?)?
-            .checked_add(graph_mem)?
-            .checked_add(1024)?;
-        let params = sys::ggml_init_params {
-            mem_size: mem,
-            mem_buffer: std::ptr::null_mut(),
-            no_alloc: true,
-        };
-        // SAFETY: valid params; ggml allocates the pool itself; NULL handled below.
-        let raw = unsafe { sys::ggml_init(params) };
-        (!raw.is_null()).then_some(Context { raw, size: mem })
+        Context::new_for_graphs(n_tensors, graph_size.as_slice())
     }
 
     /// A context with room for `n_tensors` tensors and one graph of each size in `graph_sizes`.

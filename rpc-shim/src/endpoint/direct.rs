@@ -128,15 +128,7 @@ impl<C: Connector> Endpoint<C> {
             (j, slot_j, init(1, host)),
         ];
         for (w, slot, init) in opens {
-            let mut frame = Vec::new();
-            Request::LinkOpen { slot, init }.encode(&mut frame);
-            let addr = self.addr(w);
-            let up = self.ups[w].as_mut().expect("opened above");
-            up.batch.push_frame(&frame);
-            up.batch
-                .flush(&mut up.conn)
-                .await
-                .map_err(ShimError::upstream(&addr))?;
+            self.send_now(w, &Request::LinkOpen { slot, init }).await?;
         }
         let mut ok = [false; 2];
         for (k, (w, _, _)) in opens.iter().enumerate() {
@@ -169,6 +161,20 @@ impl<C: Connector> Endpoint<C> {
         Ok(Pair::ThroughShim)
     }
 
+    /// `req` after what is collected for worker `w` (whose upstream connection is open), all
+    /// written now.
+    async fn send_now(&mut self, w: usize, req: &Request<'_>) -> Result<(), ShimError> {
+        let mut frame = Vec::new();
+        req.encode(&mut frame);
+        let addr = self.addr(w);
+        let up = self.ups[w].as_mut().expect("opened by the caller");
+        up.batch.push_frame(&frame);
+        up.batch
+            .flush(&mut up.conn)
+            .await
+            .map_err(ShimError::upstream(&addr))
+    }
+
     /// COPY_TENSOR between two workers over their link, if the pair has one: answered at once,
     /// LINK_SEND and LINK_RECV on their way. `false`: the pair has none (the caller copies
     /// through the shim).
@@ -196,16 +202,8 @@ impl<C: Connector> Endpoint<C> {
             ),
         ];
         for (w, req) in sends {
-            let mut frame = Vec::new();
-            req.encode(&mut frame);
-            let addr = self.addr(w);
-            let up = self.ups[w].as_mut().expect("opened by pair()");
-            up.batch.push_frame(&frame);
             // At once: a worker waiting in LINK_RECV must not wait on a LINK_SEND still here.
-            up.batch
-                .flush(&mut up.conn)
-                .await
-                .map_err(ShimError::upstream(&addr))?;
+            self.send_now(w, &req).await?;
         }
         self.copies.0 += 1;
         self.copies.2 += c.bytes;
