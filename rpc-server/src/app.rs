@@ -4,10 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::cache::WeightCache;
 use crate::cli::Args;
 use crate::control::{SessionStart, SANDBOX_REFUSED};
-use crate::local_weights::LocalWeights;
 use crate::options::{ServerOptions, SessionOptions};
 use crate::rdma::TransportMode;
 use crate::server;
@@ -16,6 +14,8 @@ use crate::stats::Stats;
 use anyhow::{bail, Context};
 use clap::Parser;
 use rpc_ggml::{Device, DeviceKind};
+use rpc_weights::cache::WeightCache;
+use rpc_weights::local_weights::LocalWeights;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -89,7 +89,7 @@ pub fn main() {
 fn session_view(o: &SessionOptions) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
     let mut dirs: Vec<std::path::PathBuf> = o.cache_dir.clone().into_iter().collect();
     if !o.gguf.is_empty() {
-        // The index is read through a handle on its directory (`local_weights.rs`).
+        // The index is read through a handle on its directory (`rpc_weights::local_weights`).
         if let Some(d) = o.gguf_index.as_deref().and_then(|i| i.parent()) {
             if !dirs.iter().any(|x| x == d) {
                 dirs.push(d.to_path_buf());

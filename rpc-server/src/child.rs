@@ -77,7 +77,7 @@ impl Front {
 
     /// A cache entry, opened by the front (this process cannot read a private cache
     /// directory): one `O` line and its answer.
-    fn open_entry(&self, hash: u64) -> Option<crate::cache::OpenedEntry> {
+    fn open_entry(&self, hash: u64) -> Option<rpc_weights::cache::OpenedEntry> {
         let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         if self.entries_lost.load(Relaxed) || !self.send(&ToFront::Open(hash)) {
             return None;
@@ -85,7 +85,7 @@ impl Front {
         // The front answers at once (a few metadata calls), unless it is busy with a link.
         let wait = crate::comm::SETUP_TIMEOUT + Duration::from_secs(5);
         match entries.recv_timeout(wait) {
-            Ok(Some((fd, verified))) => Some(crate::cache::OpenedEntry {
+            Ok(Some((fd, verified))) => Some(rpc_weights::cache::OpenedEntry {
                 file: std::fs::File::from(fd),
                 verified,
             }),
@@ -145,7 +145,7 @@ impl Answers {
 /// The weight cache's writer in a session process: the front.
 struct FrontKeeper(Arc<Front>);
 
-impl crate::cache::CacheKeeper for FrontKeeper {
+impl rpc_weights::cache::CacheKeeper for FrontKeeper {
     fn store(&self, data: &[u8]) {
         self.0.store(data);
     }
@@ -154,7 +154,7 @@ impl crate::cache::CacheKeeper for FrontKeeper {
         self.0.send(&ToFront::Check(hash));
     }
 
-    fn open(&self, hash: u64) -> Option<crate::cache::OpenedEntry> {
+    fn open(&self, hash: u64) -> Option<rpc_weights::cache::OpenedEntry> {
         self.0.open_entry(hash)
     }
 }

@@ -327,7 +327,7 @@ impl Args {
         let secs = Duration::from_secs;
         // Where `-c` caches without `--cache-dir`, from the environment (`LLAMA_CACHE`,
         // `XDG_CACHE_HOME`, `HOME`), as the stock tool has it; read once, here.
-        let default_dir = crate::cache::default_cache_dir();
+        let default_dir = rpc_weights::cache::default_cache_dir();
         let cache_dir = match self.cache || self.cache_dir.is_some() {
             true => self.cache_dir.clone().or_else(|| default_dir.clone()),
             false => None,
@@ -366,7 +366,7 @@ impl Args {
                 gguf_index: cache_dir
                     .clone()
                     .or(default_dir)
-                    .map(|d| d.join(crate::local_weights::INDEX_FILE)),
+                    .map(|d| d.join(rpc_weights::local_weights::INDEX_FILE)),
                 cache_dir,
                 cache_max_size: self.cache_max_size,
                 gguf: self.gguf.clone(),
@@ -521,7 +521,7 @@ mod tests {
                         "mem" => assert_eq!(o.session.reported_memory, Some(2048 << 20)),
                         "cache" => assert!(
                             o.session.cache_dir.is_some()
-                                || crate::cache::default_cache_dir().is_none()
+                                || rpc_weights::cache::default_cache_dir().is_none()
                         ),
                         other => panic!("{flag}: no check for {other}"),
                     }

@@ -7,9 +7,9 @@
 //! [`connection`] frames bytes and drives a [`session::Session`] per client; the session
 //! validates requests and calls ggml through the `rpc-ggml` crate (the FFI layer); [`options`] holds
 //! every setting, with the command line's defaults;
-//! [`cache`] is the SET_TENSOR_HASH weight cache; [`local_weights`] answers SET_TENSOR_HASH from
-//! the worker's own GGUF files (`--gguf`, headers read by [`gguf`]); [`comm`] is 8.0's
-//! server-to-server link for tensor split's collectives.
+//! the `rpc-weights` crate answers SET_TENSOR_HASH from disk (the weight cache, the worker's own
+//! GGUF files of `--gguf`); [`comm`] is 8.0's server-to-server link for tensor split's
+//! collectives.
 
 // No `unsafe` here but in the two OS FFI modules (`sys_linux`: the OS calls rustix marks unsafe;
 // `seatbelt`: macOS's sandbox_init), each block with a `// SAFETY:` line; ggml's FFI is the
@@ -19,7 +19,6 @@
 
 pub mod admission;
 pub mod app;
-pub mod cache;
 #[cfg(unix)]
 pub mod child;
 pub mod cidr;
@@ -27,15 +26,12 @@ pub mod cli;
 pub mod comm;
 pub mod connection;
 pub mod control;
-pub mod disk_read;
 pub mod doctor;
 #[cfg(unix)]
 pub mod front;
-pub mod gguf;
 #[cfg(unix)]
 pub mod handoff;
 pub mod link;
-pub mod local_weights;
 pub mod metrics;
 #[cfg(target_os = "linux")]
 pub mod namespaces;

@@ -22,7 +22,7 @@
 //!
 //! Read elsewhere, and why: `RPC_SESSION_START` (`control.rs`) carries these options to a
 //! session process; `LLAMA_CACHE`, `XDG_CACHE_HOME` and `HOME` give `-c` its directory
-//! (`cache::default_cache_dir`, read by `cli::Args::options` into
+//! (`rpc_weights::cache::default_cache_dir`, read by `cli::Args::options` into
 //! [`SessionOptions::cache_dir`]); `HOME` names the home directory a session's sandbox
 //! (macOS) and self-test deny (`child.rs`); `GGML_RDMA_DEV` / `GGML_RDMA_GID` are read by the
 //! command line's parser (`--rdma-device`, `--rdma-gid-index`).

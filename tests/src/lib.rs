@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use rpc_client::{ops, Client, ClientError, Major, RpcTensor, TensorBuilder, TENSOR_FLAG_COMPUTE};
 use rpc_ggml::{Device, DeviceKind};
-use rpc_server::cache::WeightCache;
-use rpc_server::local_weights::LocalWeights;
 use rpc_server::options::ServerOptions;
 use rpc_server::server;
 use rpc_server::session::SessionConfig;
 use rpc_server::stats::Stats;
+use rpc_weights::cache::WeightCache;
+use rpc_weights::local_weights::LocalWeights;
 
 pub use rpc_client;
 pub use rpc_proto;

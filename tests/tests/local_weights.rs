@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use rpc_proto::{fnv1a64, ggml_type};
-use rpc_server::local_weights::{LocalWeights, HASH_THRESHOLD};
 use rpc_tests::*;
+use rpc_weights::local_weights::{LocalWeights, HASH_THRESHOLD};
 
 /// Writes a GGUF v3 file with f32 tensors `(name, data)` (alignment 32) and returns the
 /// absolute offset of each tensor's data.

@@ -132,7 +132,7 @@ pub(super) async fn serve_control(
                         break 'serve Some(ControlError::OutOfOrder("D without W"));
                     };
                     let n = file.metadata().map_or(0, |m| m.len()).min(charge);
-                    match crate::cache::WeightCache::seal_staging(&file) {
+                    match rpc_weights::cache::WeightCache::seal_staging(&file) {
                         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                             // It would keep the memory past the store: not what a sound
                             // session does. Charged until the process is gone.
@@ -142,7 +142,8 @@ pub(super) async fn serve_control(
                         }
                         Err(e) => {
                             tracing::warn!(%peer, pid, error = %e, "a session's cache store refused: its staging file cannot be sealed");
-                            let revoked = crate::cache::WeightCache::revoke_staging(&file).is_ok();
+                            let revoked =
+                                rpc_weights::cache::WeightCache::revoke_staging(&file).is_ok();
                             ledger.settle((charge, revoked));
                         }
                         Ok(()) => {
@@ -157,7 +158,7 @@ pub(super) async fn serve_control(
                                 }
                                 // Emptied: the session's copy of the descriptor holds nothing.
                                 let revoked =
-                                    crate::cache::WeightCache::revoke_staging(&file).is_ok();
+                                    rpc_weights::cache::WeightCache::revoke_staging(&file).is_ok();
                                 drop(file);
                                 let _ = tx.send((charge, revoked));
                             });
@@ -187,7 +188,7 @@ pub(super) async fn serve_control(
                 }
                 // A cache lookup: the session cannot read the directory (a uid of its own, a
                 // private directory), so the front opens the entry, by its hash's name only,
-                // read-only, a regular file, and passes it down (`cache::open_for_session`).
+                // read-only, a regular file, and passes it down (`WeightCache::open_for_session`).
                 Action::Open(hash) => match cache.and_then(|c| c.open_for_session(hash)) {
                     Some(e) => {
                         let msg = ToSession::Entry {
@@ -228,7 +229,7 @@ pub(super) async fn serve_control(
     }
     if let Some(f) = staging.take() {
         // A store the session never finished: emptied now, its charge returned by the caller.
-        let _ = crate::cache::WeightCache::revoke_staging(&f);
+        let _ = rpc_weights::cache::WeightCache::revoke_staging(&f);
     }
     if ledger.job_running() {
         ledger.job_done(job_rx.recv().await);
@@ -274,7 +275,7 @@ mod tests {
             config: Arc::new(SessionConfig {
                 devices: Vec::new(),
                 n_threads: 1,
-                cache: Some(crate::cache::WeightCache::open(dir, None).unwrap()),
+                cache: Some(rpc_weights::cache::WeightCache::open(dir, None).unwrap()),
                 local: None,
             }),
             major: rpc_proto::Major::V8,

@@ -265,7 +265,7 @@ mod tests {
     use crate::session::MemoryBudget;
 
     /// A CPU session with one 4 KiB buffer, and a 256-float tensor at its base.
-    fn cpu_session(cache: Option<crate::cache::WeightCache>) -> (Session, RpcTensor) {
+    fn cpu_session(cache: Option<rpc_weights::cache::WeightCache>) -> (Session, RpcTensor) {
         let budget = Arc::new(MemoryBudget::unlimited());
         let mut s = session_on(vec![cpu()], Major::V8, budget, cache);
         let (h, base) = alloc(&mut s, 4096);
@@ -387,7 +387,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("rpc-body-cache-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let cache = crate::cache::WeightCache::open(&dir, None).unwrap();
+        let cache = rpc_weights::cache::WeightCache::open(&dir, None).unwrap();
         let (mut s, t) = cpu_session(Some(cache));
         let data: Vec<u8> = (0..600u32).map(|i| (i % 251) as u8).collect();
         let hash = rpc_proto::fnv1a64(&data);

@@ -29,12 +29,12 @@ pub use limits::{MemoryBudget, MemoryLimits, Upstream};
 pub use tensor::nbytes;
 use tensor::UnknownBuffer;
 
-use crate::cache::WeightCache;
 use crate::comm::Connector;
-use crate::local_weights::LocalWeights;
 use graph::StoredGraph;
 use graph_cache::GraphCache;
 use rpc_ggml::{Backend, Buffer, Device, ScratchTensors};
+use rpc_weights::cache::WeightCache;
+use rpc_weights::local_weights::LocalWeights;
 
 /// Server-wide settings every session reads.
 pub struct SessionConfig {

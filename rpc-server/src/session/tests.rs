@@ -11,9 +11,9 @@ use rpc_proto::{
 };
 
 use super::*;
-use crate::cache::WeightCache;
 use crate::comm::memory::{pair, MemLink};
 use rpc_ggml::{Device, DeviceKind};
+use rpc_weights::cache::WeightCache;
 
 // ---- helpers -----------------------------------------------------------------------------
 

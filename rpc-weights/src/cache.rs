@@ -13,7 +13,7 @@
 //!
 //! Who writes: only the process that opened the cache with [`WeightCache::open`] (the front, or
 //! the one process of `--no-isolate`). A session process opens it with
-//! [`WeightCache::open_read_only`] and hands every write to a [`CacheKeeper`] (`child.rs`'s `FrontKeeper`: the
+//! [`WeightCache::open_read_only`] and hands every write to a [`CacheKeeper`] (the server's `FrontKeeper`: the
 //! bytes of an upload go to the front in a sealed memfd, which the front hashes and stores under
 //! the hash it computed; a verified or corrupt entry is only reported, and the front hashes the
 //! file again before recording or deleting it). Every file is opened relative to the directory
@@ -55,7 +55,7 @@ const MAX_VERIFIED_BYTES: u64 = 16 << 20;
 /// The copy step of a store from a file (the front's buffer per store in flight).
 const COPY_CHUNK: usize = 1 << 20;
 
-/// Whoever writes the cache for a process that may not (a session process: `child.rs`, whose front writes, `handoff/`).
+/// Whoever writes the cache for a process that may not (a session process, whose front writes: the server's `FrontKeeper`).
 pub trait CacheKeeper: Send + Sync {
     /// A client uploaded `data` with the cache flag: store it under the hash of its bytes.
     fn store(&self, data: &[u8]);
@@ -144,7 +144,7 @@ pub struct CacheCounters {
 }
 
 impl CacheCounters {
-    /// Every counter, in a fixed order (reported by a session process, see `child.rs`).
+    /// Every counter, in a fixed order (reported by a session process, see rpc-server's `child.rs`).
     pub fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
         [
             &self.hits,
