@@ -31,6 +31,16 @@ are known per run.
           COPY_TENSORs, every one answered 1, no COMM_INIT answered anything but 0, and for N > 2 read
           fewer GET_TENSOR bytes than the reference (whose partial sums crossed the client).
 
+  mixed   one endpoint over ours A and a stock 8.0 server: same text as the two as separate
+          endpoints; the copies pass through the shim (a stock worker has no LINK_*).
+  dies    a worker dies mid-generation while the copies go over the workers' own link (layer split,
+          gemma, one endpoint over two fresh servers of ours, P -> Q): (1) every session process of
+          the source P is killed (SIGKILL; P's front lives on), (2) the whole destination worker Q
+          (its process group) is killed. Each time the client must fail (exit non-zero, never a
+          text that looks complete) within DIES_BOUND s of the kill, never hang; the survivors'
+          sessions of that client must end within DIES_BOUND s (none left waiting on the dead
+          link), and the survivors and the shim must serve a fresh client (exit 0).
+
 A summary table (mode, N, seconds, bytes per generated token) ends the output; informational, never
 asserted. "client B/token" counts the client's bytes both ways from its first GRAPH_COMPUTE on (the
 model upload excluded; the warm-up and prompt steps included) divided by -n. A llama-completion run
@@ -47,24 +57,28 @@ import collections
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_common import (CACHE, CountingProxy, FrameCounter, Server, Servers, free_port, help_mentions,  # noqa: E402
-                        log, resolve_ours, run, script_output, tail)
+from e2e_common import (CACHE, CountingProxy, FrameCounter, Server, Servers, clean_env, free_port,  # noqa: E402
+                        help_mentions, log, resolve_ours, run, script_output, tail)
 from proto8_e2e import COMM_OK, COMM_PEERS, TENSOR_MODEL, TENSOR_TIMEOUT, resolve_stock8, tail_bytes  # noqa: E402
 from run_e2e import (CLIENT_ATTEMPTS, EVAL_RE, GEMMA_PROMPT, SYNTH_PROMPT, Model, Results,  # noqa: E402
                      completion_cmd, show_diff)
 from shim_e2e import resolve_shim  # noqa: E402
 import synth_models  # noqa: E402
 
-GROUPS = ("layer", "tensor", "mixed")
+GROUPS = ("layer", "tensor", "mixed", "dies")
 LAYER_NS = (2, 4)
 TENSOR_NS = (2, 3, 4)
 NAMES = "ABCD"  # our servers, in --rpc and --worker order
+DIES_BOUND = 20.0  # s: a kill to the client's exit, and to the survivors' sessions' end
+DIES_COPIES = 16  # copies the client sends before the kill (generation under way)
 FLAG = "--one-endpoint"
 NO_RANKS = b"multiple ranks on endpoint"  # the stock client's warning when it declines a communicator
 # The client's devices as it loads a model (-lv 4): "RPC<device>[<endpoint>]" with its weights.
@@ -521,6 +535,90 @@ class Suite:
         self.judge("mixed", gemma, "ours + stock: one endpoint", 2, one, ref, problems,
                    "= 2 endpoints; %s; %s" % (one[4].brief(), note), shim=shim)
 
+    # --- a worker that dies mid-generation --------------------------------------------------------
+
+    def dies(self, gemma):
+        for case in ("sessions of the source", "destination worker"):
+            self.dies_once(gemma, case)
+
+    def dies_once(self, gemma, case):
+        tag = "dies-" + case.split()[0]
+        p, q = (self.servers.add(Server("ours%s-%s" % (x, tag), self.args.ours, free_port(), self.workdir, threads=1,
+                                        proto=8, extra=COMM_PEERS)) for x in "PQ")
+        shim = self.servers.add(OneEndpointShim("shim-" + tag, self.args.shim, free_port(),
+                                                [p.endpoint, q.endpoint], self.workdir))
+        px = ReplyCountingProxy(shim.port, port=free_port())
+        problems, notes = [], []
+        cmd = completion_cmd(self.args.stock_bin, gemma, 400, [px.endpoint])
+        base = os.path.join(self.workdir, tag)
+        t0 = time.monotonic()
+        with open(base + ".out", "wb") as out, open(base + ".err", "wb") as err:
+            client = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+                                      env=clean_env())
+            try:
+                copies = lambda: px.commands.get("COPY_TENSOR", [0])[0]  # noqa: E731
+                while copies() < DIES_COPIES and client.poll() is None and time.monotonic() - t0 < self.args.timeout:
+                    time.sleep(0.05)
+                if client.poll() is not None or copies() < DIES_COPIES:
+                    problems.append("the client %s before %d copies (%d)" % (
+                        "ended (exit %s)" % client.returncode if client.poll() is not None else "timed out",
+                        DIES_COPIES, copies()))
+                else:
+                    victim = p if case.startswith("sessions") else q
+                    killed = children(victim.proc.pid) if victim is p else [victim.proc.pid]
+                    notes.append("killed %s after %d copies: %s" % (case, copies(), killed))
+                    if not killed:
+                        problems.append("%s has no session process to kill" % victim.name)
+                    t_kill = time.monotonic()
+                    if victim is p:
+                        for pid in killed:
+                            os.kill(pid, signal.SIGKILL)
+                    else:
+                        os.killpg(victim.proc.pid, signal.SIGKILL)
+                    try:
+                        rc = client.wait(timeout=DIES_BOUND)
+                        notes.append("client exit %s %.1f s after the kill" % (rc, time.monotonic() - t_kill))
+                        if rc == 0:
+                            problems.append("the client exited 0 after a worker died mid-generation")
+                    except subprocess.TimeoutExpired:
+                        problems.append("the client still runs %.0f s after the kill (a hang)" % DIES_BOUND)
+                    survivors = [s for s in (p, q) if s.alive()]
+                    for s in survivors:  # each survivor's sessions of that client end: none waits on a dead link
+                        while children(s.proc.pid) and time.monotonic() - t_kill < 2 * DIES_BOUND:
+                            time.sleep(0.1)
+                        left = children(s.proc.pid)
+                        if left:
+                            problems.append("%s still has session processes %s %.0f s after the kill" % (
+                                s.name, left, time.monotonic() - t_kill))
+                        else:
+                            notes.append("%s's sessions ended %.1f s after the kill" % (s.name, time.monotonic() - t_kill))
+                    if not shim.alive():
+                        problems.append("the shim died")
+                    if victim is p and not p.alive():
+                        problems.append("%s's front died with its sessions" % p.name)
+                    if not problems:  # a fresh client: the survivors and the shim serve on
+                        eps = [px.endpoint] if victim is p else [s.endpoint for s in survivors]
+                        fresh = run(completion_cmd(self.args.stock_bin, gemma, 4, eps), self.args.timeout,
+                                    base + "-fresh.out", base + "-fresh.err")
+                        if fresh[0] != 0:
+                            problems.append("a fresh client over %s failed (exit %s)" % (",".join(eps), fresh[0]))
+                        else:
+                            notes.append("fresh client over %s: exit 0" % ("the shim" if victim is p else p.name))
+            finally:
+                if client.poll() is None:
+                    os.killpg(client.pid, signal.SIGKILL)
+                    client.wait()
+        px.close()
+        if problems:
+            print("\n===== FAIL dies (%s): %s\n--- client stderr tail:\n%s\n--- shim log tail:\n%s"
+                  % (case, "; ".join(problems), tail(base + ".err", 15), tail(shim.log_path, 20)), flush=True)
+            for s in (p, q):
+                print("--- %s log tail:\n%s" % (s.name, tail(s.log_path, 15)), flush=True)
+        for s in (shim, p, q):
+            s.stop()
+        self.results.add(gemma.name, "dies: " + case, not problems, time.monotonic() - t0,
+                         "; ".join(problems + notes))
+
     # --- summary -----------------------------------------------------------------------------------
 
     def table(self):
@@ -538,6 +636,22 @@ class Suite:
 
 def fmt(x):
     return "?" if x is None else "%.0f" % x
+
+
+def children(pid):
+    """The live child processes of `pid` (a server's session processes), from /proc."""
+    kids = []
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return []
+    for t in tasks:  # a child belongs to the thread that started it
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, t)) as f:
+                kids += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return sorted(k for k in set(kids) if os.path.exists("/proc/%d" % k))
 
 
 def main():
@@ -567,10 +681,10 @@ def main():
     # A client that aborts (a server or the shim that closed) would first attach gdb for a backtrace.
     os.environ["GGML_NO_BACKTRACE"] = "1"
     models = {}
-    if "layer" in groups or "mixed" in groups:
+    if "layer" in groups or "mixed" in groups or "dies" in groups:
         models["layer"] = Model("gemma-3-270m", args.model or script_output("test-model.sh", timeout=900),
                                 GEMMA_PROMPT)
-        models["mixed"] = models["layer"]
+        models["mixed"] = models["dies"] = models["layer"]
     if "tensor" in groups:
         tpath = args.tensor_model
         if not tpath:
@@ -581,7 +695,7 @@ def main():
         models["tensor"] = Model(os.path.basename(tpath)[:-5], tpath, SYNTH_PROMPT)
     workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="rpc-endpoint-e2e-"))
     os.makedirs(workdir, exist_ok=True)
-    n_max = max({"layer": LAYER_NS, "tensor": TENSOR_NS, "mixed": (1,)}[g][-1] for g in groups)
+    n_max = max({"layer": LAYER_NS, "tensor": TENSOR_NS, "mixed": (1,), "dies": (0,)}[g][-1] for g in groups)
     log("workdir: %s\nstock 8.0: %s\nours: %s\nshim: %s (%s: %s)\ngroups: %s; -n %d"
         % (workdir, args.stock_bin, args.ours, args.shim, FLAG, help_mentions(args.shim, FLAG), ", ".join(groups),
            args.n_predict))

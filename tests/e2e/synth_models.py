@@ -24,6 +24,9 @@ threshold), fast to generate:
 
   synth-llama-load-1g    llama, 6 layers, n_embd 3072, n_ff 8192: 1.21 GB
   synth-llama-load-64m   llama, 1 layer, n_embd 1024, n_ff 8192: 58 MB (rpc-bench load --quick)
+  synth-llama-8l         llama, 8 layers, n_embd 256, n_ff 768, F16: a layer split over 4 workers
+                         whose tokens take about a millisecond, so that the links weigh
+                         (benches/one_endpoint_bench.py --model)
 
 Each file carries the key `synth.fingerprint` (content version + spec); an existing file with the
 same fingerprint is kept as is. Prints the absolute paths of the models, one per line, on stdout.
@@ -397,6 +400,9 @@ def load_specs():
         "synth-llama-load-64m": dict(
             arch="llama", builder=build_llama_like, seed=808, vocab=("spm", 512),
             n_embd=1024, n_head=8, n_head_kv=4, n_ff=8192, n_layer=1, ctx=256, types=f16),
+        "synth-llama-8l": dict(
+            arch="llama", builder=build_llama_like, seed=909, vocab=("spm", 512),
+            n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_layer=8, ctx=512, types=f16),
     }
 
 
