@@ -112,7 +112,7 @@ def main():
             # Paths are often written relative to their crate (`src/tcp.rs` in the rpc-transport row).
             crates = sorted({f.split("/src/")[0] for f in files if "/src/" in f})
             cands = [p] + [os.path.join(c, p) for c in crates] + [os.path.join(c, "src", p) for c in crates] \
-                + [os.path.join("rpc-server/src/session", p), os.path.join("rpc-transport/src/rdma", p)]
+                + [os.path.join("rpc-transport/src/rdma", p)]
             if not any(os.path.exists(os.path.join(REPO, c)) for c in cands):
                 problems.append("ARCHITECTURE.md names %s, which does not exist" % p)
         for p in problems:

@@ -32,7 +32,7 @@ suite "format of the fuzz crate (fuzz/ is its own workspace: cargo fmt --manifes
   cargo fmt --manifest-path fuzz/Cargo.toml --check
 suite "ARCHITECTURE.md names every source file once, and only paths that exist (scripts/file-index.py --check)" -- \
   python3 scripts/file-index.py --check
-suite "rpc-server's modules import each other in no cycle (scripts/module-graph.py --check)" -- \
+suite "the crates' modules import each other in no cycle (scripts/module-graph.py --check)" -- \
   python3 scripts/module-graph.py --check
 suite "build" -- cargo build --release --workspace --all-targets
 suite "lints (cargo clippy --workspace --all-targets -- -D warnings)" -- \

@@ -9,11 +9,11 @@ use crate::control::{SessionStart, SANDBOX_REFUSED};
 use crate::options::{ServerOptions, SessionOptions};
 use crate::rdma::TransportMode;
 use crate::server;
-use crate::session::SessionConfig;
 use crate::stats::Stats;
 use anyhow::{bail, Context};
 use clap::Parser;
 use rpc_ggml::{Device, DeviceKind};
+use rpc_session::SessionConfig;
 use rpc_weights::cache::WeightCache;
 use rpc_weights::local_weights::LocalWeights;
 
@@ -132,27 +132,27 @@ fn contain(start: &SessionStart, probe: bool) {
         );
         std::process::exit(SANDBOX_REFUSED)
     };
-    let identity = match crate::namespaces::run_outer() {
-        Ok(crate::namespaces::Outer::Exited(code)) => std::process::exit(code),
-        Ok(crate::namespaces::Outer::Inner(identity)) => identity,
+    let identity = match rpc_contain::namespaces::run_outer() {
+        Ok(rpc_contain::namespaces::Outer::Exited(code)) => std::process::exit(code),
+        Ok(rpc_contain::namespaces::Outer::Inner(identity)) => identity,
         Err(e) => refuse(&e),
     };
     let rdma = session_needs_rdma(start);
     let (dirs, files) = session_view(&start.options.session);
-    let view = crate::namespaces::View {
+    let view = rpc_contain::namespaces::View {
         dirs: dirs.clone(),
         files: files.clone(),
         rdma,
     };
-    if let Err(e) = crate::namespaces::enter_view(&view) {
+    if let Err(e) = rpc_contain::namespaces::enter_view(&view) {
         refuse(&e)
     }
     if rdma {
-        if let Err(e) = crate::sandbox::allow_rdma_memlock() {
+        if let Err(e) = rpc_contain::sandbox::allow_rdma_memlock() {
             tracing::info!("session: the locked-memory limit stays as it is ({e}); RDMA that needs more stays on TCP");
         }
     }
-    if let Err(e) = crate::namespaces::drop_identity(identity) {
+    if let Err(e) = rpc_contain::namespaces::drop_identity(identity) {
         refuse(&e)
     }
     // The verbs library and its providers are loaded (and the devices listed) before the
@@ -161,9 +161,9 @@ fn contain(start: &SessionStart, probe: bool) {
     if rdma && rdma_verbs::load().is_ok() {
         let _ = rdma_verbs::devices();
     }
-    let own_uid = matches!(identity, crate::namespaces::Identity::Dedicated(_));
-    match crate::sandbox::install(
-        crate::sandbox::Needs::of_build(rdma),
+    let own_uid = matches!(identity, rpc_contain::namespaces::Identity::Dedicated(_));
+    match rpc_contain::sandbox::install(
+        rpc_contain::sandbox::Needs::of_build(rdma),
         &dirs,
         &files,
         own_uid,
@@ -534,7 +534,7 @@ fn real_main() -> anyhow::Result<()> {
         #[cfg(target_os = "linux")]
         if containment.is_some()
             && rdma.mode != TransportMode::Tcp
-            && crate::namespaces::rdma_netns_exclusive()
+            && rpc_contain::namespaces::rdma_netns_exclusive()
         {
             println!("  WARNING        : RDMA devices are in exclusive network-namespace mode: contained sessions see none and stay on TCP (`rdma system set netns shared`, the kernel's default, or --no-sandbox)");
         }

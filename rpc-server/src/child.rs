@@ -13,12 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use rpc_session::{MemoryBudget, SessionConfig, Upstream};
 use tokio::sync::watch;
 
 use crate::connection::ConnectionContext;
 use crate::control::{LineSplitter, SessionStart, ToFront, ToSession, SANDBOX_REFUSED};
 use crate::rdma::RdmaConfig;
-use crate::session::{MemoryBudget, SessionConfig, Upstream};
 use crate::stats::{reported_counters, Stats};
 
 /// How long a session process whose front is gone may take to finish its running command.
@@ -177,15 +177,15 @@ impl std::fmt::Debug for Front {
     }
 }
 
-impl crate::comm::Connector for FrontConnector {
+impl rpc_session::peer::Connector for FrontConnector {
     fn connect(
         &self,
         init: &rpc_proto::CommInit,
-    ) -> std::io::Result<Box<dyn crate::comm::PeerLink>> {
+    ) -> std::io::Result<Box<dyn rpc_session::peer::PeerLink>> {
         // Checked here as the front checks it (a host name is checked by the front, once
         // resolved).
         self.policy
-            .check(init, crate::comm::link_targets(self.devices))
+            .check(init, rpc_session::peer::link_targets(self.devices))
             .map_err(crate::comm::refused)?;
         let links = self
             .front
@@ -417,13 +417,13 @@ impl Reporter {
     }
 }
 
-/// The memory bound of a contained session (Linux: its address space, `sandbox::limit_memory`),
-/// set once its budget is known, before the client's first byte. A session that cannot be
-/// bounded is refused.
+/// The memory bound of a contained session (Linux: its address space,
+/// `rpc_contain::sandbox::limit_memory`), set once its budget is known, before the client's
+/// first byte. A session that cannot be bounded is refused.
 fn limit_memory(on: bool, budget: u64) -> Result<(), String> {
     #[cfg(target_os = "linux")]
     if on {
-        match crate::sandbox::limit_memory(budget) {
+        match rpc_contain::sandbox::limit_memory(budget) {
             Ok(Some(n)) => tracing::debug!(bytes = n, "address space bounded"),
             Ok(None) => tracing::debug!("address space not bounded (no budget, or a GPU build)"),
             Err(e) => return Err(format!("cannot bound the session's memory: {e}")),
@@ -433,15 +433,15 @@ fn limit_memory(on: bool, budget: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Once the transport is up: the Seatbelt profile on macOS (`sandbox_mac.rs`; on Linux the
-/// sandbox is in place since the process started, `namespaces.rs` and `sandbox.rs`); then the
-/// self-test when `selftest` (`ServerOptions::sandbox_selftest`: `RPC_SANDBOX_SELFTEST=1` where
-/// the front started).
+/// Once the transport is up: the Seatbelt profile on macOS (rpc-contain's `sandbox_mac.rs`; on
+/// Linux the sandbox is in place since the process started, its `namespaces.rs` and
+/// `sandbox.rs`); then the self-test when `selftest` (`ServerOptions::sandbox_selftest`:
+/// `RPC_SANDBOX_SELFTEST=1` where the front started).
 fn restrict_syscalls(on: bool, selftest: bool, cache_dir: Option<&std::path::Path>) {
     #[cfg(target_os = "macos")]
     if on {
         let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
-        match crate::sandbox_mac::apply(home.as_deref(), cache_dir) {
+        match rpc_contain::sandbox_mac::apply(home.as_deref(), cache_dir) {
             Ok(()) => tracing::debug!("sandbox profile applied"),
             // Fail closed, as on Linux.
             Err(e) => {
@@ -563,7 +563,7 @@ pub fn child_main(start: SessionStart, config: Arc<SessionConfig>, handed: Hande
         cache.delegate(Box::new(FrontKeeper(front.clone())));
     }
     let budget = Arc::new(MemoryBudget::with_upstream(
-        crate::session::MemoryLimits {
+        rpc_session::MemoryLimits {
             per_connection: limits.per_connection,
             // The server-wide limit is the front's to enforce.
             total: u64::MAX,

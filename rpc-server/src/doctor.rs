@@ -193,7 +193,7 @@ pub fn run(peer: Option<&str>) -> bool {
         return false;
     }
     #[cfg(target_os = "linux")]
-    if crate::namespaces::rdma_netns_exclusive() {
+    if rpc_contain::namespaces::rdma_netns_exclusive() {
         println!("  netns mode     : exclusive: contained sessions (the default) run in network namespaces of their own, which see no RDMA device, so their clients stay on TCP");
         println!("  => `rdma system set netns shared` (the kernel's default), or serve with --no-sandbox");
     }

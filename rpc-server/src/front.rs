@@ -4,6 +4,7 @@
 //! a session process of its own at the first other command (`handoff/`).
 
 use rpc_proto::{check_frame, Command, FrameHeader, Request};
+use rpc_session::Session;
 use rpc_transport::{BlockingTcpTransport, Transport};
 
 use crate::admission::{Admission, Admitted};
@@ -12,7 +13,6 @@ use crate::connection::{
     serve_hello_in, ConnectionContext, ConnectionError,
 };
 use crate::handoff::Isolation;
-use crate::session::Session;
 
 /// Serves one TCP connection on the calling thread (which it has to itself: TCP reads and
 /// writes block it): HELLO (transport negotiation), then the command loop over TCP or RDMA.

@@ -19,29 +19,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rpc_proto::CONN_CAPS_SIZE;
+use rpc_session::peer::PeerLink;
 use rpc_transport::cli::TransportMode;
 use rpc_transport::rdma::blocking::BlockingLink;
 use rpc_transport::rdma::negotiate::{client_choice, lean_name, server_choice, Choice, READY};
 use rpc_transport::rdma::real::{self, Prepared, RdmaOptions};
 use rpc_transport::rdma::{Caps, Flavor, Flavored, KEEPALIVE};
-
-/// One established pairwise link.
-pub trait PeerLink: Send {
-    /// Sends `send` and receives exactly `recv.len()` bytes, in the rank's order.
-    fn exchange(&mut self, send: &[u8], recv: &mut [u8]) -> std::io::Result<()>;
-    /// Sends `data` only (a worker-to-worker copy's sending side, LINK_SEND).
-    fn send(&mut self, data: &[u8]) -> std::io::Result<()>;
-    /// Receives exactly `buf.len()` bytes only (LINK_RECV).
-    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<()>;
-    /// What the link runs on (`"TCP"`, `"RDMA/RC+lean"`, …).
-    fn transport(&self) -> &'static str {
-        "TCP"
-    }
-    /// RDMA SENDs posted and receives completed on the link (zero on TCP).
-    fn rdma_counters(&self) -> (u64, u64) {
-        (0, 0)
-    }
-}
 
 /// Whether `b` is a caps block a ggml RPC server sends: all zero (no RDMA), or an RDMA offer in
 /// one of upstream's two layouts (a queue-pair number of 24 bits, a psn or LID that fits it).

@@ -8,12 +8,12 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rpc_session::SessionConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use crate::rdma::RdmaConfig;
-use crate::session::SessionConfig;
 use crate::stats::{HistogramSnapshot, Stats};
 
 /// Everything a scrape reads.

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::cidr::{AllowList, Cidr, PortRange};
 use crate::comm::CommPolicy;
 use crate::rdma::{RdmaConfig, TransportMode};
-use crate::session::MemoryLimits;
+use rpc_session::MemoryLimits;
 use rpc_transport::cli::FlavorChoice;
 
 /// Default `--hello-timeout`: a client sends HELLO as soon as it connects.
@@ -184,7 +184,7 @@ impl MallocTuning {
     }
 }
 
-/// The settings a session's [`crate::session::SessionConfig`] is built from.
+/// The settings a session's [`rpc_session::SessionConfig`] is built from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionOptions {
     /// Device names (`-d`); empty: every GPU, else the CPU.

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rpc_proto::Major;
+use rpc_session::{MemoryBudget, SessionConfig};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tracing::Instrument;
@@ -32,7 +33,6 @@ use crate::connection::{ConnectionContext, ConnectionError};
 use crate::handoff::Isolation;
 use crate::options::ServerOptions;
 use crate::rdma::RdmaConfig;
-use crate::session::{MemoryBudget, SessionConfig};
 use crate::stats::{Refusal, Stats};
 
 /// Unanswered probes before the kernel declares the peer dead.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rpc_proto::Command;
 
-use crate::session::MemoryBudget;
+use rpc_session::MemoryBudget;
 
 /// Transports as [`rpc_transport::Transport::name`] names them; traffic on any other name is
 /// counted under `other`.
@@ -249,8 +249,8 @@ impl Stats {
 pub fn reported_counters<'a>(
     stats: &'a Stats,
     rdma: &'a crate::rdma::RdmaConfig,
-    config: &'a crate::session::SessionConfig,
-    budget: &'a crate::session::MemoryBudget,
+    config: &'a rpc_session::SessionConfig,
+    budget: &'a rpc_session::MemoryBudget,
 ) -> Vec<&'a AtomicU64> {
     let mut v: Vec<&AtomicU64> = stats.counters().chain(rdma.counters()).collect();
     v.push(budget.refused_counter());

@@ -100,7 +100,7 @@ pub enum ShimError {
     },
     /// A one-endpoint request that no worker may serve (see `endpoint::route`).
     #[error("{0}")]
-    Route(#[from] crate::endpoint::RouteError),
+    Route(#[from] RouteError),
     /// `--transport rdma` and RDMA could not engage for this connection.
     #[error("worker {worker}: RDMA required (--transport rdma) but {reason}")]
     RdmaRequired {
@@ -163,4 +163,49 @@ impl ShimError {
                 | ShimError::RdmaRequired { .. }
         )
     }
+}
+
+/// A request the one endpoint refuses (the client connection is closed, as a server would close
+/// it for the same request).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// A device index past the endpoint's devices.
+    #[error("{cmd}: device {device} does not exist (the endpoint has {count})")]
+    NoSuchDevice {
+        /// The command.
+        cmd: rpc_proto::Command,
+        /// The index asked for.
+        device: u32,
+        /// The endpoint's device count.
+        count: u32,
+    },
+    /// A buffer handle this connection was never given (or has freed).
+    #[error("{cmd}: buffer {handle:#x} was not allocated on this connection")]
+    UnknownBuffer {
+        /// The command.
+        cmd: rpc_proto::Command,
+        /// The handle.
+        handle: u64,
+    },
+    /// Tensors of one command on two workers (other than COPY_TENSOR's source and destination).
+    #[error("{cmd}: its tensors lie on workers {a} and {b}; one command runs on one worker")]
+    Split {
+        /// The command.
+        cmd: rpc_proto::Command,
+        /// One worker.
+        a: usize,
+        /// Another.
+        b: usize,
+    },
+    /// COMM_ALLREDUCE: the endpoint's devices have no communicator.
+    #[error("COMM_ALLREDUCE: device {0} has no communicator (the endpoint answered COMM_INIT 0)")]
+    NoCommunicator(u32),
+    /// A payload too short for its command or a malformed graph.
+    #[error("{cmd}: malformed request: {why}")]
+    Malformed {
+        /// The command.
+        cmd: rpc_proto::Command,
+        /// What is wrong.
+        why: String,
+    },
 }

@@ -17,8 +17,8 @@ use rpc_client::{ops, Client, ClientError, Major, RpcTensor, TensorBuilder, TENS
 use rpc_ggml::{Device, DeviceKind};
 use rpc_server::options::ServerOptions;
 use rpc_server::server;
-use rpc_server::session::SessionConfig;
 use rpc_server::stats::Stats;
+use rpc_session::SessionConfig;
 use rpc_weights::cache::WeightCache;
 use rpc_weights::local_weights::LocalWeights;
 

@@ -12,8 +12,8 @@ use rpc_proto::Limits;
 
 /// The protocol major of the relayed connections.
 const MAJOR: rpc_proto::Major = rpc_proto::Major::V8;
-use rpc_server::session::{Session, SessionConfig};
 use rpc_server::stats::Stats;
+use rpc_session::{Session, SessionConfig};
 use rpc_tests::*;
 use rpc_transport::rdma::fake::{self, FakeQp, Rules};
 use rpc_transport::rdma::lean::{Geometry, LeanLink};
@@ -72,7 +72,7 @@ async fn relay(mut tcp: TcpStream, rules: Rules, done: Arc<AtomicUsize>) {
             Session::new(
                 config,
                 MAJOR,
-                Arc::new(rpc_server::session::MemoryBudget::unlimited()),
+                Arc::new(rpc_session::MemoryBudget::unlimited()),
             ),
             Limits::default(),
             Arc::new(Stats::default()),

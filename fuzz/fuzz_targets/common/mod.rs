@@ -23,7 +23,7 @@ use rpc_ggml::{Device, DeviceKind};
 use rpc_proto::{
     check_frame, Command, FrameHeader, Limits, Major, Request, Response, RpcTensor, RPC_TENSOR_SIZE,
 };
-use rpc_server::session::{MemoryBudget, MemoryLimits, Session, SessionConfig};
+use rpc_session::{MemoryBudget, MemoryLimits, Session, SessionConfig};
 
 /// Largest buffer an input may allocate (larger requests are clamped).
 pub const MAX_ALLOC: u64 = 8 << 20;

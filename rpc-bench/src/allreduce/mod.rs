@@ -531,7 +531,7 @@ mod tests {
     #[test]
     fn link_transport_from_logs() {
         let ours = "INFO rpc_server::link: comm link: RDMA cannot engage (no device); offering TCP\n\
-            INFO rpc_server::session::collectives: joined pairwise comm device=0 rank=1 transport=\"TCP\" session.pid=7\n";
+            INFO rpc_session::collectives: joined pairwise comm device=0 rank=1 transport=\"TCP\" session.pid=7\n";
         assert_eq!(transport_in_log(ours).as_deref(), Some("TCP"));
         let later =
             format!("{ours}INFO joined pairwise comm device=0 rank=1 transport=RDMA/RC x=1\n");

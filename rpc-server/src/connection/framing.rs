@@ -5,10 +5,10 @@
 use std::time::{Duration, Instant};
 
 use rpc_proto::{check_frame, Command, FrameHeader, Limits, Major, Response};
+use rpc_session::{Reply, Session, SessionError, SetTensorBody};
 use rpc_transport::Transport;
 
 use super::ConnectionError;
-use crate::session::{Reply, Session, SessionError, SetTensorBody};
 
 /// Reads a frame header: waits up to `idle` for its first byte (`Ok(None)` on a clean end of
 /// stream before it), then up to `stall` for the rest. The first read asks for the whole header
@@ -167,7 +167,7 @@ pub(crate) async fn send_reply<T: Transport>(
 }
 
 /// Reads a streamed body (SET_TENSOR) into the slices its session hands out, as they are
-/// needed: the session decides where each byte goes (`session/body.rs`).
+/// needed: the session decides where each byte goes (`rpc-session/src/body.rs`).
 pub(super) async fn read_streamed<R: Transport>(
     rd: &mut R,
     session: &mut Session,

@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_proto::{check_frame, Command, DecodeError, FrameHeader, Limits, Major, Request, Response};
+use rpc_session::{Intake, MemoryBudget, Reply, Session, SessionConfig, SessionError};
 use rpc_transport::{BlockingTcpTransport, Transport};
 use tokio::sync::watch;
 
 use crate::admission::Admitted;
 use crate::options::{Deadlines, ServerOptions};
 use crate::rdma::RdmaConfig;
-use crate::session::{Intake, MemoryBudget, Reply, Session, SessionConfig, SessionError};
 use crate::stats::Stats;
 
 /// Request bodies larger than this are charged to the memory budget while they are read and
@@ -82,7 +82,7 @@ pub struct ConnectionContext {
     pub budget: Arc<MemoryBudget>,
     /// How COMM_INIT sets up links; `None`: straight from this process (`comm::CommPolicy`
     /// at the connection's address). A session process asks its front (`child.rs`).
-    pub comm: Option<Arc<dyn crate::comm::Connector>>,
+    pub comm: Option<Arc<dyn rpc_session::peer::Connector>>,
     pub shutdown: watch::Receiver<bool>,
 }
 

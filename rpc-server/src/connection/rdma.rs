@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rpc_proto::Limits;
+use rpc_session::Session;
 use rpc_transport::rdma::negotiate::{lean_name, READY};
 use rpc_transport::rdma::{Flavor, Flavored, RdmaTransport};
 use rpc_transport::BlockingTcpTransport;
@@ -17,7 +18,6 @@ use tokio::sync::watch;
 use super::{read_exact_by, run, ConnectionContext, ConnectionError};
 use crate::options::Deadlines;
 use crate::rdma::{Activated, RdmaConfig};
-use crate::session::Session;
 use crate::stats::Stats;
 
 const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -26,10 +26,10 @@
 use std::time::Instant;
 
 use rpc_proto::Limits;
+use rpc_session::MemoryBudget;
 
 use crate::comm::{CommPolicy, Target};
 use crate::control::{ControlError, Inbound, StatsGate, ToFront, ToSession};
-use crate::session::MemoryBudget;
 
 /// What the loop serving the control line must do for one message.
 #[derive(Debug, PartialEq, Eq)]
@@ -274,7 +274,7 @@ impl<'a> Ledger<'a> {
         };
         let target = self
             .comm
-            .check(&init, crate::comm::link_targets(self.devices))
+            .check(&init, rpc_session::peer::link_targets(self.devices))
             .map_err(|r| ControlError::Link(r.to_string()))?;
         Ok((init.device, target))
     }
@@ -283,7 +283,7 @@ impl<'a> Ledger<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::MemoryLimits;
+    use rpc_session::MemoryLimits;
     use std::time::Duration;
 
     const MIB: u64 = 1 << 20;

@@ -117,7 +117,7 @@ impl Isolation {
     /// `options` with the memory limits resolved (`memory`).
     pub fn new(
         options: &ServerOptions,
-        memory: crate::session::MemoryLimits,
+        memory: rpc_session::MemoryLimits,
     ) -> std::io::Result<Isolation> {
         let exe = match &options.session_exe {
             Some(e) => e.clone(),
@@ -246,7 +246,7 @@ pub async fn hand_off(
     // The control line closed: the process has ended or is about to.
     let status = child.wait()?;
     // A contained session's inner process is mirrored by its outer one: a signal `n` as the
-    // exit status 128 + n (`namespaces::run_outer`).
+    // exit status 128 + n (`rpc_contain::namespaces::run_outer`).
     let signal = status.signal().or(status
         .code()
         .filter(|c| (129..160).contains(c))

@@ -15,9 +15,9 @@ use super::spawn::spawn_session;
 /// and with its devices open, waiting on its control line for a connection
 /// (`child::await_connection`). One thread of the front starts them all and lives as long as
 /// the pool: a session process is killed when the thread that started it ends (its parent-death
-/// signal, `namespaces.rs`), so none may be started by a connection's thread, which ends
-/// first. A pooled process whose front goes away ends: its control line closes, and its
-/// parent-death signal fires.
+/// signal, rpc-contain's `namespaces.rs`), so none may be started by a connection's thread,
+/// which ends first. A pooled process whose front goes away ends: its control line closes, and
+/// its parent-death signal fires.
 pub(super) struct Pool {
     shared: Arc<PoolShared>,
     /// Asks the pool's thread to start replacements; dropped, the thread ends the waiting ones

@@ -256,8 +256,8 @@ mod tests {
     use crate::control::ToFront;
     use crate::options::ServerOptions;
     use crate::rdma::{RdmaConfig, TransportMode};
-    use crate::session::{MemoryBudget, SessionConfig};
     use crate::stats::Stats;
+    use rpc_session::{MemoryBudget, SessionConfig};
     use std::io::Write;
     use std::os::fd::OwnedFd;
     use std::os::unix::fs::FileExt;
@@ -281,7 +281,7 @@ mod tests {
             major: rpc_proto::Major::V8,
             stats: Arc::new(Stats::default()),
             rdma: Arc::new(RdmaConfig::new(TransportMode::Tcp, Default::default(), 1)),
-            budget: Arc::new(MemoryBudget::new(crate::session::MemoryLimits {
+            budget: Arc::new(MemoryBudget::new(rpc_session::MemoryLimits {
                 per_connection: 1 << 20,
                 total: 1 << 30,
             })),

@@ -25,6 +25,8 @@ use std::collections::HashMap;
 
 use rpc_proto::{Command, Graph, Limits, Major, RpcTensor, GGML_MAX_SRC, RPC_TENSOR_SIZE};
 
+pub use crate::error::RouteError;
+
 /// Bytes of a SET_TENSOR request before its data: tensor, cache flag, offset.
 pub const SET_TENSOR_HEAD: usize = RPC_TENSOR_SIZE + 1 + 8;
 /// Bytes of a SET_TENSOR_2D request before its data: tensor, offset, size, n_copies, stride.
@@ -65,51 +67,6 @@ pub struct CrossCopy {
     pub dst: RpcTensor,
     /// `ggml_nbytes(src)`, at most `ggml_nbytes(dst)`.
     pub bytes: u64,
-}
-
-/// A request the one endpoint refuses (the client connection is closed, as a server would close
-/// it for the same request).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RouteError {
-    /// A device index past the endpoint's devices.
-    #[error("{cmd}: device {device} does not exist (the endpoint has {count})")]
-    NoSuchDevice {
-        /// The command.
-        cmd: Command,
-        /// The index asked for.
-        device: u32,
-        /// The endpoint's device count.
-        count: u32,
-    },
-    /// A buffer handle this connection was never given (or has freed).
-    #[error("{cmd}: buffer {handle:#x} was not allocated on this connection")]
-    UnknownBuffer {
-        /// The command.
-        cmd: Command,
-        /// The handle.
-        handle: u64,
-    },
-    /// Tensors of one command on two workers (other than COPY_TENSOR's source and destination).
-    #[error("{cmd}: its tensors lie on workers {a} and {b}; one command runs on one worker")]
-    Split {
-        /// The command.
-        cmd: Command,
-        /// One worker.
-        a: usize,
-        /// Another.
-        b: usize,
-    },
-    /// COMM_ALLREDUCE: the endpoint's devices have no communicator.
-    #[error("COMM_ALLREDUCE: device {0} has no communicator (the endpoint answered COMM_INIT 0)")]
-    NoCommunicator(u32),
-    /// A payload too short for its command or a malformed graph.
-    #[error("{cmd}: malformed request: {why}")]
-    Malformed {
-        /// The command.
-        cmd: Command,
-        /// What is wrong.
-        why: String,
-    },
 }
 
 /// One client connection's view of the endpoint: devices and buffer handles.

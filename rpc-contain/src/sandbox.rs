@@ -24,8 +24,8 @@
 //!   address space (shared mappings included) bounded by the budget plus a fixed allowance.
 //!
 //! `RPC_SANDBOX_SELFTEST=1` makes each session process try forbidden actions once it serves and
-//! log the outcome (`child.rs`; `tests/tests/isolate.rs` asserts on those lines). macOS:
-//! `sandbox_mac.rs`.
+//! log the outcome (rpc-server's `child.rs`; `tests/tests/isolate.rs` asserts on those lines).
+//! macOS: `sandbox_mac.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

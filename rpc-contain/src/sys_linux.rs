@@ -1,7 +1,7 @@
 //! The operating system calls that need `unsafe` (Linux: `unshare`, which rustix marks unsafe,
 //! and `fork`), wrapped where the condition that makes them sound is checked or fixed by the
 //! wrapper itself. With `seatbelt.rs` (macOS), the only module of the crate allowed `unsafe`
-//! code (ggml's FFI is the `rpc-ggml` crate).
+//! code (rpc-server has none; ggml's FFI is the `rpc-ggml` crate).
 
 use rustix::thread::UnshareFlags;
 

@@ -1,7 +1,7 @@
 //! Per-node validation of GRAPH_COMPUTE graphs, beyond what the stock server checks.
 //!
 //! Every tensor that reaches here already has a valid type, whole blocks per row and, when it has
-//! a buffer, an extent inside that buffer (`session/tensor.rs`). That alone does not make a graph
+//! a buffer, an extent inside that buffer (`tensor.rs`). That alone does not make a graph
 //! safe: ggml's CPU kernels index one tensor with another tensor's shape, with `op_params`, or with
 //! the *contents* of index tensors, and they only `assert()` (compiled out) or `GGML_ASSERT` (abort
 //! the whole process) on mismatches. So for every node that computes something this module checks
@@ -138,7 +138,7 @@ pub(crate) trait Shape {
     /// `ggml_nbytes`.
     fn nbytes(&self) -> u128 {
         let s = self.spec();
-        crate::session::nbytes(s.type_, &s.ne, &s.nb)
+        crate::nbytes(s.type_, &s.ne, &s.nb)
             .map(|n| n as u128)
             .unwrap_or(u128::MAX)
     }

@@ -28,7 +28,7 @@ impl Default for MemoryLimits {
 }
 
 /// Where a session process asks for memory: the front process, which keeps the server-wide
-/// account (`handoff/`).
+/// account (rpc-server's `handoff/`).
 pub trait Upstream: Send + Sync {
     /// Whether `n` more bytes may be held.
     fn reserve(&self, n: u64) -> bool;
@@ -97,7 +97,7 @@ impl MemoryBudget {
     /// either limit would be exceeded.
     /// A refusal by the upstream is counted there, not here (a session process reports its own
     /// refusals to the front, whose count is then the server's).
-    pub(crate) fn try_reserve(&self, held: u64, n: u64) -> bool {
+    pub fn try_reserve(&self, held: u64, n: u64) -> bool {
         if !self.reserve(held, n) {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return false;
@@ -112,7 +112,7 @@ impl MemoryBudget {
     }
 
     /// The refusal counter itself (see [`MemoryBudget::refused`]), for reporting.
-    pub(crate) fn refused_counter(&self) -> &AtomicU64 {
+    pub fn refused_counter(&self) -> &AtomicU64 {
         &self.refused
     }
 
@@ -147,7 +147,8 @@ impl MemoryBudget {
         })
     }
 
-    pub(crate) fn release(&self, n: u64) {
+    /// `n` bytes reserved with [`MemoryBudget::try_reserve`] are no longer held.
+    pub fn release(&self, n: u64) {
         self.give_back(n);
         if let Some(up) = &self.upstream {
             up.release(n);

@@ -541,8 +541,8 @@ fn data_checks_bound_every_value() {
 
 /// A session on the CPU device with one 4 KiB buffer: `(session, handle, base)`.
 fn cpu_session() -> (Session, u64, u64) {
-    let mut s = crate::session::tests::session(Major::V7);
-    let (handle, base) = crate::session::tests::alloc(&mut s, 4096);
+    let mut s = crate::tests::session(Major::V7);
+    let (handle, base) = crate::tests::alloc(&mut s, 4096);
     (s, handle, base)
 }
 

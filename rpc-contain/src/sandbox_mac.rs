@@ -134,7 +134,7 @@ fn rule(p: &mut String, why: &str, text: &str) {
 pub fn profile(i: &Inputs) -> String {
     let mut p = String::from(
         "(version 1)\n(deny default)\n\n\
-         ; rpc-server session process (rpc-server/src/sandbox_mac.rs). Everything not allowed\n\
+         ; rpc-server session process (rpc-contain/src/sandbox_mac.rs). Everything not allowed\n\
          ; below is denied. Sources: Chromium sandbox/policy/mac/{common,gpu,\n\
          ; on_device_model_execution}.sb; XNU socket MAC checks; ggml's sysctl probes.\n\n",
     );

@@ -1,7 +1,7 @@
 //! Our extension for worker-to-worker copies (`rpc-shim --one-endpoint` over our servers, see
 //! docs/one-endpoint.md): LINK_OPEN opens a link in one of the connection's
 //! [`LINK_SLOTS`](rpc_proto::LINK_SLOTS) slots, set up exactly as COMM_INIT's (the same
-//! [`Connector`](crate::comm::Connector) and policy: rank 0 only on this server's port + 1000,
+//! [`Connector`](crate::peer::Connector) and policy: rank 0 only on this server's port + 1000,
 //! rank 1 only to an allowed comm peer that answers a well-formed caps block); LINK_SEND sends
 //! a tensor's bytes over it, LINK_RECV takes them into a tensor, LINK_CLOSE closes it.
 //!
@@ -19,7 +19,7 @@ use rpc_proto::{CommInit, RpcTensor, LINK_HEADER_SIZE, LINK_MAGIC, LINK_SLOTS, L
 use super::limits::Charge;
 use super::tensor::{nbytes, UnknownBuffer};
 use super::{Session, SessionError};
-use crate::comm::PeerLink;
+use crate::peer::PeerLink;
 
 /// The connection's worker-to-worker links and the staging memory their copies reuse (grown
 /// to the largest copy so far, charged to the budget once per growth).

@@ -1,8 +1,21 @@
-//! Per-connection protocol state: buffers, backends and stored graphs, driven by decoded
-//! requests. No I/O here: the connection layer feeds requests and writes the replies.
+//! `rpc-session`: the per-connection protocol state of `rpc-server`, sans-IO: buffers, backends
+//! and stored graphs, driven by decoded requests. No I/O here: the server's connection layer
+//! feeds requests and writes the replies.
 //!
-//! One `Session` per connection. Everything it owns is freed when it is dropped, i.e. when the
-//! connection ends, whatever the reason.
+//! One [`Session`] per connection. Everything it owns is freed when it is dropped, i.e. when the
+//! connection ends, whatever the reason. Every command is handled here ([`Session::reply`]);
+//! SET_TENSOR's streamed body and GET_TENSOR's borrowed reply in `body.rs`, wire tensors in
+//! `tensor.rs`, GRAPH_COMPUTE as a pipeline of named steps in `graph.rs` (steps in `graph/`), the
+//! per-op rules in `validate/`, the graphs kept for GRAPH_RECOMPUTE in `graph_cache.rs`, 8.0's
+//! strided copies in `strided.rs` and collectives in `collectives.rs`, our LINK_* slots in
+//! `links.rs`, ALLOC_BUFFER budgets in `limits.rs`, errors in `error.rs`.
+//!
+//! A server-to-server link is reached through [`peer`]'s traits alone ([`peer::Connector`],
+//! [`peer::PeerLink`]), which the server implements over its sockets and queue pairs. It
+//! depends on `rpc-ggml` (the only way to ggml), `rpc-weights` (SET_TENSOR_HASH from disk),
+//! `rpc-proto`, and nothing of the server or of any I/O.
+
+#![forbid(unsafe_code)]
 
 mod body;
 mod collectives;
@@ -11,6 +24,7 @@ mod graph;
 mod graph_cache;
 mod limits;
 mod links;
+pub mod peer;
 mod strided;
 mod tensor;
 #[cfg(test)]
@@ -29,7 +43,7 @@ pub use limits::{MemoryBudget, MemoryLimits, Upstream};
 pub use tensor::nbytes;
 use tensor::UnknownBuffer;
 
-use crate::comm::Connector;
+use crate::peer::Connector;
 use graph::StoredGraph;
 use graph_cache::GraphCache;
 use rpc_ggml::{Backend, Buffer, Device, ScratchTensors};

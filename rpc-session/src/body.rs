@@ -261,8 +261,8 @@ mod tests {
     use rpc_proto::{Major, Request, RpcTensor};
 
     use super::*;
-    use crate::session::tests::{alloc, assert_out_of_bounds, cpu, f32_at, session_on};
-    use crate::session::MemoryBudget;
+    use crate::tests::{alloc, assert_out_of_bounds, cpu, f32_at, session_on};
+    use crate::MemoryBudget;
 
     /// A CPU session with one 4 KiB buffer, and a 256-float tensor at its base.
     fn cpu_session(cache: Option<rpc_weights::cache::WeightCache>) -> (Session, RpcTensor) {

@@ -1,13 +1,13 @@
 //! 8.0's collectives in the session: COMM_INIT joins the device's pairwise link (set up through
-//! the session's [`Connector`](crate::comm::Connector)), COMM_ALLREDUCE sums a partial with the
-//! peer's over it (`comm.rs`), COMM_FREE leaves it.
+//! the session's [`Connector`](crate::peer::Connector)), COMM_ALLREDUCE sums a partial with the
+//! peer's over it (`peer.rs`: [`allreduce_f32`](crate::peer::allreduce_f32)), COMM_FREE leaves it.
 
 use rpc_proto::{CommInit, RpcTensor};
 
 use super::limits::Charge;
 use super::tensor::{nbytes, UnknownBuffer};
 use super::{Session, SessionError};
-use crate::comm::PeerLink;
+use crate::peer::PeerLink;
 
 /// A device's pairwise link and the memory its allreduces reuse: the partial and the wire's
 /// scratch, grown to the largest allreduce so far and charged to the budget once per growth
@@ -81,7 +81,7 @@ impl Session {
         }
     }
 
-    /// COMM_ALLREDUCE: `tensor += the peer's partial` over the device's link (`comm.rs`).
+    /// COMM_ALLREDUCE: `tensor += the peer's partial` over the device's link (`peer.rs`).
     pub(super) fn comm_allreduce(
         &mut self,
         device: u32,
@@ -140,7 +140,7 @@ impl Session {
         }
         // Host memory (the CPU backend): summed where it lies, no copy in or out.
         let in_place = match self.buffer_mut(buf)?.host_mut(off, ulen) {
-            Some(mut view) => Some(crate::comm::allreduce_f32(
+            Some(mut view) => Some(crate::peer::allreduce_f32(
                 joined.link.as_mut(),
                 &mut view,
                 &mut joined.scratch,
@@ -167,7 +167,7 @@ impl Session {
         self.buffer_mut(buf)?
             .read(off, own)
             .map_err(SessionError::access("COMM_ALLREDUCE"))?;
-        let wire = crate::comm::allreduce_f32(joined.link.as_mut(), own, &mut joined.scratch)
+        let wire = crate::peer::allreduce_f32(joined.link.as_mut(), own, &mut joined.scratch)
             .map_err(|e| SessionError::Comm(e.to_string()))? as u64;
         joined.allreduces += 1;
         joined.sent += wire;

@@ -11,7 +11,7 @@ use rpc_proto::{
 };
 
 use super::*;
-use crate::comm::memory::{pair, MemLink};
+use crate::peer::memory::{pair, MemLink};
 use rpc_ggml::{Device, DeviceKind};
 use rpc_weights::cache::WeightCache;
 
@@ -953,17 +953,17 @@ impl std::fmt::Debug for OneLink {
     }
 }
 
-impl crate::comm::Connector for OneLink {
-    fn connect(&self, _: &CommInit) -> std::io::Result<Box<dyn crate::comm::PeerLink>> {
+impl crate::peer::Connector for OneLink {
+    fn connect(&self, _: &CommInit) -> std::io::Result<Box<dyn crate::peer::PeerLink>> {
         let link = self.0.lock().unwrap().take();
-        link.map(|l| Box::new(l) as Box<dyn crate::comm::PeerLink>)
+        link.map(|l| Box::new(l) as Box<dyn crate::peer::PeerLink>)
             .ok_or_else(|| std::io::Error::other("used"))
     }
 }
 
 #[test]
 fn comm_init_joins_allreduce_sums_with_the_peer_and_comm_free_leaves() {
-    use crate::comm::PeerLink;
+    use crate::peer::PeerLink;
     let mut s = session(Major::V8);
     let (ours, mut peer) = pair();
     s.set_connector(Arc::new(OneLink(Mutex::new(Some(ours)))));
@@ -1069,15 +1069,20 @@ fn link_probe_answers_the_version_and_the_port_the_connector_knows() {
             port: 0
         }
     );
+    // A connector that knows the port its client came in on (the server's `CommPolicy`: the
+    // port of the address the client reached; its own test checks that it says so).
+    #[derive(Debug)]
+    struct OnPort(u16);
+    impl crate::peer::Connector for OnPort {
+        fn connect(&self, _: &CommInit) -> std::io::Result<Box<dyn crate::peer::PeerLink>> {
+            Err(std::io::Error::other("no link"))
+        }
+        fn port(&self) -> Option<u16> {
+            Some(self.0)
+        }
+    }
     let mut s = session(Major::V8);
-    let policy = crate::comm::CommPolicy::new(
-        "127.0.0.1:50052".parse().unwrap(),
-        crate::cidr::AllowList::default(),
-        Vec::new(),
-        std::time::Duration::from_secs(1),
-        std::time::Duration::from_secs(1),
-    );
-    s.set_connector(Arc::new(policy));
+    s.set_connector(Arc::new(OnPort(50052)));
     assert_eq!(
         s.handle(Request::LinkProbe).unwrap(),
         Some(Response::LinkProbe {

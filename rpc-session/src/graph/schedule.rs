@@ -7,7 +7,7 @@
 
 use super::validate::{self, IndexCheck};
 use super::SessionError;
-use crate::session::tensor::nbytes;
+use crate::tensor::nbytes;
 use rpc_ggml::{ops, BufferRef, GraphLinks, TensorSpec};
 
 /// Upper bound on (checks x writing nodes) comparisons when scheduling checks.
