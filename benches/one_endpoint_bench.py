@@ -70,22 +70,24 @@ SPLITS = ("layer", "tensor")
 COMM_PEERS = ["--comm-peer-ports", "1-64535"]  # as tests/e2e/proto8_e2e.py
 PAIR_HOST = "127.0.0.2"  # rpc-bench e2e --own-comm-port: rank 0's relay and link forwarder
 RELAY_HOST = "127.0.0.%d"  # --link: server k's emulating relay on 127.0.0.(3 + k)
-KINDS = ("stock", "ours", "one")
-KIND_NAME = {"stock": "stock x%d", "ours": "ours x%d", "one": "one endpoint x%d"}
+KINDS = ["stock", "ours", "one"]  # with --no-links-too also "nolinks"
+KIND_NAME = {"stock": "stock x%d", "ours": "ours x%d", "one": "one endpoint x%d",
+             "nolinks": "one endpoint x%d, --no-worker-links"}
 
 
 class OneEndpointShim(Server):
     """rpc-shim --one-endpoint over `workers` on 127.0.0.1:port (TCP to the workers)."""
 
-    def __init__(self, name, binary, port, workers, logdir):
+    def __init__(self, name, binary, port, workers, logdir, extra=()):
         super().__init__(name, binary, port, logdir, env={"RPC_LOG": "info"}, proto=8)
         self.workers = list(workers)
+        self.shim_extra = list(extra)
 
     def cmd(self):
         c = [self.binary, "--one-endpoint"]
         for w in self.workers:
             c += ["--worker", w]
-        return c + ["--listen", self.endpoint, "--transport", "tcp"]
+        return c + ["--listen", self.endpoint, "--transport", "tcp"] + self.shim_extra
 
 
 class EmulatedRelay(Server):
@@ -336,6 +338,9 @@ def main():
     ap.add_argument("--direct", help="splits that also run straight to the servers or the shim "
                     "each round (no relay; rpc-bench e2e --direct): comma-separated, or 'none' (default: tensor, "
                     "whose tokens take about a millisecond, so that the relays' own hops weigh; with --link: none)")
+    ap.add_argument("--no-links-too", action="store_true", help="one more target per N: the one endpoint "
+                    "with --no-worker-links (every copy through the shim), to tell what the workers' own link "
+                    "saves from what keeping the client's round trips local saves")
     ap.add_argument("--note", default="", help="text for the report's header (e.g. how the binaries were built)")
     ap.add_argument("--max-load", type=float, default=1.5, help="wait before each split until the 1-minute "
                     "load average is below this")
@@ -427,6 +432,10 @@ def main():
                 ep[kind].append(r.endpoint)
         shims = {n: servers.add(OneEndpointShim("one%d" % n, args.shim, free_port(), ep["ours"][:n], args.workdir))
                  for n in ns}
+        if args.no_links_too:
+            KINDS.append("nolinks")
+            nolinks = {n: servers.add(OneEndpointShim("nolinks%d" % n, args.shim, free_port(), ep["ours"][:n],
+                                                      args.workdir, extra=["--no-worker-links"])) for n in ns}
         log("servers: " + ", ".join("%s %s" % (s.name, s.endpoint) for s in servers.items))
         for split in splits:
             p, n, r = pnr[split]
@@ -443,6 +452,8 @@ def main():
                 cmd += ["--server", "stock%d=%s" % (k, ",".join(ep["stock"][:k]))]
                 cmd += ["--server", "ours%d=%s" % (k, ",".join(ep["ours"][:k]))]
                 cmd += ["--server", "one%d=%s" % (k, shims[k].endpoint)]
+                if args.no_links_too:
+                    cmd += ["--server", "nolinks%d=%s" % (k, nolinks[k].endpoint)]
             if split == "tensor" and 2 in ns:
                 cmd += ["--own-comm-port", "ours2"]
                 if emulated:  # the stock rank 0's COMM_INIT is moved off the forwarder's port by its relay

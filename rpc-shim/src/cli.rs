@@ -123,6 +123,13 @@ pub struct Args {
     #[arg(long)]
     pub no_prefetch: bool,
 
+    /// With --one-endpoint: never ask workers for a worker-to-worker link (LINK_*); every copy
+    /// between workers passes through the shim, as with stock workers. For workers that cannot
+    /// reach each other on their port + 1000 (each pair would otherwise wait 10 s for its link
+    /// once), and to measure what the links save.
+    #[arg(long, requires = "one_endpoint")]
+    pub no_worker_links: bool,
+
     /// Runtime threads.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: u16,
@@ -221,6 +228,20 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_worker_links_needs_one_endpoint() {
+        let w = ["rpc-shim", "-w", "10.0.0.2:50052", "-w", "10.0.0.3:50052"];
+        let alone = Args::try_parse_from(w.iter().chain(&["--no-worker-links"]));
+        assert!(
+            alone.is_err_and(|e| e.to_string().contains("--one-endpoint")),
+            "--no-worker-links without --one-endpoint must be refused, naming it"
+        );
+        let a =
+            Args::try_parse_from(w.iter().chain(&["--one-endpoint", "--no-worker-links"])).unwrap();
+        assert!(a.one_endpoint && a.no_worker_links);
+        assert!(!Args::try_parse_from(w).unwrap().no_worker_links);
+    }
 
     #[test]
     fn default_ports_are_consecutive() {

@@ -96,6 +96,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
         query_timeout: Duration::from_secs_f64(args.query_timeout),
         prefetch: !args.no_prefetch,
+        worker_links: !args.no_worker_links,
         ..Options::default()
     };
 

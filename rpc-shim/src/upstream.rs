@@ -41,6 +41,9 @@ pub struct Options {
     pub limits: Limits,
     /// TCP keepalive on upstream sockets: idle time before the first probe (`None`: off).
     pub keepalive: Option<Duration>,
+    /// One endpoint: probe 8.0 workers for worker-to-worker links (LINK_*) and carry copies
+    /// between two of ours over them (`--no-worker-links`: false).
+    pub worker_links: bool,
 }
 
 impl Default for Options {
@@ -52,6 +55,7 @@ impl Default for Options {
             prefetch: true,
             limits: Limits::default(),
             keepalive: Some(Duration::from_secs(10)),
+            worker_links: true,
         }
     }
 }

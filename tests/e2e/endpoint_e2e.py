@@ -31,6 +31,7 @@ are known per run.
           COPY_TENSORs, every one answered 1, no COMM_INIT answered anything but 0, and for N > 2 read
           fewer GET_TENSOR bytes than the reference (whose partial sums crossed the client).
 
+          Also with --no-worker-links (N = 2): the same text, every copy through the shim.
   mixed   one endpoint over ours A and a stock 8.0 server: same text as the two as separate
           endpoints; the copies pass through the shim (a stock worker has no LINK_*).
   dies    a worker dies mid-generation while the copies go over the workers' own link (layer split,
@@ -247,16 +248,17 @@ class Counts:
 class OneEndpointShim(Server):
     """rpc-shim --one-endpoint over `workers`, listening on 127.0.0.1:port."""
 
-    def __init__(self, name, binary, port, workers, logdir):
+    def __init__(self, name, binary, port, workers, logdir, extra=()):
         super().__init__(name, binary, port, logdir, env={"RPC_LOG": "info"}, proto=8)
         self.workers = list(workers)
+        self.shim_extra = list(extra)
         self.log_seen = 0  # the log's size when the last client attempt started
 
     def cmd(self):
         c = [self.binary, FLAG]
         for w in self.workers:
             c += ["--worker", w]
-        return c + ["--listen", self.endpoint]
+        return c + ["--listen", self.endpoint] + self.shim_extra
 
 
 class Suite:
@@ -406,6 +408,26 @@ class Suite:
                        "%s B/token (margin %s); %s" % (n, c.brief(), fmt(over), fmt(margin),
                                                       self.shim_copies(n, problems)),
                        shim=self.shims.get(n))
+            if n == 2:
+                self.no_links(gemma, ref)
+
+    def no_links(self, gemma, ref):
+        """rpc-shim --one-endpoint --no-worker-links over ours A and B: the reference's text, every copy
+        through the shim (no LINK_* asked for)."""
+        key = "no-links"
+        shim = self.servers.add(OneEndpointShim("shim-no-links", self.args.shim, free_port(),
+                                                [self.srv[x].endpoint for x in NAMES[:2]], self.workdir,
+                                                extra=["--no-worker-links"]))
+        self.shims[key] = shim
+        self.shim_px[key] = ReplyCountingProxy(shim.port, port=free_port())
+        mode = "one endpoint of 2, --no-worker-links"
+        one = self.complete("layer-no-links", gemma, [self.shim_px[key]])
+        problems = self.devices(one, [self.shim_px[key]], 2, True) + self.copies(one)
+        if ref is None:
+            problems.append("no reference (2 endpoints failed)")
+        note = self.shim_copies(key, problems, linked_all=False)
+        self.judge("layer", gemma, mode, 2, one, ref, problems, "= 2 endpoints; %s; %s" % (one[4].brief(), note),
+                   shim=shim)
 
     def devices(self, run_, proxies, n, weights):
         """The client must have used n devices: device 0 of each proxy's endpoint, or with one proxy n

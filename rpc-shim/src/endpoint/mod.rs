@@ -255,7 +255,8 @@ impl<C: Connector> Endpoint<C> {
     async fn up(&mut self, w: usize) -> Result<&mut Up<C::Conn>, ShimError> {
         if self.ups[w].is_none() {
             self.open_up(w).await?;
-            if self.workers[w].core.links().is_none() && !self.probe(w).await? {
+            let core = &self.workers[w].core;
+            if core.opts.worker_links && core.links().is_none() && !self.probe(w).await? {
                 // A stock worker closed the connection on LINK_PROBE: again, without.
                 self.ups[w] = None;
                 self.workers[w].session_closed();
