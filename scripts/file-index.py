@@ -79,8 +79,6 @@ def render(files):
     group = None
     for f in files:
         top = f.split("/")[0] if "/" in f else "."
-        if top == "vendor":
-            top = "/".join(f.split("/")[:2])
         if top != group:
             group = top
             out += ["", "### `%s/`" % group if group != "." else "### top level", "", "| file | what it is |", "|---|---|"]
