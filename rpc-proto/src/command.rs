@@ -58,7 +58,7 @@ impl Major {
     }
 
     /// Parse a command byte: 0..=17 in 7.0.0, 0..=22 in 8.0.0 and, on 8.0.0 connections, our
-    /// [extensions](Command::EXTENSIONS) (0xE0..=0xE4). Every other byte gives `None`.
+    /// [extensions](Command::EXTENSIONS) (from 0xE0). Every other byte gives `None`.
     pub fn command(self, b: u8) -> Option<Command> {
         if let Some(&c) = Command::ALL.get(usize::from(b)) {
             return (self == Major::V8 || !c.is_v8_only()).then_some(c);
@@ -151,6 +151,56 @@ pub enum PayloadSize {
     AtLeast(u64),
 }
 
+/// What a request names of the state a server holds for its connection, and where in its
+/// payload ([`Command::target`]): the fields a proxy that spreads one client over several servers
+/// (`rpc-shim --one-endpoint`) routes the request by and rewrites, and a fuzzer maps to the
+/// buffers it allocated. A device index is the payload's first `u32`, a buffer handle its first
+/// `u64`, a tensor a [`RPC_TENSOR_SIZE`]-byte `rpc_tensor` whose `buffer` field names a buffer
+/// (0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// Nothing of the connection's, only the server itself: any server of several could answer
+    /// (HELLO, DEVICE_COUNT, LINK_PROBE).
+    Server,
+    /// A device, its index first, then `tensors` tensors from byte 4 (ALLOC_BUFFER, the device
+    /// queries, GRAPH_RECOMPUTE, COMM_INIT, COMM_FREE: none; COMM_ALLREDUCE: 1; GET_ALLOC_SIZE:
+    /// 11, descriptions whose buffer may be none).
+    Device {
+        /// Tensors after the device index.
+        tensors: usize,
+    },
+    /// A device, its index first, and a graph whose tensor array ends the payload
+    /// (GRAPH_COMPUTE; see [`Graph`](crate::Graph)).
+    Graph,
+    /// A buffer, its handle first (BUFFER_GET_BASE, FREE_BUFFER, BUFFER_CLEAR).
+    Buffer,
+    /// This many tensors from the payload's start (SET_TENSOR, SET_TENSOR_HASH, GET_TENSOR,
+    /// INIT_TENSOR, MEMSET_TENSOR, SET_TENSOR_2D, GET_TENSOR_2D: 1; COPY_TENSOR: 2).
+    Tensors(usize),
+    /// One of the connection's worker-to-worker link slots (ours), its `u32` index first, then
+    /// `tensors` tensors from byte 4 (LINK_OPEN, LINK_CLOSE: none; LINK_SEND, LINK_RECV: 1).
+    LinkSlot {
+        /// Tensors after the slot index.
+        tensors: usize,
+    },
+}
+
+impl Target {
+    /// The payload bytes that hold what the request names, from its start (a graph's: its
+    /// device index): at most the payload's size in either major.
+    pub fn head_len(self) -> usize {
+        match self {
+            Target::Server => 0,
+            Target::Graph => 4,
+            Target::Buffer => 8,
+            Target::Tensors(n) => n * RPC_TENSOR_SIZE,
+            Target::Device { tensors } | Target::LinkSlot { tensors } => {
+                4 + tensors * RPC_TENSOR_SIZE
+            }
+        }
+    }
+}
+
 // Widening `usize` constants to `u64` in const context; all values are small.
 const fn w(n: usize) -> u64 {
     n as u64
@@ -195,8 +245,8 @@ impl Command {
     ];
 
     /// Every command: [`Command::ALL`], then [`Command::EXTENSIONS`] (`EVERY[c.index()] == c`).
-    pub const EVERY: [Command; 28] = {
-        let mut every = [Command::AllocBuffer; 28];
+    pub const EVERY: [Command; Command::ALL.len() + Command::EXTENSIONS.len()] = {
+        let mut every = [Command::AllocBuffer; Command::ALL.len() + Command::EXTENSIONS.len()];
         let mut i = 0;
         while i < Command::ALL.len() {
             every[i] = Command::ALL[i];
@@ -330,6 +380,36 @@ impl Command {
     /// (see [`graph_frame_with_uid`](crate::graph_frame_with_uid)).
     pub fn runs_graph(self) -> bool {
         matches!(self, Command::GraphCompute | Command::GraphRecompute)
+    }
+
+    /// What the request names of the connection's state, and where ([`Target`]).
+    pub fn target(self) -> Target {
+        match self {
+            Command::Hello | Command::DeviceCount | Command::LinkProbe => Target::Server,
+            Command::AllocBuffer
+            | Command::GetAlignment
+            | Command::GetMaxSize
+            | Command::GetDeviceMemory
+            | Command::GraphRecompute
+            | Command::CommInit
+            | Command::CommFree => Target::Device { tensors: 0 },
+            Command::CommAllreduce => Target::Device { tensors: 1 },
+            Command::GetAllocSize => Target::Device {
+                tensors: 1 + crate::consts::GGML_MAX_SRC,
+            },
+            Command::GraphCompute => Target::Graph,
+            Command::BufferGetBase | Command::FreeBuffer | Command::BufferClear => Target::Buffer,
+            Command::SetTensor
+            | Command::SetTensorHash
+            | Command::GetTensor
+            | Command::InitTensor
+            | Command::MemsetTensor
+            | Command::SetTensor2d
+            | Command::GetTensor2d => Target::Tensors(1),
+            Command::CopyTensor => Target::Tensors(2),
+            Command::LinkOpen | Command::LinkClose => Target::LinkSlot { tensors: 0 },
+            Command::LinkSend | Command::LinkRecv => Target::LinkSlot { tensors: 1 },
+        }
     }
 
     /// The upstream name without the `RPC_CMD_` prefix, e.g. `"ALLOC_BUFFER"`.
@@ -579,6 +659,34 @@ mod tests {
                 assert!(!c.has_response() && !c.is_v8_only(), "{c}");
             }
         }
+    }
+
+    /// What a request names lies within its payload, in every major that has the command; a
+    /// device query names a device or only the server; our link slots are our extensions'.
+    #[test]
+    fn targets_lie_within_the_payload() {
+        for c in Command::EVERY {
+            let head = c.target().head_len() as u64;
+            for m in Major::ALL
+                .into_iter()
+                .filter(|m| m.command(c.as_u8()).is_some())
+            {
+                let (PayloadSize::Exact(n) | PayloadSize::AtLeast(n)) = c.request_size(m);
+                assert!(head <= n, "{c} ({m}): {head} > {n}");
+            }
+            if c.is_device_query() {
+                assert!(
+                    matches!(c.target(), Target::Server | Target::Device { .. }),
+                    "{c}"
+                );
+            }
+            if matches!(c.target(), Target::LinkSlot { .. }) {
+                assert!(c.is_extension(), "{c}");
+            }
+        }
+        assert_eq!(Command::CopyTensor.target(), Target::Tensors(2));
+        assert_eq!(Command::GetAllocSize.target().head_len(), 3260);
+        assert_eq!(Command::GraphCompute.target(), Target::Graph);
     }
 
     #[test]

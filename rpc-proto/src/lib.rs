@@ -69,7 +69,7 @@ mod tensor;
 mod wire;
 
 pub use builder::{contiguous_nb, nbytes, type_traits, TensorBuilder};
-pub use command::{Command, Major, PayloadSize};
+pub use command::{Command, Major, PayloadSize, Target};
 pub use consts::*;
 pub use error::DecodeError;
 pub use fnv::{fnv1a64, Fnv1a};

@@ -19,6 +19,7 @@
 
 pub mod admission;
 pub mod app;
+pub mod banner;
 #[cfg(unix)]
 pub mod child;
 pub mod cidr;
@@ -37,4 +38,5 @@ pub mod options;
 pub mod peer_log;
 pub mod rdma;
 pub mod server;
+pub mod session_config;
 pub mod stats;

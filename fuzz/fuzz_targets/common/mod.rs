@@ -21,7 +21,8 @@ use std::sync::{Arc, OnceLock};
 
 use rpc_ggml::{Device, DeviceKind};
 use rpc_proto::{
-    check_frame, Command, FrameHeader, Limits, Major, Request, Response, RpcTensor, RPC_TENSOR_SIZE,
+    check_frame, Command, FrameHeader, Limits, Major, Request, Response, RpcTensor, Target,
+    RPC_TENSOR_SIZE,
 };
 use rpc_session::{MemoryBudget, MemoryLimits, Session, SessionConfig};
 
@@ -146,25 +147,19 @@ impl Harness {
         let Some(cmd) = self.major.command(cmd_byte) else {
             return false;
         };
-        match cmd {
-            Command::AllocBuffer if p.len() == 12 => {
-                let size = u64::from_le_bytes(p[4..12].try_into().unwrap()).min(MAX_ALLOC);
-                p[4..12].copy_from_slice(&size.to_le_bytes());
+        if cmd == Command::AllocBuffer && p.len() == 12 {
+            let size = u64::from_le_bytes(p[4..12].try_into().unwrap()).min(MAX_ALLOC);
+            p[4..12].copy_from_slice(&size.to_le_bytes());
+        }
+        // What the request names, where (declared with the command in rpc-proto).
+        match cmd.target() {
+            Target::Server => {}
+            Target::Buffer => self.translate_handle(&mut p),
+            Target::Tensors(n) => self.translate_tensors(&mut p, 0, n),
+            Target::Device { tensors } | Target::LinkSlot { tensors } => {
+                self.translate_tensors(&mut p, 4, tensors)
             }
-            Command::BufferGetBase | Command::FreeBuffer | Command::BufferClear => {
-                self.translate_handle(&mut p)
-            }
-            Command::SetTensor
-            | Command::SetTensorHash
-            | Command::GetTensor
-            | Command::InitTensor
-            | Command::MemsetTensor
-            | Command::SetTensor2d
-            | Command::GetTensor2d => self.translate_tensors(&mut p, 0, 1),
-            Command::CommAllreduce => self.translate_tensors(&mut p, 4, 1),
-            Command::CopyTensor => self.translate_tensors(&mut p, 0, 2),
-            Command::GetAllocSize => self.translate_tensors(&mut p, 4, 11),
-            Command::GraphCompute => {
+            Target::Graph => {
                 // | u32 device | u64 uid (8.0) | u32 n_nodes | u64 ids[n_nodes] | u32 n_tensors | tensors |
                 let n_nodes_at = if self.major == Major::V8 { 12 } else { 4 };
                 if let Some(b) = p.get(n_nodes_at..n_nodes_at + 4) {
@@ -178,7 +173,6 @@ impl Harness {
                     }
                 }
             }
-            _ => {}
         }
         let h = FrameHeader {
             cmd: cmd_byte,

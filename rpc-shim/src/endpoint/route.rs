@@ -17,13 +17,16 @@
 //! - GET_ALLOC_SIZE asks about a tensor description: a tensor (or source) whose buffer lies on
 //!   another worker is described without its buffer there (buffer and address zero), which is
 //!   what a server does with a buffer it does not know.
+//! - What a command names, and where in its payload, is rpc-proto's [`Command::target`]: a command
+//!   without a rule of its own here goes by it, so a new one needs nothing of this module. One
+//!   that names nothing of the connection's (a device, buffer, tensor) goes to the first worker.
 //! - COMM_INIT is answered 0 (no pairwise link between devices of one endpoint: the client then
 //!   reduces with COPY_TENSOR and ADD graphs, which this module routes), and COMM_ALLREDUCE without
 //!   a communicator is refused, as a server refuses it.
 
 use std::collections::HashMap;
 
-use rpc_proto::{Command, Graph, Limits, Major, RpcTensor, GGML_MAX_SRC, RPC_TENSOR_SIZE};
+use rpc_proto::{Command, Graph, Limits, Major, RpcTensor, Target, GGML_MAX_SRC, RPC_TENSOR_SIZE};
 
 pub use crate::error::RouteError;
 
@@ -127,59 +130,18 @@ impl Router {
     /// of a `cmd` request for the worker it goes to, and says which that is. HELLO is not routed
     /// (the session answers it).
     pub fn route(&mut self, cmd: Command, payload: &mut [u8]) -> Result<Route, RouteError> {
-        let need = match head_len(cmd) {
-            Some(n) => n,
-            None => match cmd {
-                Command::DeviceCount | Command::Hello => 0,
-                Command::BufferGetBase | Command::FreeBuffer | Command::BufferClear => 8,
-                Command::CopyTensor => 2 * RPC_TENSOR_SIZE,
-                Command::GetAllocSize => 4 + (1 + GGML_MAX_SRC) * RPC_TENSOR_SIZE,
-                Command::CommAllreduce => 4 + RPC_TENSOR_SIZE,
-                Command::SetTensorHash
-                | Command::GetTensor
-                | Command::InitTensor
-                | Command::MemsetTensor
-                | Command::GetTensor2d => RPC_TENSOR_SIZE,
-                _ => 4,
-            },
-        };
+        let need = head_len(cmd).unwrap_or(cmd.target().head_len());
         if payload.len() < need {
             return Err(malformed(
                 cmd,
                 format!("{} bytes, need {need}", payload.len()),
             ));
         }
+        // The commands with a rule of their own here; every other goes where what it names
+        // lies ([`Command::target`], declared with the command in rpc-proto).
         match cmd {
             Command::DeviceCount => Ok(Route::Answer(self.device_count().to_le_bytes().to_vec())),
             Command::Hello => Err(malformed(cmd, "HELLO is answered by the session".into())),
-            Command::AllocBuffer
-            | Command::GetAlignment
-            | Command::GetMaxSize
-            | Command::GetDeviceMemory
-            | Command::GraphRecompute
-            | Command::CommFree => self.device_field(cmd, payload).map(Route::Worker),
-            Command::GraphCompute => self.graph(payload),
-            Command::BufferGetBase | Command::FreeBuffer | Command::BufferClear => {
-                let mine = read_u64(payload);
-                let (w, real) = self.handle(cmd, mine)?;
-                payload[..8].copy_from_slice(&real.to_le_bytes());
-                if cmd == Command::FreeBuffer {
-                    self.handles.remove(&mine);
-                }
-                Ok(Route::Worker(w))
-            }
-            Command::SetTensor
-            | Command::SetTensor2d
-            | Command::SetTensorHash
-            | Command::GetTensor
-            | Command::InitTensor
-            | Command::MemsetTensor
-            | Command::GetTensor2d => {
-                let w = self.tensor_at(cmd, payload, 0, Placement::Anywhere)?;
-                Ok(Route::Worker(
-                    w.expect("a tensor command's tensor names its worker"),
-                ))
-            }
             Command::CopyTensor => self.copy(payload),
             Command::GetAllocSize => {
                 let w = self.device_field(cmd, payload)?;
@@ -195,14 +157,44 @@ impl Router {
             }
             Command::CommInit => Ok(Route::Answer(vec![0])),
             Command::CommAllreduce => Err(RouteError::NoCommunicator(read_u32(payload))),
-            Command::LinkProbe
-            | Command::LinkOpen
-            | Command::LinkSend
-            | Command::LinkRecv
-            | Command::LinkClose => Err(malformed(
-                cmd,
-                "worker-to-worker links are the endpoint's own, not a client's".into(),
-            )),
+            Command::LinkProbe => Err(links_are_ours(cmd)),
+            _ => self.by_target(cmd, payload),
+        }
+    }
+
+    /// A command without a rule of its own: to the worker of what it names, every tensor of it
+    /// there; one that names nothing of the connection's to the first worker (any would answer
+    /// it); the link slots are the endpoint's own.
+    fn by_target(&mut self, cmd: Command, payload: &mut [u8]) -> Result<Route, RouteError> {
+        match cmd.target() {
+            Target::Server => Ok(Route::Worker(0)),
+            Target::Device { tensors } => {
+                let w = self.device_field(cmd, payload)?;
+                for i in 0..tensors {
+                    self.tensor_at(cmd, payload, 4 + i * RPC_TENSOR_SIZE, Placement::On(w))?;
+                }
+                Ok(Route::Worker(w))
+            }
+            Target::Graph => self.graph(payload),
+            Target::Buffer => {
+                let mine = read_u64(payload);
+                let (w, real) = self.handle(cmd, mine)?;
+                payload[..8].copy_from_slice(&real.to_le_bytes());
+                if cmd == Command::FreeBuffer {
+                    self.handles.remove(&mine);
+                }
+                Ok(Route::Worker(w))
+            }
+            Target::Tensors(n) => {
+                let w = self
+                    .tensor_at(cmd, payload, 0, Placement::Anywhere)?
+                    .expect("a tensor command's tensor names its worker");
+                for i in 1..n {
+                    self.tensor_at(cmd, payload, i * RPC_TENSOR_SIZE, Placement::On(w))?;
+                }
+                Ok(Route::Worker(w))
+            }
+            Target::LinkSlot { .. } => Err(links_are_ours(cmd)),
         }
     }
 
@@ -345,6 +337,14 @@ enum Placement {
 
 fn malformed(cmd: Command, why: String) -> RouteError {
     RouteError::Malformed { cmd, why }
+}
+
+/// Our LINK_* extension on a client's connection: refused.
+fn links_are_ours(cmd: Command) -> RouteError {
+    malformed(
+        cmd,
+        "worker-to-worker links are the endpoint's own, not a client's".into(),
+    )
 }
 
 fn read_u32(b: &[u8]) -> u32 {

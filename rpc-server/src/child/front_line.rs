@@ -1,9 +1,10 @@
-//! A session process (`--session-child`): serves one client whose connection its front handed
-//! over (`handoff/`), on the socket that is its stdin, reporting to the front on the control
-//! line that is its stdout (`control.rs`): memory reservations, counters, links and the weight
-//! cache's writes go to the front, and (Linux) the cache entries it reads come from it. Its configuration is one message from the front,
-//! [`SessionStart`]; nothing is rebuilt from flags. A pooled one (`--session-wait`) gets it, and
-//! the client's socket, on the control line once a client arrives ([`await_connection`]).
+//! A session process's side of the control line to its front (`control.rs`): how it is handed
+//! its client ([`Handed`]: the socket and the line; pooled, the assignment on the line,
+//! [`await_connection`]), memory reservations ([`Front`] is the session's
+//! `rpc_session::Upstream`), COMM_INIT's links asked of the front ([`FrontConnector`]), the
+//! weight cache's writes and (Linux) the cache entries it reads ([`FrontKeeper`]), the front's
+//! answers read with the descriptors they carry ([`read_front_lines`]), and the counters
+//! reported as they change ([`Reporter`]).
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
@@ -13,20 +14,14 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use rpc_session::{MemoryBudget, SessionConfig, Upstream};
+use rpc_session::Upstream;
 use tokio::sync::watch;
 
-use crate::connection::ConnectionContext;
-use crate::control::{LineSplitter, SessionStart, ToFront, ToSession, SANDBOX_REFUSED};
-use crate::rdma::RdmaConfig;
-use crate::stats::{reported_counters, Stats};
-
-/// How long a session process whose front is gone may take to finish its running command.
-const FRONT_GONE_GRACE: Duration = Duration::from_secs(1);
+use crate::control::{LineSplitter, SessionStart, ToFront, ToSession};
 
 /// Session side of the control line: memory reservations asked of the front, links, and the
 /// weight cache's writes.
-struct Front {
+pub(super) struct Front {
     wr: Mutex<UnixStream>,
     replies: Mutex<mpsc::Receiver<bool>>,
     /// Answers to `C` lines: the link's socket, or `None` (`E`).
@@ -42,16 +37,16 @@ struct Front {
 }
 
 /// Where the front's answers go, in a session process (`read_front_lines`' side of [`Front`]).
-struct Answers {
+pub(super) struct Answers {
     replies: mpsc::Sender<bool>,
     links: mpsc::Sender<Option<OwnedFd>>,
     staging: mpsc::Sender<Option<OwnedFd>>,
     entries: mpsc::Sender<Option<(OwnedFd, bool)>>,
-    stop: watch::Sender<bool>,
+    pub(super) stop: watch::Sender<bool>,
 }
 
 impl Front {
-    fn new(ctl: UnixStream, stop: watch::Sender<bool>) -> (Front, Answers) {
+    pub(super) fn new(ctl: UnixStream, stop: watch::Sender<bool>) -> (Front, Answers) {
         let (reply_tx, reply_rx) = mpsc::channel();
         let (link_tx, link_rx) = mpsc::channel();
         let (staging_tx, staging_rx) = mpsc::channel();
@@ -127,7 +122,7 @@ impl Front {
 }
 
 impl Answers {
-    fn deliver(&self, msg: ToSession, fd: Option<OwnedFd>) {
+    pub(super) fn deliver(&self, msg: ToSession, fd: Option<OwnedFd>) {
         match msg {
             ToSession::Yes => drop(self.replies.send(true)),
             ToSession::No => drop(self.replies.send(false)),
@@ -143,7 +138,7 @@ impl Answers {
 }
 
 /// The weight cache's writer in a session process: the front.
-struct FrontKeeper(Arc<Front>);
+pub(super) struct FrontKeeper(pub(super) Arc<Front>);
 
 impl rpc_weights::cache::CacheKeeper for FrontKeeper {
     fn store(&self, data: &[u8]) {
@@ -162,13 +157,13 @@ impl rpc_weights::cache::CacheKeeper for FrontKeeper {
 /// COMM_INIT in a session process: the front sets the link up (a sandboxed process opens no
 /// socket) and passes its socket down; the exchange then runs here.
 #[derive(Debug)]
-struct FrontConnector {
-    front: Arc<Front>,
+pub(super) struct FrontConnector {
+    pub(super) front: Arc<Front>,
     /// The policy the front enforces: a request outside it is not sent (the front would take
     /// it for a compromised session's and end this process).
-    policy: crate::comm::CommPolicy,
+    pub(super) policy: crate::comm::CommPolicy,
     /// This session's devices.
-    devices: usize,
+    pub(super) devices: usize,
 }
 
 impl std::fmt::Debug for Front {
@@ -226,7 +221,7 @@ impl rpc_session::peer::Connector for FrontConnector {
 /// closes (or carries something that is no message): `on_msg` gets each message and, for one
 /// that carries a descriptor (`K`, `M`, `H`, `G`), the descriptor that came with it.
 /// `early`: bytes of the line already read (after a pooled process's assignment).
-fn read_front_lines(
+pub(super) fn read_front_lines(
     sock: UnixStream,
     early: &[u8],
     mut on_msg: impl FnMut(ToSession, Option<OwnedFd>),
@@ -400,12 +395,12 @@ impl Upstream for Front {
 }
 
 /// Sends the counters that changed since the last report as one `S` line.
-struct Reporter {
-    last: Vec<u64>,
+pub(super) struct Reporter {
+    pub(super) last: Vec<u64>,
 }
 
 impl Reporter {
-    fn report(&mut self, counters: &[&AtomicU64], front: &Front) {
+    pub(super) fn report(&mut self, counters: &[&AtomicU64], front: &Front) {
         let now: Vec<u64> = counters.iter().map(|c| c.load(Relaxed)).collect();
         if now == self.last {
             return;
@@ -417,264 +412,8 @@ impl Reporter {
     }
 }
 
-/// The memory bound of a contained session (Linux: its address space,
-/// `rpc_contain::sandbox::limit_memory`), set once its budget is known, before the client's
-/// first byte. A session that cannot be bounded is refused.
-fn limit_memory(on: bool, budget: u64) -> Result<(), String> {
-    #[cfg(target_os = "linux")]
-    if on {
-        match rpc_contain::sandbox::limit_memory(budget) {
-            Ok(Some(n)) => tracing::debug!(bytes = n, "address space bounded"),
-            Ok(None) => tracing::debug!("address space not bounded (no budget, or a GPU build)"),
-            Err(e) => return Err(format!("cannot bound the session's memory: {e}")),
-        }
-    }
-    let _ = (on, budget);
-    Ok(())
-}
-
-/// Once the transport is up: the Seatbelt profile on macOS (rpc-contain's `sandbox_mac.rs`; on
-/// Linux the sandbox is in place since the process started, its `namespaces.rs` and
-/// `sandbox.rs`); then the self-test when `selftest` (`ServerOptions::sandbox_selftest`:
-/// `RPC_SANDBOX_SELFTEST=1` where the front started).
-fn restrict_syscalls(on: bool, selftest: bool, cache_dir: Option<&std::path::Path>) {
-    #[cfg(target_os = "macos")]
-    if on {
-        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
-        match rpc_contain::sandbox_mac::apply(home.as_deref(), cache_dir) {
-            Ok(()) => tracing::debug!("sandbox profile applied"),
-            // Fail closed, as on Linux.
-            Err(e) => {
-                tracing::error!(
-                    "session refused: its sandbox profile cannot be applied: {e} (--no-sandbox serves without it)"
-                );
-                std::process::exit(SANDBOX_REFUSED);
-            }
-        }
-    }
-    let _ = on;
-    if selftest {
-        self_test(cache_dir);
-    }
-}
-
-/// `RPC_SANDBOX_SELFTEST=1`: tries what the sandbox forbids and logs each outcome as
-/// `sandbox self-test: <action>: denied (<error>)` or `...: ALLOWED` (`tests/tests/isolate.rs`
-/// asserts on those lines).
-fn self_test(cache_dir: Option<&std::path::Path>) {
-    fn report<T>(what: &str, r: std::io::Result<T>) {
-        match r {
-            Ok(_) => tracing::warn!("sandbox self-test: {what}: ALLOWED"),
-            Err(e) => tracing::info!("sandbox self-test: {what}: denied ({e})"),
-        }
-    }
-    #[cfg(target_os = "linux")]
-    report(
-        "open /etc/hostname",
-        std::fs::read("/etc/hostname").or_else(|_| std::fs::read("/etc/passwd")),
-    );
-    if let Some(home) = std::env::var_os("HOME") {
-        report(
-            "read a file in the home directory",
-            std::fs::read(std::path::Path::new(&home).join(".rpc-sandbox-probe")),
-        );
-    }
-    report(
-        "create a file in /tmp",
-        std::fs::write(format!("/tmp/rpc-sandbox-{}", std::process::id()), b"x"),
-    );
-    report(
-        "open a TCP connection",
-        std::net::TcpStream::connect("127.0.0.1:9"),
-    );
-    report(
-        "listen on a port",
-        std::net::TcpListener::bind("127.0.0.1:0"),
-    );
-    report(
-        "start /bin/true",
-        std::process::Command::new("/bin/true").status(),
-    );
-    if let Some(d) = cache_dir {
-        // Only the front writes the cache; sessions read it.
-        let p = d.join(format!(".sandbox-selftest-{}", std::process::id()));
-        report("write the cache", std::fs::write(&p, b"x"));
-        match std::fs::read_dir(d) {
-            Ok(_) => tracing::info!("sandbox self-test: list the cache: allowed"),
-            Err(e) => tracing::warn!("sandbox self-test: list the cache: DENIED ({e})"),
-        }
-    }
-}
-
-/// Session side: serves the client on its socket (`handed`, stdin unless pooled) after its
-/// HELLO, reporting to the front on the control line (stdout). Returns the process's exit
-/// status.
-pub fn child_main(start: SessionStart, config: Arc<SessionConfig>, handed: Handed) -> i32 {
-    let span = tracing::info_span!("session", peer = %start.peer, pid = std::process::id());
-    let _enter = span.enter();
-    rpc_ggml::abort::abort_on_assertions();
-    let Some(major) = rpc_proto::Major::from_number(start.major) else {
-        tracing::error!(
-            major = start.major,
-            "session process started for an unknown protocol major"
-        );
-        return 2;
-    };
-    let options = Arc::new(start.options);
-    let cache_dir = config.cache.as_ref().map(|w| w.dir().to_path_buf());
-    // The front resolved the limits against the devices.
-    let limits = options.memory(u64::MAX);
-    if let Err(e) = limit_memory(options.sandbox, limits.per_connection) {
-        tracing::error!("session refused: {e} (--no-sandbox serves without containment)");
-        return SANDBOX_REFUSED;
-    }
-    let Handed { stream, ctl, early } = handed;
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let reader = match ctl.try_clone() {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot read the control line");
-            return 2;
-        }
-    };
-    // Replies and the front's stop. The end of the line means the front is gone (a front that
-    // shuts down sends `Q` and keeps the line open until the session ends): the session stops,
-    // and if its command does not finish within FRONT_GONE_GRACE (a long compute), the process
-    // ends without it; no session outlives its server.
-    // Set when the session ends: read by the front-gone watcher below and by the reporter.
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let finished_seen = done.clone();
-    let (front, answers) = Front::new(ctl, stop_tx);
-    std::thread::spawn(move || {
-        read_front_lines(reader, &early, |msg, fd| answers.deliver(msg, fd));
-        let _ = answers.stop.send(true);
-        let t = std::time::Instant::now();
-        while !finished_seen.load(Relaxed) {
-            if t.elapsed() >= FRONT_GONE_GRACE {
-                tracing::warn!("the server's front process is gone; ending this session now");
-                std::process::exit(3);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    });
-    let front = Arc::new(front);
-    if let Some(cache) = &config.cache {
-        // Only the front writes the cache: this session's stores and checks go to it.
-        cache.delegate(Box::new(FrontKeeper(front.clone())));
-    }
-    let budget = Arc::new(MemoryBudget::with_upstream(
-        rpc_session::MemoryLimits {
-            per_connection: limits.per_connection,
-            // The server-wide limit is the front's to enforce.
-            total: u64::MAX,
-        },
-        Box::new(ArcFront(front.clone())),
-    ));
-    let local = match stream.local_addr() {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot use the client's socket");
-            return 2;
-        }
-    };
-    let comm = Arc::new(FrontConnector {
-        front: front.clone(),
-        policy: options.comm_policy(local),
-        devices: config.devices.len(),
-    });
-    let rdma = match start.tcp_only {
-        true => Arc::new(RdmaConfig::new(
-            crate::rdma::TransportMode::Tcp,
-            Default::default(),
-            1,
-        )),
-        false => options.rdma_config(),
-    };
-    let stats = Arc::new(Stats::default());
-    let reporter = {
-        let (stats, rdma, config, front, done, budget) = (
-            stats.clone(),
-            rdma.clone(),
-            config.clone(),
-            front.clone(),
-            done.clone(),
-            budget.clone(),
-        );
-        std::thread::spawn(move || {
-            let counters = reported_counters(&stats, &rdma, &config, &budget);
-            let mut r = Reporter {
-                last: vec![0; counters.len()],
-            };
-            while !done.load(Relaxed) {
-                std::thread::park_timeout(Duration::from_millis(250));
-                r.report(&counters, &front);
-            }
-            r.report(&counters, &front);
-        })
-    };
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the session's runtime");
-            return 2;
-        }
-    };
-    let local_ip = local.ip();
-    let tcp = rpc_transport::BlockingTcpTransport::new(
-        stream,
-        Some(stop_rx.clone()),
-        options.poll_window,
-    )
-    .and_then(|mut t| match &start.pending {
-        Some(h) => t.preload(h).map(|()| t),
-        None => Ok(t),
-    });
-    let tcp = match tcp {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot use the client's socket");
-            return 2;
-        }
-    };
-    let (sandbox, selftest) = (options.sandbox, options.sandbox_selftest);
-    let ctx = ConnectionContext {
-        options,
-        config,
-        major,
-        stats: stats.clone(),
-        rdma,
-        budget,
-        comm: Some(comm),
-        shutdown: stop_rx,
-    };
-    let ready = move || restrict_syscalls(sandbox, selftest, cache_dir.as_deref());
-    let r = match start.pending {
-        // The front answered the HELLO: the session starts at the command it read.
-        Some(_) => rt.block_on(crate::connection::serve_commands(tcp, ctx, ready)),
-        None => rt.block_on(crate::connection::serve_hello(
-            tcp, local_ip, start.caps, ctx, ready,
-        )),
-    };
-    done.store(true, Relaxed);
-    reporter.thread().unpark();
-    let _ = reporter.join();
-    match r {
-        Ok(()) => {
-            tracing::info!("client connection closed");
-            0
-        }
-        Err(e) => {
-            tracing::error!("closing connection: {e}");
-            1
-        }
-    }
-}
-
 /// [`Upstream`] over a shared [`Front`] (the reporter thread shares the line).
-struct ArcFront(Arc<Front>);
+pub(super) struct ArcFront(pub(super) Arc<Front>);
 
 impl Upstream for ArcFront {
     fn reserve(&self, n: u64) -> bool {
