@@ -8,8 +8,8 @@
 //!   Landlock, the default-deny seccomp allow-list, the address-space bound).
 //! - macOS: [`sandbox_mac`], the Seatbelt profile (its text is built, and tested, on every OS).
 //!
-//! When and in which order a session process calls them is rpc-server's (`app.rs::contain`,
-//! `child.rs`); this crate knows nothing of the server: no options, no control line. The GPU
+//! When and in which order a session process calls them is rpc-server's (`child/contain.rs`,
+//! from `child/start.rs` and `child/serve.rs`); this crate knows nothing of the server: no options, no control line. The GPU
 //! backend the build drives is this crate's `cuda`/`vulkan` feature, forwarded by rpc-server's.
 
 // No `unsafe` here but in the two OS FFI modules (`sys_linux`: `unshare`, which rustix marks

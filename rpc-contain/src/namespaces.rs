@@ -185,7 +185,7 @@ const RDMA_NETNS_MODE: &str = "/sys/module/ib_core/parameters/netns_mode";
 
 /// Whether RDMA devices are in the kernel's exclusive network-namespace mode, in which a
 /// session's own network namespace has none (its client stays on TCP). `text`: the content of
-/// [`RDMA_NETNS_MODE`].
+/// `RDMA_NETNS_MODE` (`/sys/module/ib_core/parameters/netns_mode`).
 pub fn rdma_netns_exclusive_in(text: &str) -> bool {
     matches!(text.trim(), "N" | "n" | "0")
 }

@@ -24,7 +24,7 @@
 //!   address space (shared mappings included) bounded by the budget plus a fixed allowance.
 //!
 //! `RPC_SANDBOX_SELFTEST=1` makes each session process try forbidden actions once it serves and
-//! log the outcome (rpc-server's `child.rs`; `tests/tests/isolate.rs` asserts on those lines).
+//! log the outcome (rpc-server's `child/contain.rs`; `tests/tests/isolate.rs` asserts on those lines).
 //! macOS: `sandbox_mac.rs`.
 
 use std::collections::BTreeMap;
@@ -490,7 +490,7 @@ pub fn install(
 }
 
 /// Bounds the session's whole address space (private and shared mappings alike) by its memory
-/// budget plus [`ADDRESS_ALLOWANCE`], once the budget is known and before the client's first
+/// budget plus `ADDRESS_ALLOWANCE` (2 GiB), once the budget is known and before the client's first
 /// byte is read. Not for GPU builds: their drivers reserve address space far beyond memory.
 pub fn limit_memory(budget: u64) -> Result<Option<u64>, SandboxError> {
     if cfg!(any(feature = "cuda", feature = "vulkan")) {

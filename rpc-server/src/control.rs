@@ -1,4 +1,4 @@
-//! The control line between the front and a session process (`handoff/`, `child.rs`), as typed messages:
+//! The control line between the front and a session process (`handoff/`, `child/`), as typed messages:
 //! one encoder and one decoder each way, lines bounded while they are read, a rate bound, and
 //! the clamp on reported counters. The front trusts nothing a session says: a malformed or
 //! unknown message, an over-long line, or more messages than the rate bound allows end the

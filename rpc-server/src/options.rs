@@ -24,7 +24,7 @@
 //! session process; `LLAMA_CACHE`, `XDG_CACHE_HOME` and `HOME` give `-c` its directory
 //! (`rpc_weights::cache::default_cache_dir`, read by `cli::Args::options` into
 //! [`SessionOptions::cache_dir`]); `HOME` names the home directory a session's sandbox
-//! (macOS) and self-test deny (`child.rs`); `GGML_RDMA_DEV` / `GGML_RDMA_GID` are read by the
+//! (macOS) and self-test deny (`child/contain.rs`); `GGML_RDMA_DEV` / `GGML_RDMA_GID` are read by the
 //! command line's parser (`--rdma-device`, `--rdma-gid-index`).
 
 use std::path::PathBuf;
@@ -111,7 +111,7 @@ pub struct ServerOptions {
     pub transport: TransportMode,
     /// Upstream's switch `GGML_RPC_NO_RDMA` was set (to anything, even empty): RDMA is off
     /// whatever `transport` says: client connections and comm links stay on TCP, and a session
-    /// process is not given the RDMA device (`app.rs`). Default `false`; read at start-up
+    /// process is not given the RDMA device (`child/contain.rs`). Default `false`; read at start-up
     /// ([`ServerOptions::with_environment`]).
     pub no_rdma: bool,
     /// Accept the lean framing from RDMA clients that offer it, and offer and accept it on a
@@ -147,7 +147,7 @@ pub struct ServerOptions {
     /// do not parse: `info`.
     pub log_filter: Option<String>,
     /// `RPC_SANDBOX_SELFTEST=1`: each session process, once it serves, tries what its sandbox
-    /// forbids and logs each outcome (`child.rs`; `tests/tests/isolate.rs` reads the lines).
+    /// forbids and logs each outcome (`child/contain.rs`; `tests/tests/isolate.rs` reads the lines).
     pub sandbox_selftest: bool,
 }
 

@@ -164,7 +164,7 @@ impl RdmaConfig {
         }
     }
 
-    /// Every counter, in a fixed order (reported by a session process, see `child.rs`).
+    /// Every counter, in a fixed order (reported by a session process, see `child/front_line.rs`).
     pub fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
         [
             &self.activated,

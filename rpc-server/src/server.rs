@@ -49,7 +49,7 @@ pub fn keepalive_deadline(idle: Duration) -> Duration {
 
 /// Enables TCP keepalive so that a peer that vanished without a FIN or RST (power loss, cable
 /// pulled, a machine that slept) is found although the connection is idle by design: the first
-/// probe after `idle` of silence, then [`KEEPALIVE_PROBES`] probes `idle / 6` apart; the
+/// probe after `idle` of silence, then `KEEPALIVE_PROBES` (6) probes `idle / 6` apart; the
 /// connection fails after about `2 × idle` without an answer, and its buffers are freed. On Linux
 /// `TCP_USER_TIMEOUT` bounds the same way a peer that vanished with data unacknowledged (keepalive
 /// only probes a quiet connection).

@@ -162,7 +162,7 @@ impl Stats {
     /// Every additive counter of a session's traffic, in a fixed order: commands and bytes per
     /// command and transport, and the histograms (not the connection counts, which the process
     /// that accepts connections keeps). A session process reports these to the front
-    /// (`child.rs`), which the front adds to its own (`handoff/`).
+    /// (`child/`), which the front adds to its own (`handoff/`).
     pub fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
         self.commands
             .iter()

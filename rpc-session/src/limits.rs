@@ -139,7 +139,7 @@ impl MemoryBudget {
     }
 
     /// Charges `n` bytes (a request body) for a session that holds `held`, until the returned
-    /// [`Charge`] is dropped; `None` (and counted as refused) if either limit would be exceeded.
+    /// `Charge` is dropped; `None` (and counted as refused) if either limit would be exceeded.
     pub fn charge(self: &Arc<Self>, held: u64, n: u64) -> Option<Charge> {
         self.try_reserve(held, n).then(|| Charge {
             budget: self.clone(),

@@ -144,7 +144,7 @@ pub struct CacheCounters {
 }
 
 impl CacheCounters {
-    /// Every counter, in a fixed order (reported by a session process, see rpc-server's `child.rs`).
+    /// Every counter, in a fixed order (reported by a session process, see rpc-server's `child/front_line.rs`).
     pub fn counters(&self) -> impl Iterator<Item = &AtomicU64> {
         [
             &self.hits,

@@ -1,4 +1,4 @@
-//! Containment (the default: `front.rs`, `handoff/`, `child.rs`): each session computes in a
+//! Containment (the default: `front.rs`, `handoff/`, `child/`): each session computes in a
 //! process of its own. The real binary is started here (a session process is the same executable), and its session
 //! processes are found as the server's child processes (`pgrep -P`, `ps`: the same on Linux and
 //! macOS; `/proc` only in the Linux-only tests): a session killed by a signal

@@ -175,7 +175,7 @@ fn session_reach(o: &SessionOptions) -> Result<(), String> {
 
 /// The front's check at start that every session process will be contained, or the server
 /// does not start (fail closed): with contained sessions (Linux, neither `--no-isolate` nor
-/// `--no-sandbox`) the layers one probe session process installed ([`probe`]); `None` when
+/// `--no-sandbox`) the layers one probe session process installed (`probe`); `None` when
 /// there is nothing to probe. `Err` says why sessions cannot be contained here.
 pub fn probe_containment(options: &ServerOptions) -> anyhow::Result<Option<String>> {
     #[cfg(target_os = "linux")]

@@ -81,14 +81,14 @@ pub struct ConnectionContext {
     /// The memory account the session's buffers count against.
     pub budget: Arc<MemoryBudget>,
     /// How COMM_INIT sets up links; `None`: straight from this process (`comm::CommPolicy`
-    /// at the connection's address). A session process asks its front (`child.rs`).
+    /// at the connection's address). A session process asks its front (`child/`).
     pub comm: Option<Arc<dyn rpc_session::peer::Connector>>,
     pub shutdown: watch::Receiver<bool>,
 }
 
 /// Serves a connection whose HELLO (`caps`) has been read: the reply (transport negotiation),
 /// then the command loop over TCP or RDMA. In this process, or in a session process of its own
-/// (`child.rs`). `ready` runs once the transport is set up, before the first command is read
+/// (`child/`). `ready` runs once the transport is set up, before the first command is read
 /// (a session process applies its sandbox there).
 pub async fn serve_hello<F: FnOnce()>(
     tcp: BlockingTcpTransport,

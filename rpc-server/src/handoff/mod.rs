@@ -5,7 +5,7 @@
 //! The front process (the one listening) keeps the listener, admission, the HELLO deadline, the
 //! server-wide memory account, the RDMA queue-pair budget and the counters. It answers a TCP
 //! client's HELLO and the device queries after it itself (`front.rs`, reading no further than
-//! each request); at the first other command it starts a fresh session process (`child.rs`: the
+//! each request); at the first other command it starts a fresh session process (`child/`: the
 //! same executable with `--session-child`; never `fork()`, which is unsafe after a GPU backend
 //! started) and hands it the socket as its stdin, and its whole configuration (the server's
 //! options, the client's HELLO, the command's header) as one typed message,
@@ -20,7 +20,7 @@
 //! |---|---|---|
 //! | session | `R <bytes>` | may I hold `bytes` more? answered `Y` or `N` |
 //! | session | `F <bytes>` | I freed `bytes` |
-//! | session | `S <n> <n> ...` | counters since the last `S` (the order of [`counters`]; clamped, `control::StatsGate`) |
+//! | session | `S <n> <n> ...` | counters since the last `S` (the order of [`reported_counters`](crate::stats::reported_counters); clamped, `control::StatsGate`) |
 //! | session | `C <hex>` | COMM_INIT (its 80 bytes): set up the link to the peer server for me (checked, see below) |
 //! | session | `W <bytes>` | an upload for the weight cache: a staging file of `bytes`, please |
 //! | session | `D` | the staging file holds the upload |
@@ -71,7 +71,7 @@
 //! memory account and its RDMA place; a process killed by a signal is logged and counted as a
 //! connection closed with an error. The front then serves on. It does not wait for a session
 //! process to notice that its client left: it keeps its own handle on the client's socket and
-//! ends the process once the client is gone ([`ClientWatch`]).
+//! ends the process once the client is gone (`watch.rs`: `ClientWatch`).
 //!
 //! The parts: this file, the hand-off itself ([`hand_off`]: which process serves the
 //! connection, and how its end maps to the connection's result); `pool.rs` (`--session-pool`);
