@@ -3,14 +3,12 @@
 //! (`--no-isolate`) or, contained, the device queries a front answers itself and the hand-off to
 //! a session process of its own at the first other command (`handoff/`).
 
-use rpc_proto::{check_frame, Command, FrameHeader, Request};
 use rpc_session::Session;
-use rpc_transport::{BlockingTcpTransport, Transport};
+use rpc_transport::BlockingTcpTransport;
 
 use crate::admission::{Admission, Admitted};
 use crate::connection::{
-    encode_reply, next_header, read_hello, read_payload, reply, send_hello, send_reply,
-    serve_hello_in, ConnectionContext, ConnectionError,
+    read_hello, run_in, send_hello, serve_hello_in, ConnectionContext, ConnectionError, Scope,
 };
 use crate::handoff::Isolation;
 
@@ -72,7 +70,18 @@ async fn serve_admitted(
             let front = Session::new(ctx.config.clone(), ctx.major, ctx.budget.clone());
             let hello = front.hello([0; rpc_proto::CONN_CAPS_SIZE]);
             send_hello(&mut tcp, hello, &ctx.stats).await?;
-            match serve_queries(&mut tcp, front, &ctx).await? {
+            let (limits, deadlines) = (ctx.options.limits(), ctx.options.deadlines());
+            let (stats, stop) = (ctx.stats.clone(), ctx.shutdown.clone());
+            let queries = run_in(
+                &mut tcp,
+                front,
+                limits,
+                stats,
+                deadlines,
+                stop,
+                Scope::FrontQueries,
+            );
+            match queries.await? {
                 Some(h) => pending = Some(h.encode()),
                 None => return Ok(()),
             }
@@ -86,45 +95,4 @@ async fn serve_admitted(
         return crate::handoff::hand_off(iso, tcp.into_stream()?, peer, &caps, pending, &ctx).await;
     }
     serve_hello_in(tcp, local_ip, caps, ctx, || {}, Some(admitted)).await
-}
-
-/// The queries a contained server's front answers itself: they read only what every session
-/// sees the same (the devices), carry a few bytes and change nothing. That is rpc-proto's
-/// [`Command::is_device_property`]: the device queries but GET_ALLOC_SIZE, whose tensors may
-/// name a buffer only a session knows.
-fn front_answers(cmd: Command, size: u64) -> bool {
-    cmd.is_device_property() && size <= 64
-}
-
-/// The front of a contained TCP connection after its HELLO: answers the queries of
-/// [`front_answers`] (through `session`, as a session process would) until another command
-/// arrives, and returns that command's header with nothing of its body read; `None` when the
-/// client closed (or the server stops) first.
-async fn serve_queries(
-    tcp: &mut BlockingTcpTransport,
-    mut session: Session,
-    ctx: &ConnectionContext,
-) -> Result<Option<FrameHeader>, ConnectionError> {
-    let deadlines = ctx.options.deadlines();
-    let limits = &ctx.options.limits();
-    let (stats, mut shutdown) = (&ctx.stats, ctx.shutdown.clone());
-    let (mut payload, mut out) = (Vec::new(), Vec::with_capacity(64));
-    loop {
-        let idle = deadlines.idle;
-        let Some(h) = next_header(tcp, idle, deadlines.stall, &mut shutdown).await? else {
-            return Ok(None);
-        };
-        let cmd = check_frame(ctx.major, &h, limits)?;
-        if !front_answers(cmd, h.size) {
-            return Ok(Some(h));
-        }
-        read_payload(tcp, &mut payload, h.size, deadlines.stall).await?;
-        let req = Request::decode(ctx.major, cmd, &payload, limits)?;
-        let reply = reply(&mut session, cmd, req)?;
-        let sent = reply.as_ref().map_or(0, |r| encode_reply(r, &mut out));
-        stats.command(tcp.name(), cmd, h.size, sent);
-        if let Some(r) = &reply {
-            send_reply(tcp, r, &out).await?;
-        }
-    }
 }

@@ -126,7 +126,9 @@ pub(crate) async fn serve_hello_in<F: FnOnce()>(
             s.release();
         }
         let (stats, shutdown) = (ctx.stats, ctx.shutdown);
-        return run_in(&mut tcp, session, limits, stats, deadlines, shutdown, slot).await;
+        let scope = Scope::Session(slot);
+        run_in(&mut tcp, session, limits, stats, deadlines, shutdown, scope).await?;
+        return Ok(());
     };
     rdma::serve(tcp, activated, session, limits, ctx, deadlines).await
 }
@@ -217,22 +219,62 @@ pub async fn run<T: Transport>(
     deadlines: Deadlines,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
-    run_in(rd, session, limits, stats, deadlines, shutdown, None).await
+    let scope = Scope::Session(None);
+    run_in(rd, session, limits, stats, deadlines, shutdown, scope).await?;
+    Ok(())
 }
 
-/// [`run`] for a connection that holds a slot of this process's (`slot`): while the session
-/// holds nothing the connection may be evicted between commands; before acting on a command it
-/// claims the slot (an evicted connection ends there, unserved), and gives the claim back once
-/// the session holds nothing again.
-async fn run_in<T: Transport>(
+/// What one run of the command loop serves.
+#[derive(Clone, Copy)]
+pub(crate) enum Scope<'a> {
+    /// Every command, until the client closes or the server stops. With a slot of this
+    /// process's: while the session holds nothing the connection may be evicted between
+    /// commands; before acting on a command it claims the slot (an evicted connection ends
+    /// there, unserved), and gives the claim back once the session holds nothing again.
+    Session(Option<&'a Admitted>),
+    /// The front of a contained connection before its hand-off: only what
+    /// [`Scope::front_answers`] says; the loop stops before any other command and returns its
+    /// header, nothing of its body read.
+    FrontQueries,
+}
+
+impl<'a> Scope<'a> {
+    /// The queries a contained server's front answers itself: they read only what every
+    /// session sees the same (the devices), carry a few bytes and change nothing. That is
+    /// rpc-proto's [`Command::is_device_property`]: the device queries but GET_ALLOC_SIZE,
+    /// whose tensors may name a buffer only a session knows.
+    fn front_answers(cmd: Command, size: u64) -> bool {
+        cmd.is_device_property() && size <= 64
+    }
+
+    fn serves(self, cmd: Command, size: u64) -> bool {
+        match self {
+            Scope::Session(_) => true,
+            Scope::FrontQueries => Self::front_answers(cmd, size),
+        }
+    }
+
+    fn slot(self) -> Option<&'a Admitted> {
+        match self {
+            Scope::Session(slot) => slot,
+            Scope::FrontQueries => None,
+        }
+    }
+}
+
+/// The one command loop: [`run`] in a `scope` (a session's, with or without a slot of this
+/// process's, or the front's queries before a hand-off). Returns the header of the command it
+/// stopped before (only [`Scope::FrontQueries`] stops so), else `None`.
+pub(crate) async fn run_in<T: Transport>(
     rd: &mut T,
     mut session: Session,
     limits: Limits,
     stats: Arc<Stats>,
     deadlines: Deadlines,
     mut shutdown: watch::Receiver<bool>,
-    slot: Option<&Admitted>,
-) -> Result<(), ConnectionError> {
+    scope: Scope<'_>,
+) -> Result<Option<FrameHeader>, ConnectionError> {
+    let slot = scope.slot();
     // Whether `slot` is claimed (not evictable).
     let mut claimed = false;
     let mut out = Vec::with_capacity(64);
@@ -261,6 +303,9 @@ async fn run_in<T: Transport>(
         }
         let major = session.major();
         let cmd = check_frame(major, &h, &limits)?;
+        if !scope.serves(cmd, h.size) {
+            return Ok(Some(h));
+        }
         // A token's server-side time starts with its GRAPH_RECOMPUTE's header (read just now).
         let arrived = (cmd == Command::GraphRecompute).then(Instant::now);
         if Intake::of(cmd, h.size) == Intake::Streamed {
@@ -322,5 +367,5 @@ async fn run_in<T: Transport>(
             }
         }
     }
-    Ok(())
+    Ok(None)
 }
