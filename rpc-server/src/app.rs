@@ -9,7 +9,7 @@ use crate::banner::Banner;
 use crate::cli::Args;
 #[cfg(unix)]
 use crate::control::SessionStart;
-use crate::options::ServerOptions;
+use crate::options::{Listen, ServerOptions};
 use crate::rdma::{RdmaConfig, TransportMode};
 use crate::server;
 use crate::session_config::{device_line, session_config};
@@ -113,8 +113,8 @@ fn real_main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let listeners = bind_listeners(&args).await?;
-        let metrics = bind_metrics(args.metrics.as_deref()).await?;
+        let listeners = bind_listeners(&opts.listen).await?;
+        let metrics = bind_metrics(opts.listen.metrics.as_deref()).await?;
         Banner::new(
             &opts,
             &config,
@@ -177,27 +177,13 @@ async fn serve(
     server::serve(listeners, config, opts, stats, rdma, shutdown_signal()).await;
 }
 
-/// The listening sockets: `-p` speaks 8.0.0 (current upstream), `--proto7-port` 7.0.0.
-async fn bind_listeners(args: &Args) -> anyhow::Result<Vec<server::Listener>> {
-    use rpc_proto::Major;
-    let mut ports = vec![(args.port, Major::V8)];
-    if let Some(p7) = args.proto7_port {
-        if p7 == args.port {
-            bail!("--proto7-port {p7} is the same as -p: each port speaks one protocol major");
-        }
-        if Some(p7) == args.port.checked_add(rpc_proto::COMM_PORT_OFFSET) {
-            bail!(
-                "--proto7-port {p7} is -p + {}: an 8.0 client's tensor split makes rank 0 listen there",
-                rpc_proto::COMM_PORT_OFFSET
-            );
-        }
-        ports.push((p7, Major::V7));
-    }
+/// The RPC listeners of `listen` (`-H`, `-p`, `--proto7-port`).
+async fn bind_listeners(listen: &Listen) -> anyhow::Result<Vec<server::Listener>> {
     let mut out = Vec::new();
-    for (port, major) in ports {
-        let socket = server::bind(&args.host, port)
+    for (port, major) in listen.ports().map_err(anyhow::Error::msg)? {
+        let socket = server::bind(&listen.host, port)
             .await
-            .with_context(|| format!("cannot listen on {}:{port}", args.host))?;
+            .with_context(|| format!("cannot listen on {}:{port}", listen.host))?;
         out.push(server::Listener::new(socket, major));
     }
     Ok(out)

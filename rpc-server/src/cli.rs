@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::builder::TypedValueParser;
 use clap::Parser;
 
-use crate::options::{ServerOptions, SessionOptions};
+use crate::options::{Listen, ServerOptions, SessionOptions};
 
 /// Now, in ns since the epoch.
 fn now_ns() -> u64 {
@@ -334,6 +334,12 @@ impl Args {
         };
         let rdma = self.rdma.options();
         ServerOptions {
+            listen: Listen {
+                host: self.host.clone(),
+                port: self.port,
+                proto7_port: self.proto7_port,
+                metrics: self.metrics.clone(),
+            },
             max_request_size: self.max_request_size,
             max_graph_size: self.max_graph_size,
             max_connections: self.max_connections,
@@ -532,6 +538,7 @@ mod tests {
         // The stock defaults where they are stated: host and port.
         let a = Args::try_parse_from(["rpc-server"]).unwrap();
         assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 50052));
+        assert_eq!(a.options().listen, crate::options::Listen::default());
         // -m 0 is the stock "not set": the devices' own figure.
         let a = Args::try_parse_from(["rpc-server", "-m", "0"]).unwrap();
         assert_eq!(a.options().session.reported_memory, None);
@@ -539,6 +546,25 @@ mod tests {
         // Repeated -d add devices, as the stock tool's do.
         let a = Args::try_parse_from(["rpc-server", "-d", "CPU", "--device", "CUDA0"]).unwrap();
         assert_eq!(a.device_names(), ["CPU", "CUDA0"]);
+    }
+
+    #[test]
+    fn the_listeners_are_options_and_clashing_ports_are_refused() {
+        let listen = |extra: &[&str]| {
+            let base = ["rpc-server", "-H", "0.0.0.0", "-p", "50100"];
+            let a = Args::try_parse_from(base.iter().chain(extra)).unwrap();
+            a.options().listen
+        };
+        let l = listen(&["--proto7-port", "50200", "--metrics", "127.0.0.1:9100"]);
+        assert_eq!((l.host.as_str(), l.port), ("0.0.0.0", 50100));
+        assert_eq!(l.metrics.as_deref(), Some("127.0.0.1:9100"));
+        use rpc_proto::Major::{V7, V8};
+        assert_eq!(l.ports(), Ok(vec![(50100, V8), (50200, V7)]));
+        assert_eq!(listen(&[]).ports(), Ok(vec![(50100, V8)]));
+        let same = listen(&["--proto7-port", "50100"]).ports().unwrap_err();
+        assert!(same.contains("same as -p"), "{same}");
+        let comm = listen(&["--proto7-port", "51100"]).ports().unwrap_err();
+        assert!(comm.contains("-p + 1000"), "{comm}");
     }
 
     #[test]

@@ -64,9 +64,57 @@ pub fn default_threads() -> usize {
     (std::thread::available_parallelism().map_or(2, |n| n.get()) / 2).max(1)
 }
 
+/// Where the server listens: `-H`, `-p`, `--proto7-port`, `--metrics`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Listen {
+    /// The address the RPC listeners bind (`-H`).
+    pub host: String,
+    /// The 8.0.0 port (`-p`).
+    pub port: u16,
+    /// The 7.0.0 port (`--proto7-port`), if any.
+    pub proto7_port: Option<u16>,
+    /// `HOST:PORT` of the Prometheus endpoint (`--metrics`), if any.
+    pub metrics: Option<String>,
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Listen {
+            host: "127.0.0.1".into(),
+            port: 50052,
+            proto7_port: None,
+            metrics: None,
+        }
+    }
+}
+
+impl Listen {
+    /// Each RPC listener's port and the major it speaks, 8.0.0 first; or why the ports clash.
+    pub fn ports(&self) -> Result<Vec<(u16, rpc_proto::Major)>, String> {
+        let mut ports = vec![(self.port, rpc_proto::Major::V8)];
+        if let Some(p7) = self.proto7_port {
+            if p7 == self.port {
+                return Err(format!(
+                    "--proto7-port {p7} is the same as -p: each port speaks one protocol major"
+                ));
+            }
+            if Some(p7) == self.port.checked_add(rpc_proto::COMM_PORT_OFFSET) {
+                return Err(format!(
+                    "--proto7-port {p7} is -p + {}: an 8.0 client's tensor split makes rank 0 listen there",
+                    rpc_proto::COMM_PORT_OFFSET
+                ));
+            }
+            ports.push((p7, rpc_proto::Major::V7));
+        }
+        Ok(ports)
+    }
+}
+
 /// A server's settings. `None` in a limit means "derived": see each field.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ServerOptions {
+    /// Where it listens (the process's listeners; a library caller binds its own).
+    pub listen: Listen,
     /// Largest request accepted (`--max-request-size`).
     pub max_request_size: u64,
     /// Largest number of nodes and of tensors in one GRAPH_COMPUTE (`--max-graph-size`).
@@ -212,6 +260,7 @@ pub struct SessionOptions {
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
+            listen: Listen::default(),
             max_request_size: DEFAULT_MAX_REQUEST_SIZE,
             max_graph_size: DEFAULT_MAX_GRAPH_SIZE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
