@@ -382,6 +382,18 @@ impl Command {
         matches!(self, Command::GraphCompute | Command::GraphRecompute)
     }
 
+    /// For the requests whose tensor data follows a fixed head, and may be large enough to be
+    /// passed on as it arrives rather than read whole: the head's size (SET_TENSOR: tensor,
+    /// cache flag, offset; SET_TENSOR_2D: tensor, offset, size, copies, stride). `None` for
+    /// every other request.
+    pub fn data_head(self) -> Option<usize> {
+        match self {
+            Command::SetTensor => Some(SET_TENSOR_HEADER_SIZE),
+            Command::SetTensor2d => Some(SET_TENSOR_2D_HEADER_SIZE),
+            _ => None,
+        }
+    }
+
     /// What the request names of the connection's state, and where ([`Target`]).
     pub fn target(self) -> Target {
         match self {
@@ -682,6 +694,19 @@ mod tests {
             }
             if matches!(c.target(), Target::LinkSlot { .. }) {
                 assert!(c.is_extension(), "{c}");
+            }
+            // A data head is exactly the fixed part of a request whose size is open-ended.
+            if let Some(h) = c.data_head() {
+                for m in Major::ALL
+                    .into_iter()
+                    .filter(|m| m.command(c.as_u8()).is_some())
+                {
+                    assert_eq!(
+                        c.request_size(m),
+                        PayloadSize::AtLeast(h as u64),
+                        "{c} ({m})"
+                    );
+                }
             }
         }
         assert_eq!(Command::CopyTensor.target(), Target::Tensors(2));

@@ -30,19 +30,11 @@ use rpc_proto::{Command, Graph, Limits, Major, RpcTensor, Target, GGML_MAX_SRC, 
 
 pub use crate::error::RouteError;
 
-/// Bytes of a SET_TENSOR request before its data: tensor, cache flag, offset.
-pub const SET_TENSOR_HEAD: usize = RPC_TENSOR_SIZE + 1 + 8;
-/// Bytes of a SET_TENSOR_2D request before its data: tensor, offset, size, n_copies, stride.
-pub const SET_TENSOR_2D_HEAD: usize = RPC_TENSOR_SIZE + 4 * 8;
-
-/// The part of a request [`Router::route`] needs: the head of the two commands whose data may be
-/// large (streamed on to the worker as it comes), the whole payload of every other.
+/// The part of a request [`Router::route`] needs: the head of the commands whose data may be
+/// large ([`Command::data_head`]; the data is streamed on to the worker as it comes), the whole
+/// payload of every other.
 pub fn head_len(cmd: Command) -> Option<usize> {
-    match cmd {
-        Command::SetTensor => Some(SET_TENSOR_HEAD),
-        Command::SetTensor2d => Some(SET_TENSOR_2D_HEAD),
-        _ => None,
-    }
+    cmd.data_head()
 }
 
 /// Where a request goes.
