@@ -382,10 +382,12 @@ impl Command {
         matches!(self, Command::GraphCompute | Command::GraphRecompute)
     }
 
-    /// For the requests whose tensor data follows a fixed head, and may be large enough to be
-    /// passed on as it arrives rather than read whole: the head's size (SET_TENSOR: tensor,
-    /// cache flag, offset; SET_TENSOR_2D: tensor, offset, size, copies, stride). `None` for
-    /// every other request.
+    /// The streamed-body class: for the requests whose tensor data follows a fixed head, and
+    /// may be large enough to be passed on as it arrives rather than read whole, the head's
+    /// size (SET_TENSOR: tensor, cache flag, offset; SET_TENSOR_2D: tensor, offset, size,
+    /// copies, stride; at most [`DATA_HEAD_MAX`](crate::DATA_HEAD_MAX)). `None` for every
+    /// other request. The server streams exactly these (decoding the head with
+    /// [`DataHead::decode`](crate::DataHead::decode)), and so does the shim.
     pub fn data_head(self) -> Option<usize> {
         match self {
             Command::SetTensor => Some(SET_TENSOR_HEADER_SIZE),
@@ -697,6 +699,7 @@ mod tests {
             }
             // A data head is exactly the fixed part of a request whose size is open-ended.
             if let Some(h) = c.data_head() {
+                assert!(h <= crate::DATA_HEAD_MAX, "{c}");
                 for m in Major::ALL
                     .into_iter()
                     .filter(|m| m.command(c.as_u8()).is_some())

@@ -30,6 +30,13 @@ pub const GRAPH_HEADER_SIZE_V8: usize = GRAPH_HEADER_SIZE + 8;
 /// The fixed part of SET_TENSOR_2D (and all of GET_TENSOR_2D): `rpc_tensor` + `u64 offset` +
 /// `u64 size` + `u64 n_copies` + `u64 stride`.
 pub const SET_TENSOR_2D_HEADER_SIZE: usize = RPC_TENSOR_SIZE + 4 * 8;
+/// The largest data head ([`Command::data_head`](crate::Command::data_head)): what a server
+/// sets aside to read one before the data it announces.
+pub const DATA_HEAD_MAX: usize = if SET_TENSOR_2D_HEADER_SIZE > SET_TENSOR_HEADER_SIZE {
+    SET_TENSOR_2D_HEADER_SIZE
+} else {
+    SET_TENSOR_HEADER_SIZE
+};
 /// Length of COMM_INIT's NUL-padded host field.
 pub const COMM_HOST_SIZE: usize = 64;
 /// COMM_INIT: `u32 device`, `u32 rank`, `u32 world`, `u32 port`, `char host[64]`.

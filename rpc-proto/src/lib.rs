@@ -81,7 +81,7 @@ pub use graph::{
     encode_graph, graph_device_with_uid, graph_frame_with_uid, graph_header_with_uid, Graph,
     GRAPH_DEVICE_SIZE,
 };
-pub use request::{CommInit, Region2d, Request, SetTensorHeader};
+pub use request::{CommInit, DataHead, Region2d, Request, SetTensorHeader};
 pub use response::Response;
 pub use scan::{complete_request, Scanned, Scanner};
 pub use tensor::{

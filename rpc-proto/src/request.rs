@@ -1,7 +1,9 @@
 //! Requests (client → server payloads), spec §5.1 and `rpc_msg_*_req` upstream.
 
 use crate::command::{Command, Major};
-use crate::consts::{COMM_HOST_SIZE, CONN_CAPS_SIZE, GGML_MAX_SRC, SET_TENSOR_HEADER_SIZE};
+use crate::consts::{
+    COMM_HOST_SIZE, CONN_CAPS_SIZE, GGML_MAX_SRC, SET_TENSOR_2D_HEADER_SIZE, SET_TENSOR_HEADER_SIZE,
+};
 use crate::error::DecodeError;
 use crate::frame::{check_payload_size, Limits, Parts};
 use crate::graph::Graph;
@@ -231,6 +233,22 @@ impl Region2d {
             .checked_add(self.size)
     }
 
+    /// SET_TENSOR_2D's rule for the data that follows its head, as the stock server applies
+    /// it: size and count non-zero, and exactly `size · n_copies` bytes (overflow-safe).
+    pub fn check_data_len(&self, len: u64) -> Result<(), DecodeError> {
+        if self.size == 0 || self.n_copies == 0 {
+            return Err(DecodeError::Malformed(
+                "SET_TENSOR_2D with a zero size or count",
+            ));
+        }
+        if self.wire_len() != Some(len) {
+            return Err(DecodeError::Malformed(
+                "SET_TENSOR_2D data is not size × n_copies bytes",
+            ));
+        }
+        Ok(())
+    }
+
     fn read(r: &mut Reader<'_>) -> Result<Region2d, DecodeError> {
         Ok(Region2d {
             offset: r.u64()?,
@@ -434,17 +452,7 @@ impl<'a> Request<'a> {
                 let tensor = r.tensor()?;
                 let region = Region2d::read(&mut r)?;
                 let data = r.rest();
-                // Stock: size and n_copies non-zero, data exactly size·n_copies (overflow-safe).
-                if region.size == 0 || region.n_copies == 0 {
-                    return Err(DecodeError::Malformed(
-                        "SET_TENSOR_2D with a zero size or count",
-                    ));
-                }
-                if region.wire_len() != Some(data.len() as u64) {
-                    return Err(DecodeError::Malformed(
-                        "SET_TENSOR_2D data is not size × n_copies bytes",
-                    ));
-                }
+                region.check_data_len(data.len() as u64)?;
                 return Ok(Request::SetTensor2d {
                     tensor,
                     region,
@@ -625,6 +633,50 @@ impl<'a> Request<'a> {
             Request::GetTensor { size, .. } => *size,
             Request::GetTensor2d { region, .. } => region.wire_len().unwrap_or(u64::MAX),
             _ => 0,
+        }
+    }
+}
+
+/// The fixed head of a request whose data follows it (the streamed-body class,
+/// [`Command::data_head`]), decoded before the data arrives, so a server can check where the
+/// data goes and then put each byte there as it comes: one definition of each such head, for
+/// [`Request::decode`] and a streaming server alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataHead {
+    /// SET_TENSOR's head: the data goes to one run of the tensor.
+    SetTensor(SetTensorHeader),
+    /// SET_TENSOR_2D's head: the data goes to `n_copies` runs of `size` bytes, `stride` apart.
+    SetTensor2d {
+        /// Destination tensor.
+        tensor: RpcTensor,
+        /// The copy's strided geometry, checked against the data's length.
+        region: Region2d,
+    },
+}
+
+impl DataHead {
+    /// Decodes the head of `cmd` from the first [`Command::data_head`] bytes of `head`, with
+    /// `data_len` bytes of data to follow; refused as [`Request::decode`] refuses the whole
+    /// request (a SET_TENSOR_2D whose data is not `size · n_copies` bytes, a head too short, a
+    /// command without a data head).
+    pub fn decode(cmd: Command, head: &[u8], data_len: u64) -> Result<DataHead, DecodeError> {
+        match cmd {
+            Command::SetTensor => Ok(DataHead::SetTensor(SetTensorHeader::decode(head)?)),
+            Command::SetTensor2d => {
+                let mut r = Reader::new(head, "SET_TENSOR_2D header");
+                if r.remaining() < SET_TENSOR_2D_HEADER_SIZE {
+                    return Err(DecodeError::TooShort {
+                        what: "SET_TENSOR_2D header",
+                        need: SET_TENSOR_2D_HEADER_SIZE as u64,
+                        got: r.remaining() as u64,
+                    });
+                }
+                let tensor = r.tensor()?;
+                let region = Region2d::read(&mut r)?;
+                region.check_data_len(data_len)?;
+                Ok(DataHead::SetTensor2d { tensor, region })
+            }
+            _ => Err(DecodeError::Malformed("a request without a data head")),
         }
     }
 }

@@ -366,3 +366,62 @@ fn error_messages_are_readable() {
         "malformed message: trailing bytes after GRAPH_COMPUTE tensors"
     );
 }
+
+/// A streamed body's head is refused exactly when the whole request is: the server that decodes
+/// only the head (`DataHead::decode`) applies the decoder's rules before the data arrives.
+#[test]
+fn a_data_head_is_refused_exactly_when_its_whole_request_is() {
+    let l = Limits::default();
+    let t = common::busy_tensor(7);
+    let regions = [
+        (8, 2, 16),
+        (8, 1, 0),
+        (0, 2, 16),
+        (8, 0, 16),
+        (u64::MAX, 2, 1),
+        (1 << 33, 1 << 33, 0),
+    ];
+    for (size, n_copies, stride) in regions {
+        let region = Region2d {
+            offset: 4,
+            size,
+            n_copies,
+            stride,
+        };
+        let mut head = Vec::new();
+        Request::GetTensor2d { tensor: t, region }.encode_payload(&mut head);
+        assert_eq!(head.len(), SET_TENSOR_2D_HEADER_SIZE);
+        for data_len in [0u64, 15, 16, 17, 8] {
+            let data = vec![0u8; data_len as usize];
+            let whole = [&head[..], &data].concat();
+            let decoded = Request::decode(Major::V8, Command::SetTensor2d, &whole, &l);
+            let streamed = DataHead::decode(Command::SetTensor2d, &head, data_len);
+            match (decoded, streamed) {
+                (Ok(Request::SetTensor2d { tensor, region, .. }), Ok(h)) => {
+                    assert_eq!(h, DataHead::SetTensor2d { tensor, region })
+                }
+                (Err(a), Err(b)) => assert_eq!(a, b, "{region:?} + {data_len}"),
+                (a, b) => panic!("{region:?} + {data_len}: whole {a:?}, head {b:?}"),
+            }
+        }
+    }
+    let hdr = SetTensorHeader {
+        tensor: t,
+        cache_flag: 1,
+        offset: 9,
+    };
+    let mut head = Vec::new();
+    hdr.encode(&mut head);
+    assert_eq!(
+        DataHead::decode(Command::SetTensor, &head, 1 << 40),
+        Ok(DataHead::SetTensor(hdr))
+    );
+    assert!(DataHead::decode(Command::SetTensor, &head[..100], 0).is_err());
+    assert!(DataHead::decode(Command::SetTensor2d, &head, 0).is_err());
+    for c in Command::EVERY
+        .into_iter()
+        .filter(|c| c.data_head().is_none())
+    {
+        assert!(DataHead::decode(c, &[0; 400], 0).is_err(), "{c}");
+    }
+}

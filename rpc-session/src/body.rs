@@ -1,80 +1,76 @@
-//! The commands whose bytes the session touches where they lie: a SET_TENSOR body consumed as it
-//! arrives (its data read straight into tensor memory), and a GET_TENSOR reply that borrows
-//! tensor memory (sent from where it is). The connection layer only moves bytes between the
-//! transport and the slices these hand out; what goes where, the checks and the weight cache's
-//! store are decided here, in the session, the one place each command is handled.
+//! The commands whose bytes the session touches where they lie: a streamed body (SET_TENSOR,
+//! SET_TENSOR_2D: the class [`Command::data_head`] defines in rpc-proto) consumed as it arrives,
+//! its data read straight into tensor memory or staged in bounded chunks, and a GET_TENSOR reply
+//! that borrows tensor memory (sent from where it is). The connection layer only moves bytes
+//! between the transport and the slices these hand out; what goes where, the checks and the
+//! weight cache's store are decided here, in the session, the one place each command is
+//! handled.
 //!
 //! Use of a streamed body, as the connection does it:
 //!
 //! ```text
-//! let mut body = SetTensorBody::new(size);
-//! while let Some(mut space) = session.body_space(&mut body)? {
-//!     transport.read_exact(&mut space)?;     // fills the slice
-//!     drop(space);
-//!     session.body_filled(&mut body)?;
+//! if let Some(mut body) = DataBody::of(cmd, size) {
+//!     while let Some(mut space) = session.body_space(&mut body)? {
+//!         transport.read_exact(&mut space)?;     // fills the slice
+//!         drop(space);
+//!         session.body_filled(&mut body)?;
+//!     }
 //! }
 //! ```
 
 use std::ops::{Deref, DerefMut};
 
-use rpc_proto::{Command, Response, SetTensorHeader, SET_TENSOR_HEADER_SIZE};
+use rpc_proto::{Command, DataHead, Response, DATA_HEAD_MAX};
 
 use super::limits::Charge;
 use super::{Session, SessionError};
 use rpc_ggml::{HostMut, HostRef};
 
-/// Device memory is written from host memory in chunks of at most this size.
+/// Device memory (and the runs of a strided copy) is written from host memory in chunks of at
+/// most this size.
 pub const STAGING_CHUNK: usize = 8 << 20;
 
-/// How the body of a request whose header arrived is read.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Intake {
-    /// Whole, into a payload buffer, then decoded and handled ([`Session::reply`]).
-    Whole,
-    /// As it arrives, through [`Session::body_space`] and [`Session::body_filled`].
-    Streamed,
-}
-
-impl Intake {
-    /// SET_TENSOR is streamed (every one: the header alone is 305 bytes); every other request is
-    /// read whole.
-    pub fn of(cmd: Command, size: u64) -> Intake {
-        match cmd == Command::SetTensor && size >= SET_TENSOR_HEADER_SIZE as u64 {
-            true => Intake::Streamed,
-            false => Intake::Whole,
-        }
-    }
-}
-
-/// A SET_TENSOR body on its way in: its header first, then the data.
+/// A streamed body on its way in: its fixed head first, then the data.
 #[derive(Debug)]
-pub struct SetTensorBody {
-    /// Bytes of data after the header.
+pub struct DataBody {
+    cmd: Command,
+    /// Bytes of the head ([`Command::data_head`]).
+    head_len: usize,
+    /// Bytes of data after the head.
     len: u64,
-    header: [u8; SET_TENSOR_HEADER_SIZE],
+    head: [u8; DATA_HEAD_MAX],
     state: State,
 }
 
 #[derive(Debug)]
 enum State {
-    /// The header is being read.
-    Header,
+    /// The head is being read.
+    Head,
     /// The data goes straight into the host buffer `handle` at `off` (one slice).
     Host {
         handle: u64,
         off: u64,
         cache: bool,
     },
-    /// The data is staged through host memory into a device buffer.
+    /// The data is staged through host memory and written to its runs.
     Staged(Staging),
     Done,
 }
 
-/// A device-memory destination written through host memory in chunks.
+/// Where the data of a body goes in its buffer: byte `p` of the data to
+/// `off + (p / size)·stride + p % size` (one run when `size` is the whole data).
+#[derive(Debug, Clone, Copy)]
+struct Runs {
+    off: u64,
+    size: u64,
+    stride: u64,
+}
+
+/// A destination written through host memory in chunks.
 #[derive(Debug)]
 struct Staging {
     handle: u64,
-    off: u64,
+    runs: Runs,
     /// Bytes written so far.
     done: u64,
     cache: bool,
@@ -84,14 +80,19 @@ struct Staging {
     _charge: Charge,
 }
 
-impl SetTensorBody {
-    /// The body of a SET_TENSOR of `size` bytes (at least its header: see [`Intake::of`]).
-    pub fn new(size: u64) -> SetTensorBody {
-        SetTensorBody {
-            len: size.saturating_sub(SET_TENSOR_HEADER_SIZE as u64),
-            header: [0; SET_TENSOR_HEADER_SIZE],
-            state: State::Header,
-        }
+impl DataBody {
+    /// The body of a `cmd` request of `size` bytes, if it is streamed: a request of the
+    /// streamed-body class ([`Command::data_head`]) at least as long as its head. Anything else
+    /// is read whole (one too short for its head, and refused by the decoder).
+    pub fn of(cmd: Command, size: u64) -> Option<DataBody> {
+        let head_len = cmd.data_head().filter(|&h| size >= h as u64)?;
+        Some(DataBody {
+            cmd,
+            head_len,
+            len: size - head_len as u64,
+            head: [0; DATA_HEAD_MAX],
+            state: State::Head,
+        })
     }
 }
 
@@ -141,16 +142,17 @@ impl Session {
     /// The slice the next bytes of `body` must fill, or `None` when the body is complete.
     pub fn body_space<'a>(
         &'a mut self,
-        body: &'a mut SetTensorBody,
+        body: &'a mut DataBody,
     ) -> Result<Option<Space<'a>>, SessionError> {
-        let len = usize::try_from(body.len).map_err(|_| SessionError::OutOfMemory("SET_TENSOR"))?;
+        let what = body.cmd.name();
+        let len = usize::try_from(body.len).map_err(|_| SessionError::OutOfMemory(what))?;
         Ok(match &mut body.state {
-            State::Header => Some(Space::Own(&mut body.header)),
+            State::Head => Some(Space::Own(&mut body.head[..body.head_len])),
             State::Host { handle, off, .. } => {
                 let buf = self.buffer_mut(*handle)?;
                 let host = buf
                     .host_mut(*off, len)
-                    .ok_or(SessionError::BufferBusy("SET_TENSOR"))?;
+                    .ok_or(SessionError::BufferBusy(what))?;
                 Some(Space::Host(host))
             }
             State::Staged(st) => {
@@ -163,13 +165,16 @@ impl Session {
         })
     }
 
-    /// The slice [`Session::body_space`] gave was filled: the header is decoded and its
+    /// The slice [`Session::body_space`] gave was filled: the head is decoded and its
     /// destination checked, or the data written (staged) and, when the client asked, stored in
     /// the weight cache.
-    pub fn body_filled(&mut self, body: &mut SetTensorBody) -> Result<(), SessionError> {
+    pub fn body_filled(&mut self, body: &mut DataBody) -> Result<(), SessionError> {
         let len = body.len;
         let next = match std::mem::replace(&mut body.state, State::Done) {
-            State::Header => self.set_tensor_destination(&body.header, len)?,
+            State::Head => {
+                let head = DataHead::decode(body.cmd, &body.head[..body.head_len], len)?;
+                self.body_destination(head, len)?
+            }
             State::Host { handle, off, cache } => {
                 if cache {
                     self.store_uploaded(handle, off, len);
@@ -177,9 +182,7 @@ impl Session {
                 State::Done
             }
             State::Staged(mut st) => {
-                self.buffer_mut(st.handle)?
-                    .write(st.off + st.done, &st.staged)
-                    .map_err(SessionError::access("SET_TENSOR"))?;
+                self.write_runs(body.cmd.name(), &st)?;
                 st.done += st.staged.len() as u64;
                 if st.done < len {
                     State::Staged(st)
@@ -195,30 +198,52 @@ impl Session {
             State::Done => State::Done,
         };
         body.state = match (next, len) {
-            // Nothing to read after the header.
+            // Nothing to read after the head.
             (State::Host { .. } | State::Staged(_), 0) => State::Done,
             (s, _) => s,
         };
         Ok(())
     }
 
-    /// A SET_TENSOR header that arrived: where its `len` bytes of data go (checked like any
-    /// SET_TENSOR), and how: into host memory directly, or staged in bounded chunks (the whole
-    /// payload when it must be cached, since a cache entry is written from one slice), the
-    /// staging charged to the budget like a body.
-    fn set_tensor_destination(
-        &mut self,
-        header: &[u8; SET_TENSOR_HEADER_SIZE],
-        len: u64,
-    ) -> Result<State, SessionError> {
-        let hdr = SetTensorHeader::decode(header)?;
-        let (buf, off) = self.resolve_region("SET_TENSOR", &hdr.tensor, hdr.offset, len)?;
-        let handle = hdr.tensor.buffer.get();
-        let cache = hdr.cache_flag != 0 && self.config.cache.is_some();
-        if buf.is_host() {
-            return Ok(State::Host { handle, off, cache });
+    /// Where the `len` bytes of data after a head go, checked like the whole request would be:
+    /// into host memory directly when they form one run there, else staged in bounded chunks
+    /// (the whole payload when it must be cached, since a cache entry is written from one
+    /// slice), the staging charged to the budget like a body.
+    fn body_destination(&mut self, head: DataHead, len: u64) -> Result<State, SessionError> {
+        let (what, handle, runs, cache) = match head {
+            DataHead::SetTensor(hdr) => {
+                let (_, off) = self.resolve_region("SET_TENSOR", &hdr.tensor, hdr.offset, len)?;
+                let cache = hdr.cache_flag != 0 && self.config.cache.is_some();
+                let runs = Runs {
+                    off,
+                    size: len,
+                    stride: 0,
+                };
+                ("SET_TENSOR", hdr.tensor.buffer.get(), runs, cache)
+            }
+            DataHead::SetTensor2d { tensor, region } => {
+                let (_, off) = self.resolve_region_2d("SET_TENSOR_2D", &tensor, region)?;
+                // Back to back (one copy, or a stride of exactly one chunk): one run.
+                let size = match region.n_copies == 1 || region.stride == region.size {
+                    true => len,
+                    false => region.size,
+                };
+                let runs = Runs {
+                    off,
+                    size,
+                    stride: region.stride,
+                };
+                ("SET_TENSOR_2D", tensor.buffer.get(), runs, false)
+            }
+        };
+        if runs.size == len && self.buffer(handle)?.buffer.is_host() {
+            return Ok(State::Host {
+                handle,
+                off: runs.off,
+                cache,
+            });
         }
-        let ulen = usize::try_from(len).map_err(|_| SessionError::OutOfMemory("SET_TENSOR"))?;
+        let ulen = usize::try_from(len).map_err(|_| SessionError::OutOfMemory(what))?;
         let chunk = if cache { ulen } else { ulen.min(STAGING_CHUNK) };
         let charge = self
             .budget
@@ -227,16 +252,36 @@ impl Session {
         let mut staged = Vec::new();
         staged
             .try_reserve_exact(chunk)
-            .map_err(|_| SessionError::OutOfMemory("SET_TENSOR"))?;
+            .map_err(|_| SessionError::OutOfMemory(what))?;
         Ok(State::Staged(Staging {
             handle,
-            off,
+            runs,
             done: 0,
             cache,
             chunk,
             staged,
             _charge: charge,
         }))
+    }
+
+    /// Writes the staged bytes (data bytes `done..`) to their runs, in order: where runs
+    /// overlap (a stride below the run size) the later one wins, as the stock server does.
+    fn write_runs(&mut self, what: &'static str, st: &Staging) -> Result<(), SessionError> {
+        let buf = self.buffer_mut(st.handle)?;
+        let Runs { off, size, stride } = st.runs;
+        let mut at = st.done;
+        let mut rest = &st.staged[..];
+        while !rest.is_empty() {
+            // In bounds: the destination was checked for every run of the data.
+            let (run, within) = (at / size, at % size);
+            let n = (size - within).min(rest.len() as u64) as usize;
+            let (now, later) = rest.split_at(n);
+            buf.write(off + run * stride + within, now)
+                .map_err(SessionError::access(what))?;
+            at += n as u64;
+            rest = later;
+        }
+        Ok(())
     }
 
     /// Stores an upload the client flagged for the weight cache, from where it now lies.
@@ -258,7 +303,7 @@ impl Session {
 mod tests {
     use std::sync::Arc;
 
-    use rpc_proto::{Major, Request, RpcTensor};
+    use rpc_proto::{Major, Region2d, Request, RpcTensor, SET_TENSOR_HEADER_SIZE};
 
     use super::*;
     use crate::tests::{alloc, assert_out_of_bounds, cpu, f32_at, session_on};
@@ -284,9 +329,29 @@ mod tests {
         out
     }
 
-    /// Feeds `payload` as a connection would, counting the slices asked for.
+    fn set_tensor_2d_payload(t: &RpcTensor, region: Region2d, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        Request::SetTensor2d {
+            tensor: *t,
+            region,
+            data,
+        }
+        .encode_payload(&mut out);
+        out
+    }
+
+    /// Feeds a SET_TENSOR `payload` as a connection would, counting the slices asked for.
     fn stream(s: &mut Session, payload: &[u8]) -> Result<Vec<usize>, SessionError> {
-        let mut body = SetTensorBody::new(payload.len() as u64);
+        stream_cmd(s, Command::SetTensor, payload)
+    }
+
+    /// Feeds the `cmd` request `payload` as a connection would, counting the slices asked for.
+    fn stream_cmd(
+        s: &mut Session,
+        cmd: Command,
+        payload: &[u8],
+    ) -> Result<Vec<usize>, SessionError> {
+        let mut body = DataBody::of(cmd, payload.len() as u64).expect("a streamed body");
         let (mut at, mut asked) = (0, Vec::new());
         loop {
             let Some(mut space) = s.body_space(&mut body)? else {
@@ -314,16 +379,132 @@ mod tests {
     }
 
     #[test]
-    fn every_set_tensor_is_streamed_and_nothing_else() {
-        assert_eq!(
-            Intake::of(Command::SetTensor, SET_TENSOR_HEADER_SIZE as u64),
-            Intake::Streamed
-        );
-        assert_eq!(Intake::of(Command::SetTensor, 1 << 30), Intake::Streamed);
-        // Too short for its header: read whole, and refused by the decoder.
-        assert_eq!(Intake::of(Command::SetTensor, 10), Intake::Whole);
-        assert_eq!(Intake::of(Command::GraphCompute, 1 << 30), Intake::Whole);
-        assert_eq!(Intake::of(Command::SetTensorHash, 400), Intake::Whole);
+    fn the_streamed_bodies_are_the_data_head_class_and_nothing_else() {
+        let streamed = |cmd, size| DataBody::of(cmd, size).is_some();
+        assert!(streamed(Command::SetTensor, SET_TENSOR_HEADER_SIZE as u64));
+        assert!(streamed(Command::SetTensor, 1 << 30));
+        assert!(streamed(
+            Command::SetTensor2d,
+            rpc_proto::SET_TENSOR_2D_HEADER_SIZE as u64 + 4
+        ));
+        // Too short for its head: read whole, and refused by the decoder.
+        assert!(!streamed(Command::SetTensor, 10));
+        assert!(!streamed(
+            Command::SetTensor2d,
+            SET_TENSOR_HEADER_SIZE as u64
+        ));
+        for c in Command::EVERY {
+            assert_eq!(streamed(c, 1 << 30), c.data_head().is_some(), "{c}");
+        }
+    }
+
+    #[test]
+    fn a_strided_body_lands_run_by_run_and_a_back_to_back_one_in_one_slice() {
+        let (mut s, t) = cpu_session(None);
+        // Four runs of 8 bytes, 32 apart, from tensor offset 16.
+        let data: Vec<u8> = (1..=32).collect();
+        let region = Region2d {
+            offset: 16,
+            size: 8,
+            n_copies: 4,
+            stride: 32,
+        };
+        let payload = set_tensor_2d_payload(&t, region, &data);
+        let before = get(&mut s, &t, 0, 256);
+        let mut want = before.clone();
+        for i in 0..4 {
+            let at = 16 + i * 32;
+            want[at..at + 8].copy_from_slice(&data[i * 8..i * 8 + 8]);
+        }
+        let asked = stream_cmd(&mut s, Command::SetTensor2d, &payload).unwrap();
+        assert_eq!(asked, vec![rpc_proto::SET_TENSOR_2D_HEADER_SIZE, 32]);
+        let back = get(&mut s, &t, 0, 256);
+        assert_eq!(back, want, "each run in place, the gaps untouched");
+        // The same bytes through the whole request, on the same memory: the same result.
+        let (mut whole, t2) = cpu_session(None);
+        stream(&mut whole, &set_tensor_payload(&t2, 0, &before, false)).unwrap();
+        whole
+            .handle(Request::SetTensor2d {
+                tensor: t2,
+                region,
+                data: &data,
+            })
+            .unwrap();
+        assert_eq!(get(&mut whole, &t2, 0, 256), back);
+        // Back to back: straight into the tensor, one slice.
+        let region = Region2d {
+            offset: 512,
+            size: 8,
+            n_copies: 4,
+            stride: 8,
+        };
+        let payload = set_tensor_2d_payload(&t, region, &data);
+        let asked = stream_cmd(&mut s, Command::SetTensor2d, &payload).unwrap();
+        assert_eq!(asked, vec![rpc_proto::SET_TENSOR_2D_HEADER_SIZE, 32]);
+        assert_eq!(get(&mut s, &t, 512, 32), data);
+    }
+
+    #[test]
+    fn overlapping_runs_are_written_in_order_the_later_winning() {
+        let (mut s, t) = cpu_session(None);
+        // Stride 4 under a run of 8: run i+1 overwrites the second half of run i.
+        let data: Vec<u8> = (1..=24).collect();
+        let region = Region2d {
+            offset: 0,
+            size: 8,
+            n_copies: 3,
+            stride: 4,
+        };
+        let payload = set_tensor_2d_payload(&t, region, &data);
+        stream_cmd(&mut s, Command::SetTensor2d, &payload).unwrap();
+        let want: Vec<u8> = [&data[0..4], &data[8..12], &data[16..24]].concat();
+        assert_eq!(get(&mut s, &t, 0, 16), want);
+        // Stride 0: the last run is what stays.
+        let region = Region2d {
+            offset: 64,
+            size: 8,
+            n_copies: 3,
+            stride: 0,
+        };
+        let payload = set_tensor_2d_payload(&t, region, &data);
+        stream_cmd(&mut s, Command::SetTensor2d, &payload).unwrap();
+        assert_eq!(get(&mut s, &t, 64, 8), &data[16..24]);
+    }
+
+    #[test]
+    fn a_strided_body_is_refused_at_its_head_before_any_data() {
+        let (mut s, t) = cpu_session(None);
+        let before = get(&mut s, &t, 0, 1024);
+        let head_only = |s: &mut Session, payload: &[u8]| {
+            let mut body = DataBody::of(Command::SetTensor2d, payload.len() as u64).unwrap();
+            let mut space = s.body_space(&mut body).unwrap().expect("the head");
+            let n = space.len();
+            space.copy_from_slice(&payload[..n]);
+            drop(space);
+            s.body_filled(&mut body)
+        };
+        // The last run ends past the 1 KiB tensor (4 × 8 bytes, 300 apart, from 200).
+        let region = Region2d {
+            offset: 200,
+            size: 8,
+            n_copies: 4,
+            stride: 300,
+        };
+        let err = head_only(&mut s, &set_tensor_2d_payload(&t, region, &[7; 32])).unwrap_err();
+        assert!(matches!(err, SessionError::OutOfBounds { .. }), "{err}");
+        // Data that is not size × n_copies bytes: refused as the decoder refuses it.
+        let region = Region2d {
+            offset: 0,
+            size: 8,
+            n_copies: 4,
+            stride: 8,
+        };
+        let mut payload = set_tensor_2d_payload(&t, region, &[7; 32]);
+        payload.pop();
+        let err = head_only(&mut s, &payload).unwrap_err();
+        assert!(matches!(err, SessionError::Decode(_)), "{err}");
+        // Nothing was written.
+        assert_eq!(get(&mut s, &t, 0, 1024), before);
     }
 
     #[test]
@@ -369,7 +550,7 @@ mod tests {
         let (mut s, t) = cpu_session(None);
         // A 4096-byte buffer: 1000 bytes at offset 3500 do not fit.
         let payload = set_tensor_payload(&t, 3500, &[1; 1000], false);
-        let mut body = SetTensorBody::new(payload.len() as u64);
+        let mut body = DataBody::of(Command::SetTensor, payload.len() as u64).unwrap();
         let mut space = s.body_space(&mut body).unwrap().expect("the header");
         space.copy_from_slice(&payload[..SET_TENSOR_HEADER_SIZE]);
         drop(space);

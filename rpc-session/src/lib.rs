@@ -35,9 +35,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::Rng;
-use rpc_proto::{Major, Request, Response, RpcTensor};
+use rpc_proto::{Command, Major, Request, Response, RpcTensor};
 
-pub use body::{Intake, Reply, SetTensorBody, Space};
+pub use body::{DataBody, Reply, Space};
 pub use error::SessionError;
 pub use limits::{MemoryBudget, MemoryLimits, Upstream};
 pub use tensor::nbytes;
@@ -237,11 +237,11 @@ impl Session {
                     .map_err(SessionError::access("BUFFER_CLEAR"))?;
                 None
             }
-            Request::SetTensor { .. } => {
+            Request::SetTensor { .. } | Request::SetTensor2d { .. } => {
                 // The same path as a body streamed from the network.
                 let mut payload = Vec::new();
                 req.encode_payload(&mut payload);
-                self.feed_body(&payload)?;
+                self.feed_body(req.command(), &payload)?;
                 None
             }
             Request::SetTensorHash {
@@ -317,14 +317,6 @@ impl Session {
             }
             Request::GraphRecompute { device, uid } => {
                 self.recompute(device, uid)?;
-                None
-            }
-            Request::SetTensor2d {
-                tensor,
-                region,
-                data,
-            } => {
-                self.set_tensor_2d(&tensor, region, data)?;
                 None
             }
             Request::GetTensor2d { tensor, region } => {
@@ -542,9 +534,12 @@ impl Session {
         Ok(Reply::Owned(Response::GetTensor(out)))
     }
 
-    /// A SET_TENSOR body that is already in memory, through the streamed path.
-    fn feed_body(&mut self, mut payload: &[u8]) -> Result<(), SessionError> {
-        let mut body = SetTensorBody::new(payload.len() as u64);
+    /// A streamed body that is already in memory, through the streamed path.
+    fn feed_body(&mut self, cmd: Command, mut payload: &[u8]) -> Result<(), SessionError> {
+        // A request that decoded is at least as long as its head.
+        let mut body = DataBody::of(cmd, payload.len() as u64).ok_or(SessionError::Decode(
+            rpc_proto::DecodeError::Malformed("no data head"),
+        ))?;
         loop {
             let Some(mut space) = self.body_space(&mut body)? else {
                 return Ok(());

@@ -1,6 +1,7 @@
 //! 8.0's strided copies, SET_TENSOR_2D and GET_TENSOR_2D: `n_copies` chunks of `size` bytes at
 //! tensor offsets `offset + i·stride`, packed on the wire; every bound of the stock server checked
-//! before a byte moves.
+//! before a byte moves. SET_TENSOR_2D's data is a streamed body (`body.rs`), written run by run
+//! to the region checked here.
 
 use rpc_proto::{Region2d, RpcTensor};
 
@@ -9,24 +10,6 @@ use super::{Session, SessionError};
 use rpc_ggml::Buffer;
 
 impl Session {
-    /// SET_TENSOR_2D: chunk `i` of `data` to tensor offset `offset + i·stride` (overlapping chunks
-    /// are written in order, the later one winning, as the stock CPU server does).
-    pub(super) fn set_tensor_2d(
-        &mut self,
-        tensor: &RpcTensor,
-        region: Region2d,
-        data: &[u8],
-    ) -> Result<(), SessionError> {
-        let (_, off) = self.resolve_region_2d("SET_TENSOR_2D", tensor, region)?;
-        let buf = self.buffer_mut(tensor.buffer.get())?;
-        for (i, chunk) in data.chunks(region.size as usize).enumerate() {
-            // In bounds: i < n_copies, so off + i·stride + size ≤ off + span.
-            buf.write(off + i as u64 * region.stride, chunk)
-                .map_err(SessionError::access("SET_TENSOR_2D"))?;
-        }
-        Ok(())
-    }
-
     /// GET_TENSOR_2D: the chunks, packed.
     pub(super) fn get_tensor_2d(
         &self,
@@ -67,7 +50,7 @@ impl Session {
     /// The region of a SET_TENSOR_2D / GET_TENSOR_2D, checked as the stock server checks it
     /// before a byte moves: size and count non-zero, the span `(n_copies − 1)·stride + size`
     /// without overflow, inside the tensor's buffer and inside the tensor itself.
-    fn resolve_region_2d(
+    pub(super) fn resolve_region_2d(
         &self,
         what: &'static str,
         tensor: &RpcTensor,

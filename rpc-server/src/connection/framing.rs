@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use rpc_proto::{check_frame, Command, FrameHeader, Limits, Major, Response};
-use rpc_session::{Reply, Session, SessionError, SetTensorBody};
+use rpc_session::{DataBody, Reply, Session, SessionError};
 use rpc_transport::Transport;
 
 use super::ConnectionError;
@@ -166,15 +166,15 @@ pub(crate) async fn send_reply<T: Transport>(
     Ok(())
 }
 
-/// Reads a streamed body (SET_TENSOR) into the slices its session hands out, as they are
-/// needed: the session decides where each byte goes (`rpc-session/src/body.rs`).
+/// Reads a streamed body (SET_TENSOR, SET_TENSOR_2D: `Command::data_head`) into the slices its
+/// session hands out, as they are needed: the session decides where each byte goes
+/// (`rpc-session/src/body.rs`).
 pub(super) async fn read_streamed<R: Transport>(
     rd: &mut R,
     session: &mut Session,
-    size: u64,
+    mut body: DataBody,
     stall: Option<Duration>,
 ) -> Result<(), StreamError> {
-    let mut body = SetTensorBody::new(size);
     loop {
         let Some(mut space) = session.body_space(&mut body)? else {
             return Ok(());

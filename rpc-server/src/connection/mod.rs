@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_proto::{check_frame, Command, DecodeError, FrameHeader, Limits, Major, Request, Response};
-use rpc_session::{Intake, MemoryBudget, Reply, Session, SessionConfig, SessionError};
+use rpc_session::{DataBody, MemoryBudget, Reply, Session, SessionConfig, SessionError};
 use rpc_transport::{BlockingTcpTransport, Transport};
 use tokio::sync::watch;
 
@@ -308,8 +308,8 @@ pub(crate) async fn run_in<T: Transport>(
         }
         // A token's server-side time starts with its GRAPH_RECOMPUTE's header (read just now).
         let arrived = (cmd == Command::GraphRecompute).then(Instant::now);
-        if Intake::of(cmd, h.size) == Intake::Streamed {
-            read_streamed(rd, &mut session, h.size, deadlines.stall)
+        if let Some(body) = DataBody::of(cmd, h.size) {
+            read_streamed(rd, &mut session, body, deadlines.stall)
                 .await
                 .map_err(|e| e.named(cmd))?;
             stats.command(transport, cmd, h.size, 0);
