@@ -11,9 +11,6 @@ use super::device::{Device, DeviceKind};
 use super::sys;
 use super::tensor::TensorSpec;
 
-#[cfg(test)]
-mod tests;
-
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
     #[error("cannot create a ggml context for {0} tensors")]

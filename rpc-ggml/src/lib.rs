@@ -40,7 +40,8 @@
 // `context` (ggml contexts, the byte tensor) < `buffer` < `device` (makes buffers) < `tensor`
 // (checked descriptions made into tensors; allocation sizes on a device) < `check` (the rules a
 // graph passes, the index checks) < `graph` < `backend` (runs a graph on a device; adds
-// `Device::init_backend`). `abort`, `ids` and `ops` import none of them.
+// `Device::init_backend`). `abort`, `ids` and `ops` import none of them; `tests` (test-only)
+// imports them all.
 pub mod abort;
 mod backend;
 mod buffer;
@@ -49,6 +50,8 @@ mod context;
 mod device;
 mod graph;
 mod tensor;
+#[cfg(test)]
+mod tests;
 
 pub use backend::Backend;
 pub use buffer::{use_huge_pages, Access, Buffer, BufferRef, HostMut, HostRef};

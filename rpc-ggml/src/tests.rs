@@ -1,15 +1,19 @@
-//! Tests of what this layer checks on its own, without a session: tensor descriptions refused by
+//! Tests of what this layer checks on its own, across its modules (so this module, test-only,
+//! imports them all), without a session: tensor descriptions refused by
 //! [`TensorSpec::new`] and [`TensorSpec::in_buffer`], graphs refused by [`Graph::build`] (their
 //! structure, views and op rules, on the CPU device), index checks scheduled and run by
 //! [`Backend::compute`], and the relations [`ScratchTensors`] checks. Each refusal here was a
 //! safe call that reached ggml unchecked before the checks moved below these types.
 
-use super::*;
+use crate::buffer;
 use crate::check::rules::{check_rules, check_views};
-use crate::check::schedule::schedule_checks;
-use crate::check::{IndexCheck, Rule};
+use crate::check::schedule::{schedule_checks, DataCheck};
+use crate::check::{IndexCheck, IndexError, Rule};
 use crate::tensor::{type_info, TensorDesc, TensorError};
-use crate::{Access, Backend, Buffer, ScratchTensors};
+use crate::{
+    Access, Backend, Buffer, BufferRef, Device, DeviceKind, Graph, GraphError, GraphLinks,
+    ScratchTensors, TensorSpec,
+};
 use rpc_proto::{ggml_op as op, ggml_type as ty};
 
 fn cpu() -> Device {
