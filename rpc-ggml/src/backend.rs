@@ -9,6 +9,8 @@ use super::sys;
 /// A backend instance: executes graphs on one device. Owned by one session at a time.
 pub struct Backend {
     raw: sys::ggml_backend_t,
+    /// The device it runs on, and its name.
+    dev: sys::ggml_backend_dev_t,
     device: String,
 }
 
@@ -31,6 +33,7 @@ impl Device {
         }
         Some(Backend {
             raw,
+            dev: self.raw(),
             device: self.name().to_string(),
         })
     }
@@ -39,8 +42,10 @@ impl Device {
 impl Backend {
     /// Runs `graph` on this backend: each segment after its index checks passed, so that no
     /// kernel reads an index out of its range. Stops at the first refusal or failure (the
-    /// segments before it have run).
+    /// segments before it have run). Refused for a graph built for another device (its rules
+    /// were that device's).
     pub fn compute(&mut self, graph: &mut Graph) -> Result<(), GraphError> {
+        graph.check_device(self.dev, &self.device)?;
         let started = std::time::Instant::now();
         for seg in 0..graph.segments() {
             self.compute_segment(graph, seg)?;

@@ -33,6 +33,13 @@ pub enum GraphError {
         op: String,
         device: String,
     },
+    /// A computing node, or a source of one, is in a buffer the device cannot compute with
+    /// (e.g. device memory of a GPU for the CPU).
+    #[error("tensor #{tensor} is in a buffer device {device} cannot compute with")]
+    ForeignBuffer { tensor: u32, device: String },
+    /// The graph was built (and checked) for another device than the backend's.
+    #[error("a graph built for device {graph} cannot run on a backend of device {backend}")]
+    WrongDevice { graph: String, backend: String },
     /// An index check cannot be scheduled, or refused the values it read.
     #[error(transparent)]
     Index(#[from] IndexError),
@@ -72,6 +79,8 @@ pub struct Graph {
     buffers: Vec<BufferRef>,
     /// The checks on index tensors' contents to run before each segment.
     checks: Vec<Vec<DataCheck>>,
+    /// The device the graph was checked for (its rules depend on it), and its name.
+    device: (sys::ggml_backend_dev_t, String),
 }
 
 // SAFETY: the graphs and their tensors live in `_ctx`, owned by this struct; it is used by one
@@ -97,8 +106,15 @@ impl Graph {
         rules::check_views(specs, links).map_err(refused)?;
         let cpu = device.kind() == DeviceKind::Cpu;
         let pending = rules::check_rules(specs, links, nodes, cpu).map_err(refused)?;
+        if let Some(tensor) = foreign_buffer(specs, links, nodes, device) {
+            return Err(GraphError::ForeignBuffer {
+                tensor,
+                device: device.name().to_string(),
+            });
+        }
         let schedule = schedule::schedule_checks(specs, links, nodes, pending)?;
-        let graph = Graph::assemble(specs, links, nodes, &schedule.cuts, schedule.checks)?;
+        let mut graph = Graph::assemble(specs, links, nodes, &schedule.cuts, schedule.checks)?;
+        graph.device = (device.raw(), device.name().to_string());
         if let Some(n) = graph.first_unsupported(device) {
             return Err(GraphError::Unsupported {
                 tensor: n,
@@ -179,6 +195,7 @@ impl Graph {
             nodes: nodes.to_vec(),
             buffers,
             checks,
+            device: (std::ptr::null_mut(), String::new()),
         })
     }
 
@@ -217,6 +234,22 @@ impl Graph {
         })
     }
 
+    /// Whether the graph was built for the device `dev` (a backend's).
+    pub(super) fn check_device(
+        &self,
+        dev: sys::ggml_backend_dev_t,
+        backend: &str,
+    ) -> Result<(), GraphError> {
+        if self.device.0 == dev {
+            Ok(())
+        } else {
+            Err(GraphError::WrongDevice {
+                graph: self.device.1.clone(),
+                backend: backend.to_string(),
+            })
+        }
+    }
+
     /// Segment `i`, with the flags of every buffer the graph points into held exclusively for
     /// as long as the second value lives, once the segment's index checks passed under those
     /// flags (so nothing changes the values between their check and the computation): what ggml
@@ -237,4 +270,24 @@ impl Graph {
     pub fn uses(&self, buffer: &Buffer) -> bool {
         self.buffers.iter().any(|b| buffer.is(b))
     }
+}
+
+/// The first tensor a running computing node touches (itself, its sources) that lies in a buffer
+/// `device` cannot compute with (indices checked by `check_structure`).
+fn foreign_buffer(
+    specs: &[TensorSpec],
+    links: &[GraphLinks],
+    nodes: &[u32],
+    device: &Device,
+) -> Option<u32> {
+    nodes
+        .iter()
+        .filter(|&&ni| !super::ops::is_empty(specs[ni as usize].op))
+        .flat_map(|&ni| std::iter::once(ni).chain(links[ni as usize].src.iter().flatten().copied()))
+        .find(|&t| {
+            specs[t as usize]
+                .buffer
+                .as_ref()
+                .is_some_and(|(b, _)| !device.supports_buffer(b))
+        })
 }

@@ -16,9 +16,11 @@
 //! - [`Graph::build`] refuses a graph unless its links name its tensors, every computing node and
 //!   its sources are in buffers, every view stays inside what it views, every computing node
 //!   passes its op's rule (the relations ggml's constructors establish and its kernels assume,
-//!   `check/`) and the device supports it; it schedules the checks on index tensors' contents
-//!   (row ids, expert ids) that [`Backend::compute`] runs before each segment, under the same
-//!   buffer flags as the computation, the only way to compute a graph;
+//!   `check/`; the CPU's kernels have rules of their own), the device supports it and can compute
+//!   with the buffers it touches; it schedules the checks on index tensors' contents (row ids,
+//!   expert ids) that [`Backend::compute`] runs before each segment, under the same buffer flags
+//!   as the computation; that is the only way to compute a graph, and only on a backend of the
+//!   device it was built for;
 //! - each call of [`ScratchTensors`] checks the relation its ggml function relies on (a copy's
 //!   size against its destination's buffer, `init_tensor`'s padding inside the buffer).
 //!

@@ -83,8 +83,9 @@ impl Session {
 }
 
 /// A refusal of [`Graph::build`] as the session reports it: a refusal naming a tensor (a view
-/// outside what it views, a node's op rule, a node the device cannot run, an unbacked tensor)
-/// as an invalid tensor with the wire tensor's name; the rest as `From<GraphError>` maps it.
+/// outside what it views, a node's op rule, a node the device cannot run, an unbacked tensor
+/// or one in a buffer the device cannot compute with) as an invalid tensor with the wire
+/// tensor's name; the rest as `From<GraphError>` maps it.
 fn graph_error(r: &Resolved<'_>, e: GraphError) -> SessionError {
     match e {
         GraphError::Refused { tensor, refusal } => {
@@ -95,6 +96,10 @@ fn graph_error(r: &Resolved<'_>, e: GraphError) -> SessionError {
             format!("op {op} with these types is not supported by device {device}"),
         ),
         GraphError::Unbacked(tensor) => unbacked(r.wire(tensor as usize), None),
+        GraphError::ForeignBuffer { tensor, device } => SessionError::tensor(
+            r.wire(tensor as usize),
+            format!("in a buffer device {device} cannot compute with"),
+        ),
         e => e.into(),
     }
 }
