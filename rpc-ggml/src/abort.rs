@@ -1,7 +1,7 @@
 //! Last line of defence against `GGML_ASSERT` / `GGML_ABORT` reached from the network.
 //!
-//! The session validates every graph so that ggml's asserts cannot fire (see
-//! `session/validate/`). Should one fire anyway, ggml calls `abort()`, which would take every
+//! This layer checks every tensor, graph and scratch command so that ggml's asserts cannot fire
+//! (`tensor.rs`, `check/`). Should one fire anyway, ggml calls `abort()`, which would take every
 //! connection down with it. ggml lets us run a callback first: it logs the assertion and parks
 //! the calling thread for good, so only the connection whose request hit the assertion hangs
 //! (its worker thread and memory are leaked) while the process keeps serving everyone else. After

@@ -1,5 +1,5 @@
 //! Backend instances: a device's stream and thread pool, which computes graphs. The top of the
-//! layer (`mod.rs` lists the order): it runs a [`Graph`] on a [`Device`], and adds
+//! layer (`lib.rs` lists the order): it runs a [`Graph`] on a [`Device`], and adds
 //! `Device::init_backend` here, so that devices stay below graphs.
 
 use super::device::{Device, DeviceKind};
@@ -9,6 +9,8 @@ use super::sys;
 /// A backend instance: executes graphs on one device. Owned by one session at a time.
 pub struct Backend {
     raw: sys::ggml_backend_t,
+    /// The device it runs on, and its name.
+    dev: sys::ggml_backend_dev_t,
     device: String,
 }
 
@@ -31,19 +33,39 @@ impl Device {
         }
         Some(Backend {
             raw,
+            dev: self.raw(),
             device: self.name().to_string(),
         })
     }
 }
 
 impl Backend {
-    /// Runs every node of segment `segment` of `graph` on this backend.
-    pub fn compute(&mut self, graph: &mut Graph, segment: usize) -> Result<(), GraphError> {
-        let (g, _locked) = graph.segment_locked(segment)?;
+    /// Runs `graph` on this backend: each segment after its index checks passed, so that no
+    /// kernel reads an index out of its range. Stops at the first refusal or failure (the
+    /// segments before it have run). Refused for a graph built for another device (its rules
+    /// were that device's).
+    pub fn compute(&mut self, graph: &mut Graph) -> Result<(), GraphError> {
+        graph.check_device(self.dev, &self.device)?;
+        let started = std::time::Instant::now();
+        for seg in 0..graph.segments() {
+            self.compute_segment(graph, seg)?;
+        }
+        tracing::trace!(
+            segments = graph.segments(),
+            run_us = started.elapsed().as_micros() as u64,
+            "graph run"
+        );
+        Ok(())
+    }
+
+    /// Runs segment `segment` of `graph` once its index checks passed.
+    fn compute_segment(&mut self, graph: &mut Graph, segment: usize) -> Result<(), GraphError> {
+        let (g, _locked) = graph.checked_segment(segment)?;
         // SAFETY: self.raw is live; the graph's tensors point into its own context and into
         // buffers the graph keeps alive (BufferRef) and whose flags `_locked` holds exclusively,
-        // so no Rust view of their bytes exists while ggml writes them; validated by the session
-        // before building.
+        // so no Rust view of their bytes exists while ggml writes them; every node passed its
+        // op's rule and every index tensor this segment reads passed its check under `_locked`, so
+        // no kernel leaves its tensors (`Graph::build`).
         let status = unsafe { sys::ggml_backend_graph_compute(self.raw, g) };
         if status == sys::GGML_STATUS_SUCCESS {
             Ok(())
@@ -113,13 +135,13 @@ mod tests {
         let mut links = [GraphLinks::default(); 3];
         links[2].src[0] = Some(0);
         links[2].src[1] = Some(1);
-        let mut graph = Graph::build(&specs, &links, &[2], &[]).unwrap();
+        let mut graph = Graph::build(&specs, &links, &[2], &dev).unwrap();
         assert!(graph.uses(&b));
         let mut backend = dev.init_backend(1).unwrap();
         {
             let view = b.host(32, 16).unwrap();
             assert!(matches!(
-                backend.compute(&mut graph, 0),
+                backend.compute(&mut graph),
                 Err(GraphError::BufferBusy)
             ));
             assert!(view.iter().all(|&x| x == 0), "nothing was written");
@@ -127,11 +149,11 @@ mod tests {
         {
             let _view = b.host_mut(0, 4).unwrap();
             assert!(matches!(
-                backend.compute(&mut graph, 0),
+                backend.compute(&mut graph),
                 Err(GraphError::BufferBusy)
             ));
         }
-        backend.compute(&mut graph, 0).unwrap();
+        backend.compute(&mut graph).unwrap();
         let mut out = [0u8; 16];
         b.read(32, &mut out).unwrap();
         let sums: Vec<f32> = out

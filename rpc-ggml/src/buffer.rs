@@ -392,6 +392,38 @@ pub(crate) struct Locked<'a> {
     _held: Vec<Exclusive<'a>>,
 }
 
+impl Locked<'_> {
+    /// Copies `[offset, offset+out.len())` of `buf`, one of the locked buffers, into `out`:
+    /// what the checks on a graph's index tensors read under the flags its computation then
+    /// runs under, so that nothing writes the values between their check and their use.
+    /// [`Access::Busy`] when `buf` is not one of the locked buffers.
+    pub(crate) fn read(&self, buf: &BufferRef, offset: u64, out: &mut [u8]) -> Result<(), Access> {
+        let mem = &*buf.mem;
+        if !self._held.iter().any(|e| std::ptr::eq(e.0, mem)) {
+            return Err(Access::Busy);
+        }
+        let off = mem.check(offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let len = out.len();
+        if mem.host() {
+            // SAFETY: the region lies inside the live host allocation (checked above; base is
+            // non-null), and we hold the buffer's flag exclusively: no view of it and no ggml
+            // call on it exists while we read.
+            let bytes = unsafe { std::slice::from_raw_parts((mem.base + off) as *const u8, len) };
+            out.copy_from_slice(bytes);
+            return Ok(());
+        }
+        super::context::with_byte_tensor(mem.raw, mem.base, off, len, |t| {
+            // SAFETY: t is a byte tensor exactly covering the checked region of this buffer,
+            // whose flag we hold exclusively; out is a live, writable slice of len bytes.
+            unsafe { sys::ggml_backend_tensor_get(t, out.as_mut_ptr().cast(), 0, len) }
+        })
+        .ok_or(Access::OutOfBounds)
+    }
+}
+
 /// Takes the flag of every buffer in `buffers` (distinct, as [`dedup`] leaves them)
 /// exclusively, or none of them ([`Access::Busy`]) when one is held.
 pub(crate) fn lock(buffers: &[BufferRef]) -> Result<Locked<'_>, Access> {

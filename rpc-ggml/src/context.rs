@@ -1,7 +1,7 @@
 //! ggml contexts: the pool that tensor and graph descriptions live in (their data lives in
 //! buffers), and the one-off byte tensor through which a buffer's bytes are read and written when
 //! the CPU cannot address them. The bottom of the layer: it knows no buffer, tensor description,
-//! device or graph (`mod.rs` lists the order).
+//! device or graph (`lib.rs` lists the order).
 
 use super::sys;
 

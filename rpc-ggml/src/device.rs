@@ -3,7 +3,7 @@
 
 use std::ffi::{CStr, CString};
 
-use super::buffer::Buffer;
+use super::buffer::{Buffer, BufferRef};
 use super::sys;
 
 /// What kind of device ggml reports.
@@ -166,6 +166,17 @@ impl Device {
     pub(crate) fn supports_op(&self, t: *const sys::ggml_tensor) -> bool {
         // SAFETY: valid device; t is a live tensor validated by the session.
         unsafe { sys::ggml_backend_dev_supports_op(self.raw, t) }
+    }
+
+    /// Whether the device's backends can compute with tensors in `buffer`
+    /// (`ggml_backend_dev_supports_buft`: the CPU computes only with host memory).
+    pub(crate) fn supports_buffer(&self, buffer: &BufferRef) -> bool {
+        let (raw, _) = buffer.raw_parts();
+        // SAFETY: valid device; raw is a live buffer (kept alive by `buffer`); only its type is
+        // read.
+        unsafe {
+            sys::ggml_backend_dev_supports_buft(self.raw, sys::ggml_backend_buffer_get_type(raw))
+        }
     }
 
     pub(crate) fn default_buft_raw(&self) -> sys::ggml_backend_buffer_type_t {

@@ -3,19 +3,30 @@
 //!
 //! Everything above this crate works with safe types: [`Device`], [`Backend`], [`Buffer`] (a
 //! buffer's one owner, the only way to write its bytes) and [`BufferRef`] (what tensors and
-//! graphs hold: keeps the memory alive, cannot write it), [`TensorSpec`] and [`Graph`]. Their
-//! API is sound by construction: no safe code can make two overlapping views of a buffer's bytes
-//! one of which writes, nor compute a graph while a view of one of its buffers is alive (see
-//! `buffer.rs`). Every `unsafe` block states why it is sound in a `// SAFETY:` line; no raw
-//! pointer or ggml handle is part of the public API.
+//! graphs hold: keeps the memory alive, cannot write it), [`TensorSpec`], [`ScratchTensors`] and
+//! [`Graph`]. Their API is sound by construction: no safe code can make two overlapping views of
+//! a buffer's bytes one of which writes, nor compute a graph while a view of one of its buffers
+//! is alive (see `buffer.rs`); and no input given to a safe function, however it was made, can
+//! trip one of ggml's `GGML_ASSERT`s this layer calls into or make a kernel leave its tensors:
 //!
-//! What the types do not check is the caller's part, as it was when this layer was a module of
-//! the server: a [`TensorSpec`] must be validated before it is built into a [`Graph`] or
-//! [`ScratchTensors`] (a known type, `ne[0]` whole blocks, its extent inside its buffer), and a
-//! graph's ops must have shapes and parameters their kernels accept (the server's session
-//! validator). Those inputs come from the network only through that validation, so nothing the
-//! network sends can trip one of ggml's `GGML_ASSERT`s or make a kernel leave its tensors;
-//! should an assertion fire anyway, [`abort`] decides what happens.
+//! - a [`TensorSpec`] exists only checked ([`TensorSpec::new`] from a [`TensorDesc`]: a known
+//!   type, `ne[0]` whole blocks, an element count `int64` holds, a real op that carries no code
+//!   pointer, an extent that fits `u64`; [`TensorSpec::in_buffer`]: its whole extent inside its
+//!   buffer);
+//! - [`Graph::build`] refuses a graph unless its links name its tensors, every computing node and
+//!   its sources are in buffers, every view stays inside what it views, every computing node
+//!   passes its op's rule (the relations ggml's constructors establish and its kernels assume,
+//!   `check/`; the CPU's kernels have rules of their own), the device supports it and can compute
+//!   with the buffers it touches; it schedules the checks on index tensors' contents (row ids,
+//!   expert ids) that [`Backend::compute`] runs before each segment, under the same buffer flags
+//!   as the computation; that is the only way to compute a graph, and only on a backend of the
+//!   device it was built for;
+//! - each call of [`ScratchTensors`] checks the relation its ggml function relies on (a copy's
+//!   size against its destination's buffer, `init_tensor`'s padding inside the buffer).
+//!
+//! Every `unsafe` block states why it is sound in a `// SAFETY:` line; no raw pointer or ggml
+//! handle is part of the public API. Should an assertion of ggml fire anyway (a bug of these
+//! checks), [`abort`] decides what happens.
 //!
 //! It depends on `llama-cpp-sys-2` (ggml itself), `rpc-proto` (the op and type ids, checked
 //! against the linked ggml at compile time) and nothing of the server.
@@ -29,21 +40,29 @@
 
 // The crate's modules, bottom up; each imports only those before it (and `sys`, `ops`, `abort`):
 // `context` (ggml contexts, the byte tensor) < `buffer` < `device` (makes buffers) < `tensor`
-// (descriptions made into tensors; allocation sizes on a device) < `graph` < `backend` (runs a
-// graph on a device; adds `Device::init_backend`). `abort`, `ids` and `ops` import none of them.
+// (checked descriptions made into tensors; allocation sizes on a device) < `check` (the rules a
+// graph passes, the index checks) < `graph` < `backend` (runs a graph on a device; adds
+// `Device::init_backend`). `abort`, `ids` and `ops` import none of them; `tests` (test-only)
+// imports them all.
 pub mod abort;
 mod backend;
 mod buffer;
+mod check;
 mod context;
 mod device;
 mod graph;
 mod tensor;
+#[cfg(test)]
+mod tests;
 
 pub use backend::Backend;
 pub use buffer::{use_huge_pages, Access, Buffer, BufferRef, HostMut, HostRef};
+pub use check::{GraphLinks, IndexError, Refusal, Rule};
 pub use device::{load_backends, load_backends_from, Device, DeviceKind};
-pub use graph::{Graph, GraphError, GraphLinks};
-pub use tensor::{type_info, ScratchTensors, TensorSpec, TypeInfo};
+pub use graph::{Graph, GraphError};
+pub use tensor::{
+    nbytes, type_info, ScratchTensors, TensorDesc, TensorError, TensorSpec, TypeInfo,
+};
 
 use llama_cpp_sys_2 as sys;
 

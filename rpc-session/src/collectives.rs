@@ -5,7 +5,7 @@
 use rpc_proto::{CommInit, RpcTensor};
 
 use super::limits::Charge;
-use super::tensor::{nbytes, UnknownBuffer};
+use super::tensor::UnknownBuffer;
 use super::{Session, SessionError};
 use crate::peer::PeerLink;
 
@@ -93,11 +93,11 @@ impl Session {
             return Err(SessionError::NoCommunicator(device));
         }
         let spec = self.resolve_tensor(tensor, UnknownBuffer::Reject)?;
-        let len = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
+        let len = spec.size();
         if len == 0 {
             return Ok(());
         }
-        if spec.type_ != rpc_proto::ggml_type::F32 {
+        if spec.type_() != rpc_proto::ggml_type::F32 {
             return Err(SessionError::tensor(
                 tensor,
                 "COMM_ALLREDUCE of a non-F32 tensor (the stock client sends F32 partials only)",

@@ -28,7 +28,7 @@ pub enum SessionError {
     #[error("INIT_TENSOR: {0}")]
     InitTensor(&'static str),
     #[error(transparent)]
-    Graph(#[from] rpc_ggml::GraphError),
+    Graph(rpc_ggml::GraphError),
     #[error("out of memory building {0}")]
     OutOfMemory(&'static str),
     #[error("{0}: the buffer is in use")]
@@ -56,6 +56,24 @@ impl SessionError {
                 detail: "outside the buffer".into(),
             },
             rpc_ggml::Access::Busy => SessionError::BufferBusy(what),
+        }
+    }
+}
+
+/// A graph's error as the session reports it: the index checks' refusals as before they moved to
+/// rpc-ggml (an unschedulable check: an invalid graph; a value out of range: out of bounds; an
+/// index tensor that cannot be read: out of memory), everything else as it is. Refusals that
+/// name a tensor are mapped with the wire tensor's name by `graph.rs`.
+impl From<rpc_ggml::GraphError> for SessionError {
+    fn from(e: rpc_ggml::GraphError) -> SessionError {
+        use rpc_ggml::{GraphError, IndexError};
+        match e {
+            GraphError::Index(IndexError::Unschedulable(why)) => SessionError::InvalidGraph(why),
+            GraphError::Index(IndexError::OutOfRange { what, detail }) => {
+                SessionError::OutOfBounds { what, detail }
+            }
+            GraphError::Index(IndexError::Unreadable) => SessionError::OutOfMemory("index check"),
+            e => SessionError::Graph(e),
         }
     }
 }

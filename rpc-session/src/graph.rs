@@ -1,4 +1,5 @@
-//! GRAPH_COMPUTE: validating a wire graph and rebuilding it in ggml without recursion.
+//! GRAPH_COMPUTE: the wire side of a graph, rebuilt without recursion, then checked, built and
+//! run by rpc-ggml.
 //!
 //! [`Session::graph_compute`] is a pipeline of named steps, each in its own function:
 //!
@@ -10,16 +11,12 @@
 //! | [`walk::link`] | sources and views as local indices | `graph/walk.rs` |
 //! | [`Session::resolve_tensors`] | wire tensors → [`TensorSpec`]s in this connection's buffers | here |
 //! | [`walk::running_nodes`] | the nodes a backend would run | `graph/walk.rs` |
-//! | [`rules::check_views`] | views inside what they view | `graph/rules.rs` |
-//! | [`rules::check_rules`] | each node's op rule; the index checks it needs | `graph/rules.rs` |
-//! | [`schedule::schedule_checks`] | where the graph is cut for the index checks | `graph/schedule.rs` |
-//! | [`Session::build`] | the ggml graph, refused if the device cannot run a node | here |
-//! | [`run_graph`] | each segment's index checks, then the segment | here |
+//! | [`Graph::build`] | views inside what they view, each node's op rule, the index checks scheduled, the device's support; the ggml graph | rpc-ggml (`check/`, `graph.rs`) |
+//! | [`Backend::compute`] | each segment's index checks, then the segment | rpc-ggml (`backend.rs`) |
 //!
-//! The graph is kept for GRAPH_RECOMPUTE by `graph_cache.rs`, which runs only the last step again.
+//! rpc-ggml's refusals are mapped here to the wire tensor they name ([`graph_error`]). The graph
+//! is kept for GRAPH_RECOMPUTE by `graph_cache.rs`, which runs only the last step again.
 
-mod rules;
-mod schedule;
 #[cfg(test)]
 mod tests;
 mod walk;
@@ -27,18 +24,15 @@ mod walk;
 use rpc_proto::{Graph as WireGraph, RpcTensor};
 
 use super::tensor::UnknownBuffer;
-use super::validate;
 use super::{Session, SessionError};
-use rpc_ggml::{ops, Backend, DeviceKind, Graph, GraphLinks, TensorSpec};
-use schedule::DataCheck;
+use rpc_ggml::{ops, Backend, Graph, GraphError, GraphLinks, TensorSpec};
 use walk::{DataNeeds, Ids, Reached};
 
 impl Session {
     /// Validates, builds and runs a wire graph; returns it for the caller to keep (or not).
-    pub(super) fn graph_compute(&mut self, g: &WireGraph<'_>) -> Result<StoredGraph, SessionError> {
+    pub(super) fn graph_compute(&mut self, g: &WireGraph<'_>) -> Result<Graph, SessionError> {
         let started = std::time::Instant::now();
         let device = self.device(g.device)?;
-        let cpu = device.kind() == DeviceKind::Cpu;
         let ids = Ids::index(g.tensors)?;
         let reached = walk::walk(g, &ids)?;
         let needs = walk::needs_data(g.tensors, &ids, &reached)?;
@@ -51,26 +45,19 @@ impl Session {
             specs,
             links,
         };
-        rules::check_views(&resolved)?;
-        let pending = rules::check_rules(&resolved, &nodes, cpu)?;
-        let schedule =
-            schedule::schedule_checks(&resolved.specs, &resolved.links, &nodes, pending)?;
-        let graph = self.build(g.device, &resolved, &nodes, &schedule.cuts)?;
-        let mut stored = StoredGraph {
-            graph,
-            checks: schedule.checks,
-        };
+        let mut graph = Graph::build(&resolved.specs, &resolved.links, &nodes, device)
+            .map_err(|e| graph_error(&resolved, e))?;
         let built = started.elapsed();
-        run_graph(self.backend(g.device as usize)?, &mut stored)?;
+        run_graph(self.backend(g.device as usize)?, &mut graph)?;
         tracing::debug!(
             nodes = nodes.len(),
-            segments = stored.graph.segments(),
-            index_checks = stored.checks.iter().map(Vec::len).sum::<usize>(),
+            segments = graph.segments(),
+            index_checks = graph.index_checks().iter().sum::<usize>(),
             validate_build_us = built.as_micros() as u64,
             total_us = started.elapsed().as_micros() as u64,
             "GRAPH_COMPUTE"
         );
-        Ok(stored)
+        Ok(graph)
     }
 
     /// Resolves every reached tensor in this connection's buffers, in walk order. A tensor that
@@ -85,7 +72,7 @@ impl Session {
         for (li, &wi) in reached.order.iter().enumerate() {
             let t = &tensors[wi as usize];
             let spec = self.resolve_tensor(t, UnknownBuffer::Reject)?;
-            if spec.buffer.is_none() && needs.needed[li] {
+            if spec.buffer().is_none() && needs.needed[li] {
                 let reader = needs.reader[li].map(|r| &tensors[r as usize]);
                 return Err(unbacked(t, reader));
             }
@@ -93,31 +80,34 @@ impl Session {
         }
         Ok(specs)
     }
+}
 
-    /// Builds the ggml graph of the running `nodes`, cut at `cuts`; refused when the device
-    /// cannot run one of its nodes.
-    fn build(
-        &self,
-        device: u32,
-        r: &Resolved<'_>,
-        nodes: &[u32],
-        cuts: &[usize],
-    ) -> Result<Graph, SessionError> {
-        let device = self.device(device)?;
-        let graph = Graph::build(&r.specs, &r.links, nodes, cuts)?;
-        if let Some(n) = graph.first_unsupported(device) {
-            let t = r.wire(n as usize);
-            return Err(SessionError::tensor(
-                t,
-                format!(
-                    "op {} with these types is not supported by device {}",
-                    ops::name(t.op.get()).unwrap_or_default(),
-                    device.name()
-                ),
-            ));
+/// A refusal of [`Graph::build`] as the session reports it: a refusal naming a tensor (a view
+/// outside what it views, a node's op rule, a node the device cannot run, an unbacked tensor
+/// or one in a buffer the device cannot compute with) as an invalid tensor with the wire
+/// tensor's name; the rest as `From<GraphError>` maps it.
+fn graph_error(r: &Resolved<'_>, e: GraphError) -> SessionError {
+    match e {
+        GraphError::Refused { tensor, refusal } => {
+            SessionError::tensor(r.wire(tensor as usize), refusal.to_string())
         }
-        Ok(graph)
+        GraphError::Unsupported { tensor, op, device } => SessionError::tensor(
+            r.wire(tensor as usize),
+            format!("op {op} with these types is not supported by device {device}"),
+        ),
+        GraphError::Unbacked(tensor) => unbacked(r.wire(tensor as usize), None),
+        GraphError::ForeignBuffer { tensor, device } => SessionError::tensor(
+            r.wire(tensor as usize),
+            format!("in a buffer device {device} cannot compute with"),
+        ),
+        e => e.into(),
     }
+}
+
+/// Computes every segment, running each segment's data checks first (rpc-ggml's
+/// [`Backend::compute`]), with its errors as the session reports them.
+pub(crate) fn run_graph(backend: &mut Backend, g: &mut Graph) -> Result<(), SessionError> {
+    Ok(backend.compute(g)?)
 }
 
 /// The refusal of tensor `t`, which `reader` (or, without one, the graph as a node) reads but
@@ -155,45 +145,4 @@ impl Resolved<'_> {
     fn wire(&self, li: usize) -> &RpcTensor {
         &self.wire[self.order[li] as usize]
     }
-}
-
-/// A graph kept for GRAPH_RECOMPUTE, with the checks on index data to run before each segment.
-pub(crate) struct StoredGraph {
-    pub(crate) graph: Graph,
-    /// `checks[i]` run right before segment `i` is computed.
-    checks: Vec<Vec<DataCheck>>,
-}
-
-impl StoredGraph {
-    /// Host memory the stored graph takes (its ggml context and bookkeeping), charged to the
-    /// connection's budget while it is kept.
-    pub(crate) fn footprint(&self) -> u64 {
-        let checks: usize = self.checks.iter().map(Vec::len).sum();
-        self.graph
-            .footprint()
-            .saturating_add((checks * std::mem::size_of::<DataCheck>()) as u64)
-    }
-}
-
-/// Computes every segment, running each segment's data checks first.
-pub(crate) fn run_graph(backend: &mut Backend, g: &mut StoredGraph) -> Result<(), SessionError> {
-    let mut checking = std::time::Duration::ZERO;
-    let started = std::time::Instant::now();
-    for seg in 0..g.graph.segments() {
-        if let Some(checks) = g.checks.get(seg) {
-            let t = std::time::Instant::now();
-            for c in checks {
-                c.run()?;
-            }
-            checking += t.elapsed();
-        }
-        backend.compute(&mut g.graph, seg)?;
-    }
-    tracing::trace!(
-        segments = g.graph.segments(),
-        checks_us = checking.as_micros() as u64,
-        compute_us = (started.elapsed() - checking).as_micros() as u64,
-        "graph run"
-    );
-    Ok(())
 }

@@ -5,8 +5,9 @@
 //! One [`Session`] per connection. Everything it owns is freed when it is dropped, i.e. when the
 //! connection ends, whatever the reason. Every command is handled here ([`Session::reply`]);
 //! SET_TENSOR's streamed body and GET_TENSOR's borrowed reply in `body.rs`, wire tensors in
-//! `tensor.rs`, GRAPH_COMPUTE as a pipeline of named steps in `graph.rs` (steps in `graph/`), the
-//! per-op rules in `validate/`, the graphs kept for GRAPH_RECOMPUTE in `graph_cache.rs`, 8.0's
+//! `tensor.rs`, GRAPH_COMPUTE's wire side as a pipeline of named steps in `graph.rs` (steps in
+//! `graph/`; the per-op rules and index checks are rpc-ggml's, run by `Graph::build` and
+//! `Backend::compute`), the graphs kept for GRAPH_RECOMPUTE in `graph_cache.rs`, 8.0's
 //! strided copies in `strided.rs` and collectives in `collectives.rs`, our LINK_* slots in
 //! `links.rs`, ALLOC_BUFFER budgets in `limits.rs`, errors in `error.rs`.
 //!
@@ -29,7 +30,6 @@ mod strided;
 mod tensor;
 #[cfg(test)]
 mod tests;
-mod validate;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,13 +40,13 @@ use rpc_proto::{Command, Major, Request, Response, RpcTensor};
 pub use body::{DataBody, Reply, Space};
 pub use error::SessionError;
 pub use limits::{MemoryBudget, MemoryLimits, Upstream};
-pub use tensor::nbytes;
+/// `ggml_nbytes`, checked (rpc-ggml's, kept here for users of this crate).
+pub use rpc_ggml::nbytes;
 use tensor::UnknownBuffer;
 
 use crate::peer::Connector;
-use graph::StoredGraph;
 use graph_cache::GraphCache;
-use rpc_ggml::{Backend, Buffer, Device, ScratchTensors};
+use rpc_ggml::{Backend, Buffer, Device, Graph, ScratchTensors};
 use rpc_weights::cache::WeightCache;
 use rpc_weights::local_weights::LocalWeights;
 
@@ -75,7 +75,7 @@ pub struct Session {
     buffers: HashMap<u64, BufferEntry>,
     backends: Vec<Option<Backend>>,
     /// Per device: the graphs kept for GRAPH_RECOMPUTE (`graph_cache.rs`).
-    graphs: Vec<GraphCache<StoredGraph>>,
+    graphs: Vec<GraphCache<Graph>>,
     /// How COMM_INIT sets up a link to the peer server (`None`: it answers 0).
     connector: Option<Arc<dyn Connector>>,
     /// Per device: the pairwise link of 8.0's collectives, between COMM_INIT and COMM_FREE.
@@ -226,7 +226,7 @@ impl Session {
                 let freed: u64 = self
                     .graphs
                     .iter_mut()
-                    .map(|c| c.drop_graphs(|g| major == Major::V8 || g.graph.uses(&e.buffer)))
+                    .map(|c| c.drop_graphs(|g| major == Major::V8 || g.uses(&e.buffer)))
                     .sum();
                 self.release(freed);
                 None
@@ -261,7 +261,7 @@ impl Session {
                 value,
             } => {
                 let spec = self.resolve_tensor(&tensor, UnknownBuffer::Reject)?;
-                let tsize = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
+                let tsize = spec.size();
                 if offset > tsize || size > tsize - offset {
                     return Err(SessionError::OutOfBounds {
                         what: "MEMSET_TENSOR",
@@ -276,7 +276,7 @@ impl Session {
             Request::CopyTensor { src, dst } => Some(self.copy_tensor(&src, &dst)?),
             Request::InitTensor { tensor } => {
                 let spec = self.resolve_tensor(&tensor, UnknownBuffer::Reject)?;
-                if spec.buffer.is_some() {
+                if spec.buffer().is_some() {
                     let mut s = ScratchTensors::new(&[spec])
                         .ok_or(SessionError::OutOfMemory("INIT_TENSOR"))?;
                     s.init_tensor(0).map_err(SessionError::InitTensor)?;
@@ -308,7 +308,7 @@ impl Session {
                 }
                 let alloc_size = scratch
                     .alloc_size(0, &dev)
-                    .ok_or(SessionError::OutOfMemory("GET_ALLOC_SIZE"))?;
+                    .map_err(|why| SessionError::tensor(&tensor, why))?;
                 Some(Response::GetAllocSize { alloc_size })
             }
             Request::GraphCompute(g) => {
@@ -467,13 +467,13 @@ impl Session {
     fn copy_tensor(&mut self, src: &RpcTensor, dst: &RpcTensor) -> Result<Response, SessionError> {
         let s = self.resolve_tensor(src, UnknownBuffer::Reject)?;
         let d = self.resolve_tensor(dst, UnknownBuffer::Reject)?;
-        let (Some((_, _)), Some((dbuf, doff))) = (&s.buffer, &d.buffer) else {
+        let (Some(_), Some((dbuf, doff))) = (s.buffer(), d.buffer()) else {
             return Err(SessionError::tensor(
                 dst,
                 "COPY_TENSOR needs both tensors in buffers",
             ));
         };
-        let ssize = nbytes(s.type_, &s.ne, &s.nb).unwrap_or(u64::MAX);
+        let ssize = s.size();
         if doff.checked_add(ssize).is_none_or(|end| end > dbuf.size()) {
             return Err(SessionError::OutOfBounds {
                 what: "COPY_TENSOR",

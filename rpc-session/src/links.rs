@@ -17,7 +17,7 @@
 use rpc_proto::{CommInit, RpcTensor, LINK_HEADER_SIZE, LINK_MAGIC, LINK_SLOTS, LINK_VERSION};
 
 use super::limits::Charge;
-use super::tensor::{nbytes, UnknownBuffer};
+use super::tensor::UnknownBuffer;
 use super::{Session, SessionError};
 use crate::peer::PeerLink;
 
@@ -192,7 +192,7 @@ impl Session {
     /// Stages the header and `tensor`'s `size` bytes; the message's length.
     fn read_for_send(&mut self, tensor: &RpcTensor, size: u64) -> Result<usize, SessionError> {
         let spec = self.resolve_tensor(tensor, UnknownBuffer::Reject)?;
-        let len = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
+        let len = spec.size();
         if len != size {
             return Err(SessionError::tensor(
                 tensor,

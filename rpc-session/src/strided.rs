@@ -5,7 +5,7 @@
 
 use rpc_proto::{Region2d, RpcTensor};
 
-use super::tensor::{nbytes, UnknownBuffer};
+use super::tensor::UnknownBuffer;
 use super::{Session, SessionError};
 use rpc_ggml::Buffer;
 
@@ -23,7 +23,7 @@ impl Session {
         let len = region.wire_len().unwrap_or(u64::MAX);
         let tsize = self
             .resolve_tensor(tensor, UnknownBuffer::Reject)
-            .map(|s| nbytes(s.type_, &s.ne, &s.nb).unwrap_or(0))?;
+            .map(|s| s.size())?;
         if len > tsize {
             return Err(SessionError::OutOfBounds {
                 what: "GET_TENSOR_2D",
@@ -68,7 +68,7 @@ impl Session {
             .ok_or_else(|| oob("size × n_copies overflows".into()))?;
         usize::try_from(region.size).map_err(|_| oob("chunk too large".into()))?;
         let spec = self.resolve_tensor(tensor, UnknownBuffer::Reject)?;
-        let tsize = nbytes(spec.type_, &spec.ne, &spec.nb).unwrap_or(0);
+        let tsize = spec.size();
         if region.offset > tsize || span > tsize - region.offset {
             return Err(oob(format!(
                 "offset={} span={span} tensor size={tsize}",

@@ -1,13 +1,12 @@
-//! Tests of the GRAPH_COMPUTE steps, each on its own: the structural steps and the rules on
-//! plain data, scheduling on CPU buffers, and the whole pipeline on a session with the CPU device.
+//! Tests of the GRAPH_COMPUTE steps, each on its own: the structural steps on plain data, and the
+//! whole pipeline on a session with the CPU device (rpc-ggml's refusals named by their wire
+//! tensor). The rules and the scheduling of index checks are tested in rpc-ggml.
 
 use rpc_proto::{ggml_type as ty, Graph as WireGraph, Major, Request, Response, RpcTensor, U64};
 
-use super::schedule::schedule_checks;
-use super::validate::IndexCheck;
 use super::walk::{link, needs_data, running_nodes, walk, Ids, Reached};
 use super::*;
-use rpc_ggml::{type_info, BufferRef, Device};
+use rpc_ggml::type_info;
 
 // ---- wire graphs -------------------------------------------------------------------------
 
@@ -253,290 +252,6 @@ fn running_nodes_leave_out_what_backends_skip() {
     assert_eq!(nodes, [local(&r, 4) as u32, local(&r, 3) as u32]);
 }
 
-// ---- rules --------------------------------------------------------------------------------
-
-/// A resolved graph of wire tensors without buffers, as the rules see it.
-fn resolved(ts: &[RpcTensor], nodes: &[u64]) -> (Resolved<'static>, Vec<u32>) {
-    let ts: &'static [RpcTensor] = Vec::leak(ts.to_vec());
-    let n = node_ids(nodes);
-    let g = graph(&n, ts);
-    let (ids, r) = walked(&g);
-    let links = link(ts, &ids, &r).unwrap();
-    let nodes = running_nodes(ts, &r).unwrap();
-    let specs = r.order.iter().map(|&wi| spec(&ts[wi as usize])).collect();
-    let res = Resolved {
-        wire: ts,
-        order: r.order,
-        specs,
-        links,
-    };
-    (res, nodes)
-}
-
-/// The spec of a wire tensor without a buffer.
-fn spec(t: &RpcTensor) -> TensorSpec {
-    TensorSpec {
-        type_: t.r#type.get(),
-        ne: t.ne.map(|x| x.get()),
-        nb: t.nb.map(|x| x.get() as u64),
-        op: t.op.get(),
-        op_params: t.op_params.map(|x| x.get()),
-        flags: t.flags.get(),
-        buffer: None,
-        view_offs: 0,
-        name: [0; 64],
-    }
-}
-
-#[test]
-fn rules_collect_index_checks_by_node_position() {
-    let w = wt(1, ty::F32, [4, 10, 1, 1], ops::NONE, &[]);
-    let rows = wt(2, ty::I32, [3, 1, 1, 1], ops::NONE, &[]);
-    let sq = wt(3, ty::F32, [4, 10, 1, 1], ops::SQR, &[1]);
-    let got = wt(4, ty::F32, [4, 3, 1, 1], ops::GET_ROWS, &[3, 2]);
-    let (r, nodes) = resolved(&[w, rows, sq, got], &[3, 4]);
-    let pending = rules::check_rules(&r, &nodes, true).unwrap();
-    assert_eq!(pending.len(), 1);
-    let (pos, c) = &pending[0];
-    assert_eq!(*pos, 1);
-    assert_eq!(c.tensor as usize, local_of_wire(&r, 1));
-    assert_eq!((c.bound, c.what), (10, "GET_ROWS row"));
-}
-
-fn local_of_wire(r: &Resolved<'_>, wi: u32) -> usize {
-    r.order.iter().position(|&w| w == wi).unwrap()
-}
-
-#[test]
-fn rules_refuse_with_the_node_named() {
-    let a = wt(1, ty::F32, [8, 4, 1, 1], ops::NONE, &[]);
-    let b = wt(2, ty::F32, [9, 3, 1, 1], ops::NONE, &[]);
-    let mm = wt(3, ty::F32, [4, 3, 1, 1], ops::MUL_MAT, &[1, 2]);
-    let (r, nodes) = resolved(&[a, b, mm], &[3]);
-    match rules::check_rules(&r, &nodes, true) {
-        Err(SessionError::InvalidTensor { name, why }) => {
-            assert_eq!(name, "t3");
-            assert!(why.starts_with("MUL_MAT node: MUL_MAT: src[0]"), "{why}");
-        }
-        Err(e) => panic!("refused otherwise: {e}"),
-        Ok(_) => panic!("not refused"),
-    }
-    // A node that computes nothing has no rule to break.
-    let mut view = wt(3, ty::F32, [400, 3, 1, 1], ops::VIEW, &[]);
-    view.view_src.set(1);
-    let (r, nodes) = resolved(&[wt(1, ty::F32, [8, 4, 1, 1], ops::NONE, &[]), view], &[3]);
-    assert_eq!(nodes.len(), 1);
-    assert!(rules::check_rules(&r, &nodes, true).unwrap().is_empty());
-    // Without buffers, views have no memory to leave.
-    assert!(rules::check_views(&r).is_ok());
-}
-
-#[test]
-fn views_refused_with_the_view_named() {
-    let src = wt(1, ty::F32, [4, 1, 1, 1], ops::NONE, &[]);
-    let mut view = wt(2, ty::F32, [4, 1, 1, 1], ops::VIEW, &[]);
-    view.view_src.set(1);
-    let sq = wt(3, ty::F32, [4, 1, 1, 1], ops::SQR, &[2]);
-    let (mut r, _) = resolved(&[src, view, sq], &[3]);
-    let buf = cpu_buffer(4096, &[]);
-    let (s, v) = (local_of_wire(&r, 0), local_of_wire(&r, 1));
-    r.specs[s].buffer = Some((buf.clone(), 64));
-    for (off, inside) in [(64, true), (68, false), (48, false)] {
-        r.specs[v].buffer = Some((buf.clone(), off));
-        match rules::check_views(&r) {
-            Ok(()) => assert!(inside, "{off}"),
-            Err(SessionError::InvalidTensor { name, why }) => {
-                assert!(!inside, "{off}: {why}");
-                assert_eq!(name, "t2");
-                assert!(why.contains("outside its view_src"), "{why}");
-            }
-            Err(e) => panic!("{off}: {e}"),
-        }
-    }
-}
-
-// ---- scheduling ---------------------------------------------------------------------------
-
-/// A CPU buffer of `size` bytes holding `init` at its start, shared as tensors hold it.
-fn cpu_buffer(size: u64, init: &[u8]) -> BufferRef {
-    let dev = Device::all()
-        .into_iter()
-        .find(|d| d.kind() == DeviceKind::Cpu)
-        .expect("a CPU device");
-    let mut b = dev.alloc_buffer(size).expect("a CPU buffer");
-    b.write(0, init).expect("written");
-    b.share()
-}
-
-/// An f32 `[4, 10]` table at 0, i32 row ids at 256 (`n` of them), then the results, each
-/// `[4, n]` f32, from 512 on, 256 bytes apart.
-struct Rows {
-    buf: BufferRef,
-    specs: Vec<TensorSpec>,
-    links: Vec<GraphLinks>,
-}
-
-impl Rows {
-    fn new(ids: &[i32]) -> Rows {
-        let mut init = vec![0u8; 256 + 4 * ids.len()];
-        for (i, v) in ids.iter().enumerate() {
-            init[256 + 4 * i..260 + 4 * i].copy_from_slice(&v.to_le_bytes());
-        }
-        let buf = cpu_buffer(4096, &init);
-        let n = ids.len() as u32;
-        let mut r = Rows {
-            buf,
-            specs: Vec::new(),
-            links: Vec::new(),
-        };
-        r.push(
-            wt(1, ty::F32, [4, 10, 1, 1], ops::NONE, &[]),
-            Some(0),
-            [None, None],
-        );
-        r.push(
-            wt(2, ty::I32, [n, 1, 1, 1], ops::NONE, &[]),
-            Some(256),
-            [None, None],
-        );
-        r
-    }
-
-    /// Adds a tensor at `off` (or in no buffer), with sources by local index; returns its index.
-    fn push(&mut self, t: RpcTensor, off: Option<u64>, src: [Option<u32>; 2]) -> u32 {
-        let mut s = spec(&t);
-        s.buffer = off.map(|o| (self.buf.clone(), o));
-        self.specs.push(s);
-        let mut l = GraphLinks::default();
-        l.src[..2].copy_from_slice(&src);
-        self.links.push(l);
-        self.specs.len() as u32 - 1
-    }
-
-    fn check(&self) -> IndexCheck {
-        IndexCheck {
-            tensor: 1,
-            type_: ty::I32,
-            bound: 10,
-            what: "GET_ROWS row",
-        }
-    }
-}
-
-#[test]
-fn checks_of_untouched_index_tensors_run_before_the_graph() {
-    let mut g = Rows::new(&[0, 9, 3]);
-    let n = g.push(
-        wt(3, ty::F32, [4, 3, 1, 1], ops::GET_ROWS, &[]),
-        Some(512),
-        [Some(0), Some(1)],
-    );
-    let s = schedule_checks(&g.specs, &g.links, &[n], vec![(0, g.check())]).unwrap();
-    assert!(s.cuts.is_empty());
-    assert_eq!(s.checks.len(), 1);
-    assert_eq!(s.checks[0].len(), 1);
-    assert!(s.checks[0][0].run().is_ok());
-    // Nothing to check: one segment without checks.
-    let s = schedule_checks(&g.specs, &g.links, &[n], Vec::new()).unwrap();
-    assert!(s.cuts.is_empty() && s.checks.len() == 1 && s.checks[0].is_empty());
-}
-
-#[test]
-fn index_tensors_written_in_the_graph_cut_it_after_their_writer() {
-    let mut g = Rows::new(&[1, 2]);
-    // node 0: something else; node 1 writes the ids (an in-place op on them); nodes 2 and 3
-    // read them.
-    let other = g.push(
-        wt(3, ty::F32, [4, 10, 1, 1], ops::SQR, &[]),
-        Some(2048),
-        [Some(0), None],
-    );
-    let writer = g.push(
-        wt(4, ty::I32, [2, 1, 1, 1], ops::SCALE, &[]),
-        Some(256),
-        [Some(1), None],
-    );
-    let r1 = g.push(
-        wt(5, ty::F32, [4, 2, 1, 1], ops::GET_ROWS, &[]),
-        Some(512),
-        [Some(0), Some(1)],
-    );
-    let r2 = g.push(
-        wt(6, ty::F32, [4, 2, 1, 1], ops::GET_ROWS, &[]),
-        Some(768),
-        [Some(0), Some(1)],
-    );
-    let nodes = [other, writer, r1, r2];
-    let s = schedule_checks(
-        &g.specs,
-        &g.links,
-        &nodes,
-        vec![(3, g.check()), (2, g.check())],
-    )
-    .unwrap();
-    // One cut, right before the first reader, shared by both checks.
-    assert_eq!(s.cuts, [2]);
-    assert_eq!(s.checks.len(), 2);
-    assert!(s.checks[0].is_empty());
-    assert_eq!(s.checks[1].len(), 2);
-    // A node that writes its own index tensor cannot be checked before it.
-    let e = invalid_graph(schedule_checks(
-        &g.specs,
-        &g.links,
-        &nodes,
-        vec![(1, g.check())],
-    ));
-    assert_eq!(e, "GET_ROWS row: the node writes over its own index tensor");
-}
-
-#[test]
-fn index_tensors_need_a_buffer() {
-    let mut g = Rows::new(&[1]);
-    g.specs[1].buffer = None;
-    let n = g.push(
-        wt(3, ty::F32, [4, 1, 1, 1], ops::GET_ROWS, &[]),
-        Some(512),
-        [Some(0), Some(1)],
-    );
-    let e = invalid_graph(schedule_checks(
-        &g.specs,
-        &g.links,
-        &[n],
-        vec![(0, g.check())],
-    ));
-    assert_eq!(e, "GET_ROWS row: index tensor not in a buffer");
-}
-
-#[test]
-fn data_checks_bound_every_value() {
-    for (ids, ok) in [
-        (&[0, 9][..], true),
-        (&[0, 10][..], false),
-        (&[-1, 0][..], false),
-    ] {
-        let mut g = Rows::new(ids);
-        let n = g.push(
-            wt(3, ty::F32, [4, 2, 1, 1], ops::GET_ROWS, &[]),
-            Some(512),
-            [Some(0), Some(1)],
-        );
-        let s = schedule_checks(&g.specs, &g.links, &[n], vec![(0, g.check())]).unwrap();
-        match s.checks[0][0].run() {
-            Ok(()) => assert!(ok, "{ids:?} passed"),
-            Err(SessionError::OutOfBounds { what, detail }) => {
-                assert!(!ok, "{ids:?}: {detail}");
-                assert_eq!(what, "GET_ROWS row");
-                assert!(
-                    detail.starts_with(&format!("index {} at [1, 0, 0, 0]", ids[1]))
-                        || detail.starts_with(&format!("index {} at [0, 0, 0, 0]", ids[0])),
-                    "{detail}"
-                );
-            }
-            Err(e) => panic!("{ids:?}: {e}"),
-        }
-    }
-}
-
 // ---- the whole pipeline on a CPU session ---------------------------------------------------
 
 /// A session on the CPU device with one 4 KiB buffer: `(session, handle, base)`.
@@ -603,8 +318,8 @@ fn pipeline_computes_and_checks_indices() {
     let ts = [table, rows, got, sq];
     let n = node_ids(&[3, 4]);
     let stored = s.graph_compute(&graph(&n, &ts)).expect("computed");
-    assert_eq!(stored.graph.segments(), 1);
-    assert_eq!(stored.checks.iter().map(Vec::len).sum::<usize>(), 1);
+    assert_eq!(stored.segments(), 1);
+    assert_eq!(stored.index_checks(), [1]);
     let want: Vec<f32> = [8., 9., 10., 11., 0., 1., 2., 3.]
         .iter()
         .map(|x| x * x)
@@ -685,8 +400,8 @@ fn pipeline_cuts_for_computed_index_tensors() {
     let n = node_ids(&[3, 4]);
     set(&mut s, &src, &f32s(&[1., 2.]));
     let stored = s.graph_compute(&graph(&n, &ts)).expect("computed");
-    assert_eq!(stored.graph.segments(), 2);
-    assert!(stored.checks[0].is_empty() && stored.checks[1].len() == 1);
+    assert_eq!(stored.segments(), 2);
+    assert_eq!(stored.index_checks(), [0, 1]);
     drop(stored);
     // Row 3 of 3 rows, computed by the graph: refused between the segments.
     set(&mut s, &src, &f32s(&[1., 3.]));
@@ -697,4 +412,50 @@ fn pipeline_cuts_for_computed_index_tensors() {
             ..
         })
     ));
+}
+
+/// A node rpc-ggml's rules refuse is reported with its wire name and its op.
+#[test]
+fn pipeline_names_the_node_a_rule_refuses() {
+    let (mut s, h, base) = cpu_session();
+    let a = placed(wt(1, ty::F32, [8, 4, 1, 1], ops::NONE, &[]), h, base);
+    let b = placed(wt(2, ty::F32, [9, 3, 1, 1], ops::NONE, &[]), h, base + 256);
+    let mm = placed(
+        wt(3, ty::F32, [4, 3, 1, 1], ops::MUL_MAT, &[1, 2]),
+        h,
+        base + 512,
+    );
+    let ts = [a, b, mm];
+    let n = node_ids(&[3]);
+    match s.graph_compute(&graph(&n, &ts)) {
+        Err(SessionError::InvalidTensor { name, why }) => {
+            assert_eq!(name, "t3");
+            assert!(why.starts_with("MUL_MAT node: MUL_MAT: src[0]"), "{why}");
+        }
+        Err(e) => panic!("refused otherwise: {e}"),
+        Ok(_) => panic!("not refused"),
+    }
+}
+
+/// A view outside what it views is reported with the view's wire name.
+#[test]
+fn pipeline_names_a_view_outside_its_source() {
+    let (mut s, h, base) = cpu_session();
+    let src = placed(wt(1, ty::F32, [4, 1, 1, 1], ops::NONE, &[]), h, base + 64);
+    for (off, inside) in [(64, true), (68, false), (48, false)] {
+        let mut view = placed(wt(2, ty::F32, [4, 1, 1, 1], ops::VIEW, &[]), h, base + off);
+        view.view_src.set(1);
+        let sq = placed(wt(3, ty::F32, [4, 1, 1, 1], ops::SQR, &[2]), h, base + 512);
+        let ts = [src, view, sq];
+        let n = node_ids(&[3]);
+        match s.graph_compute(&graph(&n, &ts)) {
+            Ok(_) => assert!(inside, "{off}"),
+            Err(SessionError::InvalidTensor { name, why }) => {
+                assert!(!inside, "{off}: {why}");
+                assert_eq!(name, "t2");
+                assert!(why.contains("outside its view_src"), "{why}");
+            }
+            Err(e) => panic!("{off}: {e}"),
+        }
+    }
 }

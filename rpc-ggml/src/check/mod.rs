@@ -1,7 +1,10 @@
-//! Per-node validation of GRAPH_COMPUTE graphs, beyond what the stock server checks.
+//! The checks a [`Graph`](crate::Graph) passes before ggml sees it, beyond what the stock server
+//! checks: every view inside what it views, every node's op rule, and the checks on the contents
+//! of index tensors that run before every computation (`Graph::build` runs the first two and
+//! schedules the last, `Backend::compute` runs them).
 //!
 //! Every tensor that reaches here already has a valid type, whole blocks per row and, when it has
-//! a buffer, an extent inside that buffer (`tensor.rs`). That alone does not make a graph
+//! a buffer, an extent inside that buffer ([`TensorSpec`], `tensor.rs`). That alone does not make a graph
 //! safe: ggml's CPU kernels index one tensor with another tensor's shape, with `op_params`, or with
 //! the *contents* of index tensors, and they only `assert()` (compiled out) or `GGML_ASSERT` (abort
 //! the whole process) on mismatches. So for every node that computes something this module checks
@@ -21,9 +24,12 @@
 //! server) are the evidence. Whatever is unknown is refused.
 //!
 //! One file per op family; [`rule`] says which function checks which op. Shared shape and type
-//! helpers (with ggml's exact semantics) are here; views and aliasing in `views.rs`.
+//! helpers (with ggml's exact semantics) are here; views and aliasing in `views.rs`; the rules
+//! applied to a graph's tensors and nodes in `rules.rs`; where the index checks run, and the
+//! checks themselves, in `schedule.rs`.
 
-use rpc_ggml::{ops, type_info, TensorSpec};
+use crate::ops;
+use crate::tensor::{type_info, TensorSpec};
 
 /// ggml type ids (`enum ggml_type`, fixed by the protocol; defined once in `rpc-proto`).
 pub(crate) use rpc_proto::ggml_type as ty;
@@ -78,13 +84,17 @@ mod reduce;
 mod refusal;
 mod rope;
 mod rows;
+pub(crate) mod rules;
+pub(crate) mod schedule;
 mod ssm;
 #[cfg(test)]
 mod tests;
 mod unary;
 mod views;
 
-pub(crate) use refusal::{Refusal, Rule};
+pub use refusal::{Refusal, Rule};
+pub use rules::GraphLinks;
+pub use schedule::IndexError;
 use views::check_no_partial_overlap;
 pub(crate) use views::check_view;
 
@@ -138,7 +148,7 @@ pub(crate) trait Shape {
     /// `ggml_nbytes`.
     fn nbytes(&self) -> u128 {
         let s = self.spec();
-        crate::nbytes(s.type_, &s.ne, &s.nb)
+        crate::tensor::nbytes(s.type_, &s.ne, &s.nb)
             .map(|n| n as u128)
             .unwrap_or(u128::MAX)
     }

@@ -3,7 +3,7 @@
 //! cannot pass because some other rule refused.
 
 use super::*;
-use rpc_ggml::{BufferRef, Device, DeviceKind};
+use crate::{BufferRef, Device, DeviceKind};
 
 fn t(type_: u32, ne: [u32; 4]) -> TensorSpec {
     let info = type_info(type_).unwrap();

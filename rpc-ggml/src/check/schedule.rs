@@ -5,29 +5,46 @@
 //! the check runs at that cut. Cuts are shared between checks where possible (interval stabbing,
 //! greedy by consumer position).
 
-use super::validate::{self, IndexCheck};
-use super::SessionError;
-use crate::tensor::nbytes;
-use rpc_ggml::{ops, BufferRef, GraphLinks, TensorSpec};
+use super::rules::GraphLinks;
+use super::{ty, IndexCheck};
+use crate::buffer::{BufferRef, Locked};
+use crate::ops;
+use crate::tensor::{nbytes, TensorSpec};
+
+/// Why the index checks of a graph cannot be scheduled, or why one refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IndexError {
+    /// The graph's index tensors cannot be checked before their readers run: one is in no
+    /// buffer, its reader writes over it, or there are too many checks for the graph.
+    #[error("{0}")]
+    Unschedulable(String),
+    /// A value of an index tensor is out of range (found before the segment that reads it).
+    #[error("{what}: index out of range ({detail})")]
+    OutOfRange { what: &'static str, detail: String },
+    /// An index tensor could not be read to check it (a view of its buffer is alive, or no
+    /// memory to stage it).
+    #[error("an index tensor could not be read to check it")]
+    Unreadable,
+}
 
 /// Upper bound on (checks x writing nodes) comparisons when scheduling checks.
 const MAX_SCHEDULE_WORK: usize = 200_000_000;
 
 /// Where the graph is cut (node positions, ascending) and the checks to run before each segment
 /// (`checks[i]` before segment `i`; always at least one segment).
-pub(super) struct Schedule {
-    pub(super) cuts: Vec<usize>,
-    pub(super) checks: Vec<Vec<DataCheck>>,
+pub(crate) struct Schedule {
+    pub(crate) cuts: Vec<usize>,
+    pub(crate) checks: Vec<Vec<DataCheck>>,
 }
 
 /// Schedules the `pending` checks (each with the position in `nodes` of the node reading the
 /// index tensor) over the running `nodes` (local indices into `specs` and `links`).
-pub(super) fn schedule_checks(
+pub(crate) fn schedule_checks(
     specs: &[TensorSpec],
     links: &[GraphLinks],
     nodes: &[u32],
     pending: Vec<(usize, IndexCheck)>,
-) -> Result<Schedule, SessionError> {
+) -> Result<Schedule, IndexError> {
     if pending.is_empty() {
         return Ok(Schedule {
             cuts: Vec::new(),
@@ -36,7 +53,7 @@ pub(super) fn schedule_checks(
     }
     let writes = writes(specs, links, nodes);
     if pending.len().saturating_mul(writes.len().max(1)) > MAX_SCHEDULE_WORK {
-        return Err(SessionError::InvalidGraph(
+        return Err(IndexError::Unschedulable(
             "too many index checks for the graph size".into(),
         ));
     }
@@ -102,10 +119,10 @@ fn window(
     writes: &[Write<'_>],
     consumer: usize,
     c: IndexCheck,
-) -> Result<Window, SessionError> {
+) -> Result<Window, IndexError> {
     let t = &specs[c.tensor as usize];
     let Some((buf, off, len)) = extent(t) else {
-        return Err(SessionError::InvalidGraph(format!(
+        return Err(IndexError::Unschedulable(format!(
             "{}: index tensor not in a buffer",
             c.what
         )));
@@ -118,7 +135,7 @@ fn window(
             .filter(|w| w.pos <= consumer && w.buf == buf && w.start < end && off < w.end);
         for w in overlapping {
             if w.pos == consumer {
-                return Err(SessionError::InvalidGraph(format!(
+                return Err(IndexError::Unschedulable(format!(
                     "{}: the node writes over its own index tensor",
                     c.what
                 )));
@@ -173,30 +190,20 @@ pub(crate) struct DataCheck {
 }
 
 impl DataCheck {
-    pub(crate) fn run(&self) -> Result<(), SessionError> {
-        let len = nbytes(self.type_, &self.ne, &self.nb)
-            .ok_or(SessionError::OutOfMemory("index check"))?;
-        let ulen = usize::try_from(len).map_err(|_| SessionError::OutOfMemory("index check"))?;
-        let owned;
-        let view;
-        let bytes: &[u8] = match self.buf.host(self.off, ulen) {
-            Some(s) => {
-                view = s;
-                &view
-            }
-            None => {
-                let mut v = Vec::new();
-                v.try_reserve_exact(ulen)
-                    .map_err(|_| SessionError::OutOfMemory("index check"))?;
-                v.resize(ulen, 0);
-                if self.buf.read(self.off, &mut v).is_err() {
-                    return Err(SessionError::OutOfMemory("index check"));
-                }
-                owned = v;
-                &owned
-            }
-        };
-        let wide = self.type_ == validate::ty::I64;
+    /// Reads the index tensor under `locked` (the flags of the graph's buffers, this one
+    /// among them) and checks every value.
+    pub(crate) fn run(&self, locked: &Locked<'_>) -> Result<(), IndexError> {
+        let len = nbytes(self.type_, &self.ne, &self.nb).ok_or(IndexError::Unreadable)?;
+        let ulen = usize::try_from(len).map_err(|_| IndexError::Unreadable)?;
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(ulen)
+            .map_err(|_| IndexError::Unreadable)?;
+        bytes.resize(ulen, 0);
+        locked
+            .read(&self.buf, self.off, &mut bytes)
+            .map_err(|_| IndexError::Unreadable)?;
+        let wide = self.type_ == ty::I64;
         let esz = if wide { 8 } else { 4 };
         let ne = self.ne.map(|x| x as u64);
         for i3 in 0..ne[3] {
@@ -208,10 +215,10 @@ impl DataCheck {
                         let v: i64 = match bytes.get(at..at + esz) {
                             Some(b) if wide => i64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
                             Some(b) => i32::from_le_bytes(b.try_into().unwrap_or([0; 4])) as i64,
-                            None => return Err(SessionError::OutOfMemory("index check")),
+                            None => return Err(IndexError::Unreadable),
                         };
                         if v < 0 || v as u64 >= self.bound {
-                            return Err(SessionError::OutOfBounds {
+                            return Err(IndexError::OutOfRange {
                                 what: self.what,
                                 detail: format!(
                                     "index {v} at [{i0}, {i1}, {i2}, {i3}] not in [0, {}) (type {}, ne {:?}, nb {:?})",

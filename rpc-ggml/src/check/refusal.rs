@@ -5,7 +5,7 @@
 /// template of its message (`ensure!`'s or `refuse!`'s format string, one per check site), so a
 /// check needs no name of its own and two checks with the same template are the same rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Rule {
+pub enum Rule {
     /// The result starts inside a source's memory, elsewhere than at the source (`views.rs`).
     PartialOverlap,
     /// A tensor a kernel touches has elements overlapping in dim 0 or too many elements
@@ -36,7 +36,7 @@ pub(crate) enum Rule {
 
 /// A refusal: its rule and its message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Refusal {
+pub struct Refusal {
     rule: Rule,
     msg: String,
 }
@@ -47,8 +47,7 @@ impl Refusal {
     }
 
     /// The rule that refused.
-    #[cfg(test)]
-    pub(crate) fn rule(&self) -> Rule {
+    pub fn rule(&self) -> Rule {
         self.rule
     }
 
