@@ -210,19 +210,21 @@ impl Session {
     /// (the whole payload when it must be cached, since a cache entry is written from one
     /// slice), the staging charged to the budget like a body.
     fn body_destination(&mut self, head: DataHead, len: u64) -> Result<State, SessionError> {
-        let (what, handle, runs, cache) = match head {
+        let (what, handle, runs, cache, host) = match head {
             DataHead::SetTensor(hdr) => {
-                let (_, off) = self.resolve_region("SET_TENSOR", &hdr.tensor, hdr.offset, len)?;
+                let (buf, off) = self.resolve_region("SET_TENSOR", &hdr.tensor, hdr.offset, len)?;
+                let host = buf.is_host();
                 let cache = hdr.cache_flag != 0 && self.config.cache.is_some();
                 let runs = Runs {
                     off,
                     size: len,
                     stride: 0,
                 };
-                ("SET_TENSOR", hdr.tensor.buffer.get(), runs, cache)
+                ("SET_TENSOR", hdr.tensor.buffer.get(), runs, cache, host)
             }
             DataHead::SetTensor2d { tensor, region } => {
-                let (_, off) = self.resolve_region_2d("SET_TENSOR_2D", &tensor, region)?;
+                let (buf, off) = self.resolve_region_2d("SET_TENSOR_2D", &tensor, region)?;
+                let host = buf.is_host();
                 // Back to back (one copy, or a stride of exactly one chunk): one run.
                 let size = match region.n_copies == 1 || region.stride == region.size {
                     true => len,
@@ -233,10 +235,10 @@ impl Session {
                     size,
                     stride: region.stride,
                 };
-                ("SET_TENSOR_2D", tensor.buffer.get(), runs, false)
+                ("SET_TENSOR_2D", tensor.buffer.get(), runs, false, host)
             }
         };
-        if runs.size == len && self.buffer(handle)?.buffer.is_host() {
+        if runs.size == len && host {
             return Ok(State::Host {
                 handle,
                 off: runs.off,
